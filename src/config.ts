@@ -1,0 +1,55 @@
+/** VKMOE_* environment variables, validated with zod at the boundary. Unknown VKMOE_* names are rejected. */
+import { z } from "zod";
+import { VkmoeError } from "./errors.ts";
+import { readEnv } from "./env.ts";
+
+export class ConfigError extends VkmoeError {
+  constructor(message: string) {
+    super("CONFIG", message);
+  }
+}
+
+const mode3 = z.enum(["auto", "on", "off"]);
+const envSchema = z.strictObject({
+  VKMOE_LOADER: z.string().min(1).optional(),
+  VKMOE_DEVICE: z.string().min(1).optional(),
+  VKMOE_GPU: z.stringbool().default(true),
+  VKMOE_BDA: z.enum(["auto", "off"]).default("auto"),
+  VKMOE_IDP: mode3.default("auto"),
+  VKMOE_STAGED: mode3.default("auto"),
+  VKMOE_VALIDATION: z.stringbool().default(false),
+  VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
+  VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),
+  VKMOE_CACHE_DIR: z.string().min(1).optional(),
+});
+
+export type VkmoeEnv = z.infer<typeof envSchema>;
+
+/** Documented defaults, in the order the README lists them. */
+export const ENV_NAMES = Object.keys(envSchema.shape) as (keyof VkmoeEnv)[];
+
+function allEnv(): Record<string, string> {
+  const deno = (globalThis as any).Deno;
+  try {
+    if (deno?.env) return deno.env.toObject();
+  } catch {
+    // No --allow-env: read the names we know one by one below.
+  }
+  const out: Record<string, string> = {};
+  const proc = (globalThis as any).process?.env;
+  if (proc) for (const k of Object.keys(proc)) out[k] = proc[k];
+  else for (const k of ENV_NAMES) {
+    const v = readEnv(k);
+    if (v !== undefined) out[k] = v;
+  }
+  return out;
+}
+
+/** Parses the VKMOE_* variables of `source` (default: the process environment). */
+export function readConfig(source: Record<string, string | undefined> = allEnv()): VkmoeEnv {
+  const picked: Record<string, string> = {};
+  for (const [k, v] of Object.entries(source)) if (k.startsWith("VKMOE_") && v !== undefined && v !== "") picked[k] = v;
+  const parsed = envSchema.safeParse(picked);
+  if (!parsed.success) throw new ConfigError(`invalid VKMOE_* environment:\n${z.prettifyError(parsed.error)}`);
+  return parsed.data;
+}

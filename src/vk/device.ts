@@ -1,0 +1,154 @@
+/** A logical device: feature negotiation (each feature on/off with a reason), one compute queue, the memory plan. */
+import { NativeArena } from "../ffi/index.ts";
+import { VK_API_VERSION_1_3 } from "./constants.ts";
+import { check, NoDeviceError } from "./errors.ts";
+import type { Instance } from "./instance.ts";
+import { stringArray } from "./instance.ts";
+import type { CoreCommands } from "./loader.ts";
+import type { StructLayout, Values } from "./layout.ts";
+import type { PhysicalDeviceInfo } from "./physical.ts";
+import { computeQueueFamily, planMemory, type MemoryPlan } from "./select.ts";
+import {
+  VkDeviceCreateInfo, VkDeviceQueueCreateInfo, VkPhysicalDeviceFeatures2, VkPhysicalDeviceMemoryPriorityFeaturesEXT,
+  VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceSubgroupSizeControlFeatures,
+  VkPhysicalDeviceVulkan11Features, VkPhysicalDeviceVulkan12Features,
+} from "./structs.ts";
+
+export interface DeviceOptions {
+  /** "off" forces the descriptor path even where buffer device address exists (VKMOE_BDA). */
+  bufferDeviceAddress?: "auto" | "off";
+  /** "off" never enables integer dot product (VKMOE_IDP). */
+  integerDotProduct?: "auto" | "on" | "off";
+  /** Memory model override (VKMOE_STAGED). */
+  staged?: "auto" | "on" | "off";
+}
+
+export interface FeatureDecision {
+  name: string;
+  on: boolean;
+  reason: string;
+}
+
+export interface EnabledFeatures {
+  bufferDeviceAddress: boolean;
+  shaderInt64: boolean;
+  shaderInt8: boolean;
+  storageBuffer8BitAccess: boolean;
+  storageBuffer16BitAccess: boolean;
+  integerDotProduct: boolean;
+  subgroupSizeControl: boolean;
+  memoryPriority: boolean;
+  memoryBudget: boolean;
+}
+
+export class Device implements Disposable {
+  readonly instance: Instance;
+  readonly info: PhysicalDeviceInfo;
+  readonly vk: CoreCommands;
+  readonly handle: bigint;
+  readonly queue: bigint;
+  readonly queueFamily: number;
+  readonly memory: MemoryPlan;
+  readonly decisions: FeatureDecision[];
+  readonly enabled: EnabledFeatures;
+  /** Scratch native memory for setup calls; hot paths keep their own. */
+  readonly arena = new NativeArena(1 << 20);
+  private disposed = false;
+
+  constructor(instance: Instance, info: PhysicalDeviceInfo, options: DeviceOptions = {}) {
+    this.instance = instance;
+    this.info = info;
+    this.vk = instance.vk;
+    const family = computeQueueFamily(info);
+    if (!family) throw new NoDeviceError(`${info.name} has no compute queue`);
+    this.queueFamily = family.index;
+    this.memory = planMemory(info, options.staged ?? "auto");
+
+    const f = info.features;
+    const is13 = info.apiVersion >= VK_API_VERSION_1_3;
+    const has = (ext: string) => info.extensions.has(ext);
+    const decisions: FeatureDecision[] = [];
+    const extensions: string[] = [];
+    const decide = (name: string, supported: boolean, notSupportedWhy: string, vetoWhy?: string, onWhy = "supported"): boolean => {
+      const on = supported && !vetoWhy;
+      decisions.push({ name, on, reason: on ? onWhy : !supported ? notSupportedWhy : vetoWhy! });
+      return on;
+    };
+
+    const bda = decide("bufferDeviceAddress", f.bufferDeviceAddress, "not supported by the driver",
+      options.bufferDeviceAddress === "off" ? "VKMOE_BDA=off" : undefined);
+    const int64 = decide("shaderInt64", f.shaderInt64, "not supported by the driver");
+    const int8 = decide("shaderInt8", f.shaderInt8, "not supported by the driver");
+    const s8 = decide("storageBuffer8BitAccess", f.storageBuffer8BitAccess, "not supported by the driver");
+    const s16 = decide("storageBuffer16BitAccess", f.storageBuffer16BitAccess, "not supported by the driver");
+    const idpExt = !is13 && has("VK_KHR_shader_integer_dot_product");
+    const idp = decide("shaderIntegerDotProduct", f.shaderIntegerDotProduct, "not reported by the driver",
+      options.integerDotProduct === "off" ? "VKMOE_IDP=off" : undefined,
+      info.integerDotProduct.accelerated4x8Packed ? "supported (4x8 packed accelerated)" : "supported (not accelerated)");
+    if (idp && idpExt) extensions.push("VK_KHR_shader_integer_dot_product");
+    const sscExt = !is13 && has("VK_EXT_subgroup_size_control");
+    const ssc = decide("subgroupSizeControl", f.subgroupSizeControl, "not supported by the driver");
+    if (ssc && sscExt) extensions.push("VK_EXT_subgroup_size_control");
+    const prio = decide("VK_EXT_memory_priority", has("VK_EXT_memory_priority") && f.memoryPriority, "extension not offered");
+    if (prio) extensions.push("VK_EXT_memory_priority");
+    const budget = decide("VK_EXT_memory_budget", has("VK_EXT_memory_budget"), "extension not offered");
+    if (budget) extensions.push("VK_EXT_memory_budget");
+    this.decisions = decisions;
+    this.enabled = {
+      bufferDeviceAddress: bda, shaderInt64: int64, shaderInt8: int8, storageBuffer8BitAccess: s8,
+      storageBuffer16BitAccess: s16, integerDotProduct: idp, subgroupSizeControl: ssc, memoryPriority: prio, memoryBudget: budget,
+    };
+
+    const a = this.arena;
+    using _ = a.scope();
+    const link = (layout: StructLayout, values: Values, next: bigint) => {
+      const off = a.alloc(layout.size, layout.align);
+      layout.write(a.view, off, { ...values, pNext: next });
+      return a.address(off);
+    };
+    let next = 0n;
+    if (prio) next = link(VkPhysicalDeviceMemoryPriorityFeaturesEXT, { memoryPriority: 1 }, next);
+    if (ssc) next = link(VkPhysicalDeviceSubgroupSizeControlFeatures, { subgroupSizeControl: 1, computeFullSubgroups: f.computeFullSubgroups ? 1 : 0 }, next);
+    if (idp) next = link(VkPhysicalDeviceShaderIntegerDotProductFeatures, { shaderIntegerDotProduct: 1 }, next);
+    next = link(VkPhysicalDeviceVulkan12Features, {
+      bufferDeviceAddress: bda ? 1 : 0, shaderInt8: int8 ? 1 : 0, storageBuffer8BitAccess: s8 ? 1 : 0, timelineSemaphore: 1,
+    }, next);
+    next = link(VkPhysicalDeviceVulkan11Features, { storageBuffer16BitAccess: s16 ? 1 : 0 }, next);
+    const features2 = link(VkPhysicalDeviceFeatures2, { features: { shaderInt64: int64 ? 1 : 0 } }, next);
+
+    const priority = a.alloc(4, 4);
+    a.view.setFloat32(priority, 1, true);
+    const queueInfo = a.alloc(VkDeviceQueueCreateInfo.size);
+    VkDeviceQueueCreateInfo.write(a.view, queueInfo, { queueFamilyIndex: family.index, queueCount: 1, pQueuePriorities: a.address(priority) });
+    const info2 = a.alloc(VkDeviceCreateInfo.size);
+    VkDeviceCreateInfo.write(a.view, info2, {
+      pNext: features2,
+      queueCreateInfoCount: 1,
+      pQueueCreateInfos: a.address(queueInfo),
+      enabledExtensionCount: extensions.length,
+      ppEnabledExtensionNames: stringArray(a, extensions),
+    });
+    const out = a.alloc(8);
+    try {
+      check("vkCreateDevice", this.vk.vkCreateDevice(info.handle, a.address(info2), 0n, a.address(out)));
+    } catch (e) {
+      this.arena[Symbol.dispose]();
+      throw e;
+    }
+    this.handle = a.view.getBigUint64(out, true);
+    const q = a.alloc(8);
+    this.vk.vkGetDeviceQueue(this.handle, family.index, 0, a.address(q));
+    this.queue = a.view.getBigUint64(q, true);
+  }
+
+  waitIdle(): void {
+    check("vkDeviceWaitIdle", this.vk.vkDeviceWaitIdle(this.handle));
+  }
+
+  [Symbol.dispose](): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.vk.vkDestroyDevice(this.handle, 0n);
+    this.arena[Symbol.dispose]();
+  }
+}

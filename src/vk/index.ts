@@ -1,0 +1,13 @@
+export * from "./errors.ts";
+export * from "./constants.ts";
+export { Instance, type InstanceOptions, type ValidationMessage } from "./instance.ts";
+export type { PhysicalDeviceInfo } from "./physical.ts";
+export { selectDevice, rankDevices, computeQueueFamily, planMemory, type MemoryPlan, type MemoryModel } from "./select.ts";
+export { Device, type DeviceOptions, type FeatureDecision } from "./device.ts";
+export { Buffer, type BufferOptions, type MemoryUse } from "./memory.ts";
+export { ComputePipeline, type PipelineSpec } from "./pipeline.ts";
+export { DescriptorPool, writeStorageBuffers, type BufferBinding } from "./descriptors.ts";
+export { CommandPool, CommandBuffer, Barrier, type BarrierKind } from "./commands.ts";
+export { Fence, TimelineSemaphore, Submission, QueryPool } from "./sync.ts";
+export { VulkanContext, type ContextOptions } from "./context.ts";
+export { loadSpirv, checkSpirv } from "./shader.ts";

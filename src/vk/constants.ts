@@ -8,6 +8,7 @@ export const VK_ERROR_OUT_OF_HOST_MEMORY = -1;
 export const VK_ERROR_OUT_OF_DEVICE_MEMORY = -2;
 export const VK_ERROR_INITIALIZATION_FAILED = -3;
 export const VK_ERROR_DEVICE_LOST = -4;
+export const VK_ERROR_INCOMPATIBLE_DRIVER = -9;
 
 export const RESULT_NAMES: Record<number, string> = {
   0: "VK_SUCCESS",

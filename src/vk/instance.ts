@@ -1,6 +1,6 @@
 import { ffi, NativeArena, type NativeCallback, type NativeFn } from "../ffi/index.ts";
 import {
-  VK_API_VERSION_1_2, VK_API_VERSION_1_3,
+  VK_API_VERSION_1_2, VK_ERROR_INCOMPATIBLE_DRIVER, VK_API_VERSION_1_3,
   VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT, VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT,
   VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT, VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
   VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT, VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT,
@@ -116,7 +116,11 @@ export class Instance implements Disposable {
     });
     const out = a.alloc(8);
     try {
-      check("vkCreateInstance", vk.vkCreateInstance(a.address(info), 0n, a.address(out)));
+      const result = vk.vkCreateInstance(a.address(info), 0n, a.address(out));
+      if (result === VK_ERROR_INCOMPATIBLE_DRIVER) {
+        throw new NoDeviceError(`vkCreateInstance: VK_ERROR_INCOMPATIBLE_DRIVER (the loader at ${this.loader.path} found no driver; check the ICD files / VK_DRIVER_FILES)`);
+      }
+      check("vkCreateInstance", result);
     } catch (e) {
       this.callback?.close();
       this.arena[Symbol.dispose]();

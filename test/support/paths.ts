@@ -1,0 +1,3 @@
+import { fileURLToPath } from "node:url";
+export const repoRoot = fileURLToPath(new URL("../../", import.meta.url));
+export const shaderPath = (name: string) => `${repoRoot}shaders/${name}.spv`;

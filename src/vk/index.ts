@@ -11,3 +11,4 @@ export { CommandPool, CommandBuffer, Barrier, type BarrierKind } from "./command
 export { Fence, TimelineSemaphore, Submission, QueryPool } from "./sync.ts";
 export { VulkanContext, type ContextOptions } from "./context.ts";
 export { loadSpirv, checkSpirv } from "./shader.ts";
+export { banner, describeDevice, formatDriverVersion } from "./banner.ts";

@@ -1,6 +1,7 @@
 /** Candidate names of the C runtime that provides calloc/free on each platform. */
 export function libcCandidates(): string[] {
-  switch (globalThis.process?.platform ?? (globalThis as any).Deno?.build?.os) {
+  const os: string = globalThis.process?.platform ?? (globalThis as any).Deno?.build?.os;
+  switch (os) {
     case "darwin":
       return ["libSystem.B.dylib", "/usr/lib/libSystem.B.dylib"];
     case "win32":

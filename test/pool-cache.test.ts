@@ -5,6 +5,9 @@ import {
   type BatchTicket,
   BudgetExhaustedError,
   type BudgetShrinkInfo,
+  createPolicy,
+  DEFAULT_HEAT_HALF_LIFE,
+  DEFAULT_POLICY,
   DeviceMemoryExhaustedError,
   type EvictionPolicy,
   ExpertCache,
@@ -195,6 +198,27 @@ describe("ExpertCache: heat with decay", () => {
     load(cache, 0, 2); // must evict the coldest: expert 0 now
     expect(cache.has(0, 0)).toBe(false);
     expect(cache.has(0, 1)).toBe(true);
+  });
+
+  test("the default policy is heat with the measured half-life, counted in accesses", () => {
+    const s = setup({ budgetExperts: 2 });
+    const c = new ExpertCache({ allocator: s.allocator, uploader: s.uploader, budgetBytes: E });
+    expect(c.policy).toBeInstanceOf(HeatPolicy);
+    expect(DEFAULT_POLICY).toBe("heat");
+    expect((c.policy as HeatPolicy).halfLife).toBe(DEFAULT_HEAT_HALF_LIFE);
+    expect((c.policy as HeatPolicy).clockUnit).toBe("access");
+    expect(createPolicy("lru")).toBeInstanceOf(LruPolicy);
+    expect(() => createPolicy("fifo" as "lru")).toThrow(InvalidArgumentError);
+  });
+
+  test("access clock: heat halves every halfLife ensures", () => {
+    const policy = new HeatPolicy({ halfLife: 4, rememberEvicted: false });
+    const s = setup({ budgetExperts: 8, policy });
+    for (let i = 0; i < 4; i++) load(s.cache, 0, 0); // heat 3 after 3 accesses; the 4th starts epoch 1: 3/2 + 1
+    const node = s.cache.get(0, 0) as unknown as PolicyNode;
+    expect(policy.heatOf(node)).toBe(2.5);
+    for (let i = 0; i < 8; i++) load(s.cache, 0, 1); // 8 more accesses: two more halvings
+    expect(policy.heatOf(node)).toBe(2.5 / 4);
   });
 
   test("ties are broken by LRU", () => {

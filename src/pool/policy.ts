@@ -120,10 +120,15 @@ export class LruPolicy implements EvictionPolicy {
 
 // ----------------------------------------------------------------------------------------------
 
+/** Default heat half-life in accesses: 128 tokens x 48 layers x 8 experts. */
+export const DEFAULT_HEAT_HALF_LIFE = 128 * 48 * 8;
+
 export interface HeatPolicyOptions {
   /**
-   * Heat halves every `halfLife` clock units (default 16384). With `clock: "access"` a unit is one
-   * `touch` (one ensure); with `clock: "tick"` it is one `tick()` (call it once per token).
+   * Heat halves every `halfLife` clock units (default {@link DEFAULT_HEAT_HALF_LIFE} = 49152).
+   * With `clock: "access"` (default) a unit is one `touch` (one ensure); with `clock: "tick"` it is
+   * one `tick()` (call it once per token). 49152 accesses = 128 tokens of Qwen3-30B-A3B
+   * (48 layers x 8 routed experts), the best half-life measured by scripts/bench-cache.ts.
    */
   halfLife?: number;
   clock?: "access" | "tick";
@@ -152,7 +157,7 @@ export class HeatPolicy implements EvictionPolicy {
   private clock = 0;
 
   constructor(options: HeatPolicyOptions = {}) {
-    const halfLife = options.halfLife ?? 16384;
+    const halfLife = options.halfLife ?? DEFAULT_HEAT_HALF_LIFE;
     if (!Number.isSafeInteger(halfLife) || halfLife <= 0) throw new InvalidArgumentError(`halfLife must be a positive integer, got ${halfLife}`);
     this.halfLife = halfLife;
     this.clockUnit = options.clock ?? "access";
@@ -279,7 +284,11 @@ export class HeatPolicy implements EvictionPolicy {
 export type PolicyName = "lru" | "heat";
 
 /**
- * The default policy, picked by `scripts/bench-cache.ts` (see the numbers in its header).
+ * The default policy, picked by measurement (`scripts/bench-cache.ts`, 48 x 128 experts, k = 8,
+ * 4096 tokens, Zipf-routed): mean steady-state hit rate over the 25% and 50% budgets of three
+ * traces was 79.0% for heat (half-life 128 tokens, remembered heat) against 73.8% for LRU; heat
+ * wins by 7-10 points on stationary Zipf(1.0 / 1.2) routing and trails LRU by under 1 point on a
+ * drifting trace with token-to-token locality. Heat without remembered history was worse than LRU.
  */
 export const DEFAULT_POLICY: PolicyName = "heat";
 

@@ -1,7 +1,7 @@
 /** Fast CPU fallback: y = x · Wᵀ for q4/q8 matrices, f32 in and out, typed arrays only. */
 import type { GemvJob } from "./gemv-job.ts";
 import { f16ToF32Table } from "./half.ts";
-import { LOOKUP_TABLE_SIZE, q4Lookup, q4MultiToken, q4SingleToken } from "./kernels-q4.ts";
+import { LOOKUP_TABLE_SIZE, q4Lookup, q4LookupSingleToken, q4MultiToken, q4SingleToken } from "./kernels-q4.ts";
 import { q8MultiToken, q8SingleToken } from "./kernels-q8.ts";
 import { colsPerWord } from "./layout.ts";
 import { checkGateUpShapes, checkSwigluLimit, swiglu } from "./swiglu.ts";
@@ -10,8 +10,8 @@ import { checkGemvArgs } from "./validate.ts";
 
 /** q4 uses byte lookup tables from this many rows on: below it, building the tables costs more than it saves. */
 const LOOKUP_MIN_ROWS = 256;
-/** ...and up to this many tokens: beyond it the per-token tables spill out of L2 and multiplies win. */
-const LOOKUP_MAX_TOKENS = 4;
+/** ...and up to this many tokens: beyond it the per-token tables (16 KiB each) crowd L2 and multiplies win (measured crossover: 6-8 in Bun, 8-16 in Deno). */
+const LOOKUP_MAX_TOKENS = 8;
 
 const HALF_INDEX_FLIP = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1 ? 0 : 1;
 const EMPTY_F32 = new Float32Array(0);
@@ -101,7 +101,8 @@ export function gemvCpu(m: QuantMatrix, x: Float32Array, S: number, y: Float32Ar
   if (m.format === "q4" && m.rows >= LOOKUP_MIN_ROWS && S <= LOOKUP_MAX_TOKENS) {
     scratch.tables = atLeastF32(scratch.tables, S * LOOKUP_TABLE_SIZE);
     scratch.total = atLeastF64(scratch.total, S * m.rows);
-    q4Lookup(job, scratch.tables, scratch.total);
+    if (S === 1) q4LookupSingleToken(job, scratch.tables, scratch.total);
+    else q4Lookup(job, scratch.tables, scratch.total);
     return;
   }
   if (S === 1) {

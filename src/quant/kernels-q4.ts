@@ -88,6 +88,37 @@ function buildByteTable(table: Float32Array, tableBase: number, x: Float64Array,
   }
 }
 
+/** q4Lookup for a single token: the same walk with the token loop and its offsets gone. */
+export function q4LookupSingleToken(job: GemvJob, table: Float32Array, total: Float64Array): void {
+  const { weights: W, rows, rowWords, groupsPerRow, wordsPerGroup, f16Scales, scalesF32, scalesF16, halfTable, halfIndexFlip, x, y } = job;
+  const blocks = rowWords >>> 2;
+  const groupShift = Math.log2(wordsPerGroup >>> 2);
+  total.fill(0, 0, rows);
+  for (let r0 = 0; r0 < rows; r0 += LOOKUP_ROW_CHUNK) {
+    const r1 = Math.min(rows, r0 + LOOKUP_ROW_CHUNK);
+    for (let block = 0; block < blocks; block++) {
+      const w0 = block << 2;
+      buildByteTable(table, 0, x, w0 << 3);
+      const g = block >>> groupShift;
+      let b = r0 * rowWords + w0;
+      let k = r0 * groupsPerRow + g;
+      for (let o = r0; o < r1; o++, b += rowWords, k += groupsPerRow) {
+        const v0 = W[b];
+        const v1 = W[b + 1];
+        const v2 = W[b + 2];
+        const v3 = W[b + 3];
+        const a0 = table[v0 & 255] + table[256 + ((v0 >>> 8) & 255)] + (table[512 + ((v0 >>> 16) & 255)] + table[768 + (v0 >>> 24)]);
+        const a1 = table[1024 + (v1 & 255)] + table[1280 + ((v1 >>> 8) & 255)] + (table[1536 + ((v1 >>> 16) & 255)] + table[1792 + (v1 >>> 24)]);
+        const a2 = table[2048 + (v2 & 255)] + table[2304 + ((v2 >>> 8) & 255)] + (table[2560 + ((v2 >>> 16) & 255)] + table[2816 + (v2 >>> 24)]);
+        const a3 = table[3072 + (v3 & 255)] + table[3328 + ((v3 >>> 8) & 255)] + (table[3584 + ((v3 >>> 16) & 255)] + table[3840 + (v3 >>> 24)]);
+        const d = f16Scales ? halfTable[scalesF16[k ^ halfIndexFlip]] : scalesF32[k];
+        total[o] += d * (a0 + a1 + (a2 + a3));
+      }
+    }
+  }
+  for (let o = 0; o < rows; o++) y[o] = total[o];
+}
+
 /**
  * Lookup path for large matrices: per block of 32 columns (4 words) build one 256-entry table per byte
  * position and token, then every row costs 16 lookups per token instead of 32 multiply-adds.

@@ -63,6 +63,11 @@ function checkRoundTrip(
       }
     }
   }
+  // Padding columns of every row hold q = 0.
+  const paddedCols = m.rowWords * (format === "q4" ? 8 : 4);
+  for (let r = 0; r < rows; r++) {
+    for (let c = cols; c < paddedCols; c++) if (getQ(m, r, c) !== 0) problems.push(`r${r} c${c}: padding q ${getQ(m, r, c)}`);
+  }
   return problems;
 }
 

@@ -4,7 +4,7 @@ import { f16ToF32Table } from "./half.ts";
 import { LOOKUP_TABLE_SIZE, q4Lookup, q4LookupSingleToken, q4MultiToken, q4SingleToken } from "./kernels-q4.ts";
 import { q8MultiToken, q8SingleToken } from "./kernels-q8.ts";
 import { colsPerWord } from "./layout.ts";
-import { checkGateUpShapes, checkSwigluLimit, swiglu } from "./swiglu.ts";
+import { checkGateUpArgs, swiglu } from "./swiglu.ts";
 import type { QuantMatrix } from "./types.ts";
 import { checkGemvArgs } from "./validate.ts";
 
@@ -89,12 +89,8 @@ function makeJob(m: QuantMatrix, S: number, stride: number, y: Float32Array): Ge
   };
 }
 
-/**
- * y[s*rows + o] = sum_i x[s*cols + i] * W[o][i] for S tokens (1..64). Accumulates in f64 locals and stores f32.
- * Every weight word is read once per call for all S tokens.
- */
-export function gemvCpu(m: QuantMatrix, x: Float32Array, S: number, y: Float32Array): void {
-  checkGemvArgs(m, x, S, y);
+/** The kernel dispatch behind gemvCpu and gateUpCpu; arguments already checked. */
+function runGemv(m: QuantMatrix, x: Float32Array, S: number, y: Float32Array): void {
   const stride = m.rowWords * colsPerWord(m.format);
   stageActivations(m, x, S, stride);
   const job = makeJob(m, S, stride, y);
@@ -117,6 +113,15 @@ export function gemvCpu(m: QuantMatrix, x: Float32Array, S: number, y: Float32Ar
 }
 
 /**
+ * y[s*rows + o] = sum_i x[s*cols + i] * W[o][i] for S tokens (1..64). Accumulates in f64 locals and stores f32.
+ * Every weight word is read once per call for all S tokens.
+ */
+export function gemvCpu(m: QuantMatrix, x: Float32Array, S: number, y: Float32Array): void {
+  checkGemvArgs(m, x, S, y);
+  runGemv(m, x, S, y);
+}
+
+/**
  * Fused gate+up with SwiGLU: h = silu(g) * u, g = x · Wgᵀ, u = x · Wuᵀ; with `limit`, g = min(g, limit) and
  * u = clamp(u, -limit, limit) first. h is [S, rows].
  */
@@ -128,14 +133,11 @@ export function gateUpCpu(
   h: Float32Array,
   limit?: number,
 ): void {
-  checkGateUpShapes(gate, up);
-  checkSwigluLimit(limit);
-  checkGemvArgs(up, x, S, h);
-  // The up projection goes to scratch first so gemvCpu's own scratch can be reused for the gate.
+  checkGateUpArgs(gate, up, x, S, h, limit);
   const n = S * up.rows;
   scratch.gateUp = atLeastF32(scratch.gateUp, n);
   const u = scratch.gateUp.subarray(0, n);
-  gemvCpu(up, x, S, u);
-  gemvCpu(gate, x, S, h);
+  runGemv(up, x, S, u);
+  runGemv(gate, x, S, h);
   for (let i = 0; i < n; i++) h[i] = swiglu(h[i], u[i], limit);
 }

@@ -1,7 +1,7 @@
 /** The f64 oracle: y = x · Wᵀ from exact q*scale values with f64 accumulation. Slow; for tests. */
 import { colsPerWord, decodeScales } from "./layout.ts";
 import { unpackRow } from "./pack.ts";
-import { checkGateUpShapes, checkSwigluLimit, swiglu } from "./swiglu.ts";
+import { checkGateUpArgs, swiglu } from "./swiglu.ts";
 import type { QuantMatrix } from "./types.ts";
 import { checkGemvArgs } from "./validate.ts";
 
@@ -34,8 +34,7 @@ export function gateUpReference(
   S: number,
   limit?: number,
 ): Float64Array {
-  checkGateUpShapes(gate, up);
-  checkSwigluLimit(limit);
+  checkGateUpArgs(gate, up, x, S, undefined, limit);
   const g = gemvReference(gate, x, S);
   const u = gemvReference(up, x, S);
   for (let i = 0; i < g.length; i++) g[i] = swiglu(g[i], u[i], limit);

@@ -2,6 +2,7 @@
 import { InvalidArgumentError } from "../errors.ts";
 import { ShapeMismatchError } from "./errors.ts";
 import type { QuantMatrix } from "./types.ts";
+import { checkGemvOperands, validateQuantMatrix } from "./validate.ts";
 
 /** `limit` must be undefined (no clamp) or a finite number > 0. */
 export function checkSwigluLimit(limit: number | undefined): void {
@@ -21,6 +22,22 @@ export function checkGateUpShapes(gate: QuantMatrix, up: QuantMatrix): void {
       );
     }
   }
+}
+
+/** All guards of a fused gate+up call: both matrices valid, same shape, x/S/h consistent, limit valid. */
+export function checkGateUpArgs(
+  gate: QuantMatrix,
+  up: QuantMatrix,
+  x: Float32Array,
+  S: number,
+  h: Float32Array | undefined,
+  limit: number | undefined,
+): void {
+  validateQuantMatrix(gate);
+  validateQuantMatrix(up);
+  checkGateUpShapes(gate, up);
+  checkSwigluLimit(limit);
+  checkGemvOperands(gate, x, S, h);
 }
 
 /** silu(min(g, limit)) * clamp(u, -limit, limit); silu(g) = g / (1 + exp(-g)). No clamp when limit is undefined. */

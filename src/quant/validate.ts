@@ -140,6 +140,11 @@ export function checkFiniteActivations(x: Float32Array, S: number, cols: number)
 /** Guards for y = x · Wᵀ with S tokens: x is [S, cols] Float32Array, y (if given) is [S, rows] Float32Array. */
 export function checkGemvArgs(m: QuantMatrix, x: Float32Array, S: number, y?: Float32Array): void {
   validateQuantMatrix(m);
+  checkGemvOperands(m, x, S, y);
+}
+
+/** The x/S/y half of checkGemvArgs, for callers that have already validated `m`. */
+export function checkGemvOperands(m: QuantMatrix, x: Float32Array, S: number, y?: Float32Array): void {
   checkTokenCount(S);
   if (!(x instanceof Float32Array)) throw new UnsupportedFormatError("x must be a Float32Array");
   if (x.length !== S * m.cols) {

@@ -12,3 +12,4 @@ export { Fence, TimelineSemaphore, Submission, QueryPool } from "./sync.ts";
 export { VulkanContext, type ContextOptions } from "./context.ts";
 export { loadSpirv, checkSpirv } from "./shader.ts";
 export { banner, describeDevice, formatDriverVersion } from "./banner.ts";
+export { uploadBytes, downloadBytes } from "./transfer.ts";

@@ -203,6 +203,8 @@ export class GemvOp implements Disposable {
   }
 
   [Symbol.dispose](): void {
+    // A run that timed out may still be executing: never free what the GPU may be using.
+    this.kernels.device.waitIdle();
     this.submission[Symbol.dispose]();
     this.fence[Symbol.dispose]();
     this.commands[Symbol.dispose]();

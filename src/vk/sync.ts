@@ -30,7 +30,7 @@ export class Fence implements Disposable {
   }
 
   /** True when signaled, false on timeout. Throws DeviceLostError and friends. */
-  wait(timeoutNs = 10_000_000_000n): boolean {
+  wait(timeoutNs = 60_000_000_000n): boolean {
     return check("vkWaitForFences", this.device.vk.vkWaitForFences(this.device.handle, 1, this.slot, 1, timeoutNs)) !== VK_TIMEOUT;
   }
 

@@ -42,7 +42,11 @@ export function probeIntegerDot(d: DriverIdentity, options: ProbeOptions = {}): 
   let verdict: ProbeVerdict;
   if (r.code === 0 && r.stdout.includes("IDP_PROBE_OK")) verdict = { ok: true };
   else if (r.code === null) verdict = { ok: false, why: `child killed by ${r.signal} while creating the pipelines` };
-  else verdict = { ok: false, why: `child exited ${r.code}: ${(r.stderr.trim().split("\n").at(-1) ?? "").slice(0, 300)}` };
+  else {
+    const lines = r.stderr.trim().split("\n");
+    const line = lines.find((l) => /error/i.test(l)) ?? lines.at(-1) ?? "";
+    verdict = { ok: false, why: `child exited ${r.code}: ${line.trim().slice(0, 300)}` };
+  }
   if (!options.simulate) {
     try {
       mkdirSync(join(path, ".."), { recursive: true });

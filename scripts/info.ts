@@ -1,5 +1,6 @@
-// `bun run info` (or `deno task info`): the device banner to paste into bug reports.
+// `bun run info` (or `bun run info:deno`): the device banner to paste into bug reports.
 import { readConfig } from "../src/config.ts";
+import { describeKernelPlan, planKernels } from "../src/kernels/setup.ts";
 import { banner } from "../src/vk/banner.ts";
 import { VulkanContext } from "../src/vk/index.ts";
 
@@ -7,6 +8,7 @@ try {
   const env = readConfig();
   using ctx = new VulkanContext({}, env);
   console.log(banner(ctx));
+  console.log(describeKernelPlan(planKernels(ctx.device, env)).join("\n"));
 } catch (e) {
   console.error(`vkmoe: ${(e as Error).message}`);
   (globalThis as any).process.exitCode = 1;

@@ -19,7 +19,7 @@ describe("integer dot-product policy", () => {
 
   test("blocklisted: off without running the probe, even with VKMOE_IDP=on", () => {
     let probed = 0;
-    const d = decideIntegerDot({ mode: "on", featureEnabled: true, driver: radeon780m, probe: () => (probed++, { ok: true }) });
+    const d = decideIntegerDot({ mode: "on", featureEnabled: true, accelerated: true, driver: radeon780m, probe: () => (probed++, { ok: true }) });
     expect(d.on).toBe(false);
     expect(d.reason).toContain("blocklisted");
     expect(probed).toBe(0);
@@ -27,10 +27,14 @@ describe("integer dot-product policy", () => {
 
   test("off by request, off without the feature, on only after the probe passes", () => {
     const ok = { vendorId: 0x10de, driverId: 4, driverVersion: 1, uuid: "1".repeat(32) };
-    expect(decideIntegerDot({ mode: "off", featureEnabled: true, driver: ok, probe: () => ({ ok: true }) })).toEqual({ on: false, reason: "VKMOE_IDP=off" });
-    expect(decideIntegerDot({ mode: "auto", featureEnabled: false, driver: ok, probe: () => ({ ok: true }) }).on).toBe(false);
-    expect(decideIntegerDot({ mode: "auto", featureEnabled: true, driver: ok, probe: () => ({ ok: true }) })).toEqual({ on: true, reason: "probe passed" });
-    const failed = decideIntegerDot({ mode: "auto", featureEnabled: true, driver: ok, probe: () => ({ ok: false, why: "child killed by SIGSEGV" }) });
+    expect(decideIntegerDot({ mode: "off", featureEnabled: true, accelerated: true, driver: ok, probe: () => ({ ok: true }) })).toEqual({ on: false, reason: "VKMOE_IDP=off" });
+    expect(decideIntegerDot({ mode: "auto", featureEnabled: false, accelerated: true, driver: ok, probe: () => ({ ok: true }) }).on).toBe(false);
+    expect(decideIntegerDot({ mode: "auto", featureEnabled: true, accelerated: true, driver: ok, probe: () => ({ ok: true }) })).toEqual({ on: true, reason: "probe passed" });
+    const slow = decideIntegerDot({ mode: "auto", featureEnabled: true, accelerated: false, driver: ok, probe: () => ({ ok: true }) });
+    expect(slow).toMatchObject({ on: false });
+    expect(slow.reason).toContain("not accelerated");
+    expect(decideIntegerDot({ mode: "on", featureEnabled: true, accelerated: false, driver: ok, probe: () => ({ ok: true }) }).on).toBe(true);
+    const failed = decideIntegerDot({ mode: "auto", featureEnabled: true, accelerated: true, driver: ok, probe: () => ({ ok: false, why: "child killed by SIGSEGV" }) });
     expect(failed.on).toBe(false);
     expect(failed.reason).toContain("SIGSEGV");
   });
@@ -48,7 +52,7 @@ describe("child-process probe on the real driver", () => {
     expect(v.ok).toBe(false);
     if (!v.ok) expect(v.why).toMatch(/killed by SIGABRT|SIGABRT/);
     // The parent still works: the float path decision follows.
-    const d = decideIntegerDot({ mode: "auto", featureEnabled: true, driver, probe: () => v });
+    const d = decideIntegerDot({ mode: "auto", featureEnabled: true, accelerated: true, driver, probe: () => v });
     expect(d.on).toBe(false);
     expect(ctx.device.handle).not.toBe(0n);
   });

@@ -53,6 +53,8 @@ export interface IdpInputs {
   mode: "auto" | "on" | "off";
   /** shaderIntegerDotProduct reported and enabled on the device. */
   featureEnabled: boolean;
+  /** The driver reports packed 4x8 signed dot products as accelerated. */
+  accelerated: boolean;
   driver: DriverIdentity;
   /** Runs (or reads the cached result of) the child-process probe. Only called when needed. */
   probe: () => ProbeVerdict;
@@ -61,14 +63,15 @@ export interface IdpInputs {
 
 /**
  * The decision, in order: off by request; off without the feature; off when blocklisted (even
- * with VKMOE_IDP=on: the crash cannot be caught); then the probe, also for "on" (which only
- * skips the "auto" preference for accelerated hardware).
+ * with VKMOE_IDP=on: the crash cannot be caught); "auto" only where the driver reports the 4x8
+ * dot product as accelerated; then the child-process probe, for "on" too.
  */
 export function decideIntegerDot(inputs: IdpInputs): IdpDecision {
   if (inputs.mode === "off") return { on: false, reason: "VKMOE_IDP=off" };
   if (!inputs.featureEnabled) return { on: false, reason: "shaderIntegerDotProduct not available" };
   const blocked = blocklisted(inputs.driver, inputs.blocklist);
   if (blocked) return { on: false, reason: `blocklisted: ${blocked.reason}` };
+  if (inputs.mode === "auto" && !inputs.accelerated) return { on: false, reason: "not accelerated by this driver (VKMOE_IDP=on to use it anyway)" };
   const verdict = inputs.probe();
   if (!verdict.ok) return { on: false, reason: `pipeline probe failed in a child process: ${verdict.why}` };
   return { on: true, reason: inputs.mode === "on" ? "VKMOE_IDP=on, probe passed" : "probe passed" };

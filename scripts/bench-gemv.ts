@@ -1,0 +1,127 @@
+// GEMV benchmark: µs per GEMV (GPU timestamps and host-observed), effective GB/s over the weight
+// and scale bytes read, and the ratio to this device's own read bandwidth measured in the same run
+// by a streaming-read kernel. Matrices rotate through a pool larger than the GPU's last-level cache.
+//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick]
+import { readConfig } from "../src/config.ts";
+import { GemvKernels } from "../src/kernels/gemv.ts";
+import { GEMV, pipelineSpec, shaderFile } from "../src/kernels/shaders.ts";
+import { chooseKernelConfig } from "../src/kernels/tuning.ts";
+import { describeKernelPlan, planKernels } from "../src/kernels/setup.ts";
+import { groupsPerRowFor, rowWordsFor, scaleWordsFor } from "../src/quant/layout.ts";
+import type { QuantFormat } from "../src/quant/types.ts";
+import { banner } from "../src/vk/banner.ts";
+import {
+  Buffer, CommandPool, ComputePipeline, DescriptorPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext,
+  VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+} from "../src/vk/index.ts";
+
+const args = (globalThis as any).Deno ? (globalThis as any).Deno.args : process.argv.slice(2);
+const quick = args.includes("--quick");
+const poolArg = args.indexOf("--pool-mib");
+
+const env = readConfig();
+using ctx = new VulkanContext({}, env);
+const device = ctx.device;
+const info = device.info;
+console.log(banner(ctx));
+const config = chooseKernelConfig(info);
+console.log(describeKernelPlan(planKernels(device, env)).join("\n"));
+const MiB = 2 ** 20;
+const cpuLike = info.type === 4;
+const limit = Number(info.limits.maxMemoryAllocationSize < info.limits.maxBufferSize ? info.limits.maxMemoryAllocationSize : info.limits.maxBufferSize);
+// The pool is bound whole to the GEMV descriptors, so it also stays within maxStorageBufferRange.
+const rangeLimit = Math.min(limit, info.limits.maxStorageBufferRange);
+const poolBytes = Math.min(poolArg >= 0 ? Number(args[poolArg + 1]) * MiB : 2048 * MiB, rangeLimit - (rangeLimit % MiB));
+const GROUP = 32;
+
+using pool = new Buffer(device, { size: BigInt(poolBytes), memory: "device" });
+{
+  // Random weights, f16 scale words of 1/64: every bit pattern is a valid weight.
+  const chunk = new Uint32Array(16 * MiB / 4);
+  let s = 0x12345678;
+  for (let i = 0; i < chunk.length; i++) {
+    s ^= s << 13; s ^= s >>> 17; s ^= s << 5;
+    chunk[i] = s >>> 0;
+  }
+  const bytes = new Uint8Array(chunk.buffer);
+  for (let at = 0; at < poolBytes; at += bytes.byteLength) uploadBytes(device, pool, BigInt(at), bytes.subarray(0, Math.min(bytes.byteLength, poolBytes - at)));
+}
+using sink = new Buffer(device, { size: 1n << 20n, memory: "device" });
+using x = new Buffer(device, { size: BigInt(4 * 64 * 16384), memory: "upload" });
+new Float32Array(x.host()).fill(0.01);
+using y = new Buffer(device, { size: BigInt(64 * MiB), memory: "readback" });
+using queries = new QueryPool(device, 2);
+using commands = new CommandPool(device);
+using fence = new Fence(device);
+using kernels = new GemvKernels(device, config);
+using descriptors = new DescriptorPool(device, 16, 64);
+const period = info.limits.timestampPeriod;
+
+/** Records `body` between two timestamps, runs it `reps` times; best GPU ns and best host ns. */
+function measure(body: (cb: ReturnType<CommandPool["allocate"]>) => void, reps = quick ? 3 : 7): { gpuNs: number; hostNs: number } {
+  const cb = commands.allocate().begin();
+  cb.resetQueries(queries).timestamp(queries, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT);
+  body(cb);
+  cb.timestamp(queries, 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).end();
+  using submission = new Submission(device, [cb], { fence });
+  let gpuNs = Infinity, hostNs = Infinity;
+  for (let r = 0; r < reps; r++) {
+    const t0 = performance.now();
+    submission.submit();
+    fence.wait();
+    const t1 = performance.now();
+    fence.reset();
+    const ts = queries.results();
+    gpuNs = Math.min(gpuNs, Number(ts[1]! - ts[0]!) * period);
+    hostNs = Math.min(hostNs, (t1 - t0) * 1e6);
+  }
+  return { gpuNs, hostNs };
+}
+
+// The device's read bandwidth: stream the whole pool.
+using stream = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256 } });
+const streamSet = descriptors.allocate(stream, [{ buffer: pool, range: BigInt(Math.min(poolBytes, info.limits.maxStorageBufferRange)) }, { buffer: sink }]);
+const streamBytes = Math.min(poolBytes, info.limits.maxStorageBufferRange);
+const streamGroups = cpuLike ? 256 : 4096;
+const read = measure((cb) => {
+  for (let i = 0; i < 4; i++) cb.bind(stream, streamSet).pushConstants(stream, new Uint32Array([0, streamBytes / 16])).dispatch(streamGroups);
+});
+const readGBs = (4 * streamBytes) / read.gpuNs;
+console.log(`\nstreaming read: ${(4 * streamBytes / MiB).toFixed(0)} MiB in ${(read.gpuNs / 1e3).toFixed(0)} µs = ${readGBs.toFixed(1)} GB/s (device read bandwidth baseline)`);
+
+interface Case { label: string; I: number; O: number; format: QuantFormat; S: number }
+const cases: Case[] = [
+  { label: "2048->768", I: 2048, O: 768, format: "q4", S: 1 },
+  { label: "768->2048", I: 768, O: 2048, format: "q4", S: 1 },
+  { label: "4096->14336", I: 4096, O: 14336, format: "q4", S: 1 },
+  { label: "8192->16384 (64 MiB)", I: 8192, O: 16384, format: "q4", S: 1 },
+  { label: "2048->768", I: 2048, O: 768, format: "q8", S: 1 },
+  { label: "4096->14336", I: 4096, O: 14336, format: "q8", S: 1 },
+  { label: "2048->768 S=8", I: 2048, O: 768, format: "q4", S: 8 },
+  { label: "4096->14336 S=8", I: 4096, O: 14336, format: "q4", S: 8 },
+];
+const rows: string[][] = [["shape (I->O)", "fmt", "S", "matrices", "working set", "GPU µs", "host µs batched", "host µs 1 submit", "GB/s", "of read BW"]];
+for (const c of quick ? cases.slice(0, 3) : cases) {
+  const rowWords = rowWordsFor(c.format, c.I);
+  const weightBytes = c.O * rowWords * 4;
+  const scaleBytes = scaleWordsFor("f16", c.O * groupsPerRowFor(c.I, GROUP)) * 4;
+  const stride = Math.ceil((weightBytes + scaleBytes) / 256) * 256;
+  const count = Math.floor(poolBytes / stride);
+  if (count < 2) continue;
+  const p = kernels.pipeline(GEMV[c.format], true, GROUP);
+  const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: x }, { buffer: y }]);
+  const groups = Math.ceil(c.O / config.rowsPerWorkgroup);
+  const [gx, gy] = kernels.grid(groups);
+  const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, groupsPerRowFor(c.I, GROUP), (m * stride) / 16, (m * stride + weightBytes) / 4, 0, 0]);
+  const reps = Math.max(count, Math.min(4 * count, 400));
+  const batch = measure((cb) => {
+    for (let r = 0; r < reps; r++) cb.bind(p, set).pushConstants(p, pc(r % count)).dispatch(gx, gy);
+  });
+  const single = measure((cb) => cb.bind(p, set).pushConstants(p, pc(0)).dispatch(gx, gy), 20);
+  const gpuUs = batch.gpuNs / reps / 1e3;
+  const gbs = (weightBytes + scaleBytes) / (batch.gpuNs / reps);
+  rows.push([c.label, c.format, String(c.S), String(count), `${((count * stride) / MiB).toFixed(0)} MiB`, gpuUs.toFixed(1), (batch.hostNs / reps / 1e3).toFixed(1), (single.hostNs / 1e3).toFixed(1), gbs.toPrecision(3), `${((100 * gbs) / readGBs).toFixed(0)}%`]);
+}
+const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes; GPU µs from timestamps over a batch`);
+for (const r of rows) console.log(`| ${r.map((v, i) => v.padEnd(widths[i]!)).join(" | ")} |`);

@@ -1,0 +1,6 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// gateup_q4: h[s,o] = silu(x.Wg[o]) * (x.Wu[o]), q4 weights, float path.  See README.md.
+#define QBITS 4
+#define GATEUP 1
+#include "gemv_float.glsl"

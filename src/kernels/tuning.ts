@@ -23,11 +23,13 @@ export interface TuningRow {
 }
 
 export const TUNING_TABLE: readonly TuningRow[] = [
-  { label: "NVIDIA (subgroup 32)", match: (d) => d.vendorId === 0x10de, config: { workgroupSize: 128, rowsPerWorkgroup: 4, colThreads: 32, rowLanes: 4 } },
-  { label: "AMD (subgroup 64/32)", match: (d) => d.vendorId === 0x1002, config: { workgroupSize: 64, rowsPerWorkgroup: 2, colThreads: 32, rowLanes: 2 } },
-  { label: "Intel", match: (d) => d.vendorId === 0x8086, config: { workgroupSize: 64, rowsPerWorkgroup: 2, colThreads: 16, rowLanes: 2 } },
-  { label: "CPU / Lavapipe (subgroup 8)", match: (d) => d.type === 4, config: { workgroupSize: 64, rowsPerWorkgroup: 4, colThreads: 16, rowLanes: 4 } },
-  { label: "default", match: () => true, config: { workgroupSize: 64, rowsPerWorkgroup: 2, colThreads: 32, rowLanes: 2 } },
+  // Measured on an H200 (shaders/README.md): one subgroup per workgroup, 8 rows per thread.
+  { label: "NVIDIA (subgroup 32)", match: (d) => d.vendorId === 0x10de, config: { workgroupSize: 32, rowsPerWorkgroup: 8, colThreads: 0, rowLanes: 1 } },
+  // Not measured here: bandwidth-bound iGPUs, one wave64 per workgroup.
+  { label: "AMD (subgroup 64/32)", match: (d) => d.vendorId === 0x1002, config: { workgroupSize: 64, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1 } },
+  { label: "Intel", match: (d) => d.vendorId === 0x8086, config: { workgroupSize: 64, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1 } },
+  { label: "CPU / Lavapipe (subgroup 8)", match: (d) => d.type === 4, config: { workgroupSize: 64, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1 } },
+  { label: "default", match: () => true, config: { workgroupSize: 64, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1 } },
 ];
 
 export function chooseKernelConfig(d: PhysicalDeviceInfo, forceSharedReduction = false): KernelConfig {

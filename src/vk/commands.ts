@@ -114,6 +114,12 @@ export class CommandBuffer {
     return this;
   }
 
+  /** A dispatch whose group counts (3 x u32) are read from `args` at `offset` when it executes. */
+  dispatchIndirect(args: Buffer, offset = 0n): this {
+    this.device.vk.vkCmdDispatchIndirect(this.handle, args.handle, offset);
+    return this;
+  }
+
   barrier(kind: BarrierKind): this {
     const [srcStage, srcAccess, dstStage, dstAccess] = Barrier[kind];
     const a = this.device.arena;

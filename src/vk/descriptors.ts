@@ -31,11 +31,15 @@ export class DescriptorPool implements Disposable {
     this.handle = a.view.getBigUint64(out, true);
   }
 
-  /** A set for `pipeline`'s layout with every binding written. */
-  allocate(pipeline: ComputePipeline, bindings: readonly BufferBinding[]): bigint {
+  /** A set for `pipeline`'s layout with every binding written (an array binding takes an array). */
+  allocate(pipeline: ComputePipeline, bindings: readonly (BufferBinding | readonly BufferBinding[])[]): bigint {
     if (bindings.length !== pipeline.storageBuffers) {
       throw new InvalidArgumentError(`pipeline has ${pipeline.storageBuffers} storage-buffer bindings, got ${bindings.length}`);
     }
+    bindings.forEach((b, i) => {
+      const n = Array.isArray(b) ? b.length : 1;
+      if (n !== pipeline.descriptorCounts[i]) throw new InvalidArgumentError(`binding ${i} takes ${pipeline.descriptorCounts[i]} buffer(s), got ${n}`);
+    });
     const { vk, handle } = this.device;
     const a = this.device.arena;
     using _ = a.scope();
@@ -57,23 +61,29 @@ export class DescriptorPool implements Disposable {
   }
 }
 
-export function writeStorageBuffers(device: Device, set: bigint, bindings: readonly BufferBinding[]): void {
+/** Writes bindings (an array binding: consecutive elements from 0) of `set`. */
+export function writeStorageBuffers(device: Device, set: bigint, bindings: readonly (BufferBinding | readonly BufferBinding[])[]): void {
   const a = device.arena;
   using _ = a.scope();
-  const infos = a.alloc(VkDescriptorBufferInfo.size * bindings.length);
-  const writes = a.alloc(VkWriteDescriptorSet.size * bindings.length);
-  bindings.forEach((b, i) => {
+  const flat: { binding: number; element: number; b: BufferBinding }[] = [];
+  bindings.forEach((b, binding) => {
+    if (Array.isArray(b)) b.forEach((e, element) => flat.push({ binding, element, b: e }));
+    else flat.push({ binding, element: 0, b: b as BufferBinding });
+  });
+  const infos = a.alloc(VkDescriptorBufferInfo.size * flat.length);
+  const writes = a.alloc(VkWriteDescriptorSet.size * flat.length);
+  flat.forEach(({ binding, element, b }, i) => {
     const range = b.range ?? VK_WHOLE_SIZE;
     const limit = BigInt(device.info.limits.maxStorageBufferRange);
     const effective = range === VK_WHOLE_SIZE ? b.buffer.size - (b.offset ?? 0n) : range;
     if (effective > limit) {
-      throw new InvalidArgumentError(`binding ${i}: range of ${effective} bytes exceeds maxStorageBufferRange (${limit})`);
+      throw new InvalidArgumentError(`binding ${binding}[${element}]: range of ${effective} bytes exceeds maxStorageBufferRange (${limit})`);
     }
     VkDescriptorBufferInfo.write(a.view, infos + i * VkDescriptorBufferInfo.size, { buffer: b.buffer.handle, offset: b.offset ?? 0n, range });
     VkWriteDescriptorSet.write(a.view, writes + i * VkWriteDescriptorSet.size, {
-      dstSet: set, dstBinding: i, descriptorCount: 1, descriptorType: VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+      dstSet: set, dstBinding: binding, dstArrayElement: element, descriptorCount: 1, descriptorType: VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
       pBufferInfo: a.address(infos + i * VkDescriptorBufferInfo.size),
     });
   });
-  device.vk.vkUpdateDescriptorSets(device.handle, bindings.length, a.address(writes), 0, 0n);
+  device.vk.vkUpdateDescriptorSets(device.handle, flat.length, a.address(writes), 0, 0n);
 }

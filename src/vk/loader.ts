@@ -61,6 +61,7 @@ export const coreSymbols = {
   vkCmdBindDescriptorSets: fn([P, U32, U64, U32, U32, P, U32, P], V),
   vkCmdPushConstants: fn([P, U64, U32, U32, U32, P], V),
   vkCmdDispatch: fn([P, U32, U32, U32], V),
+  vkCmdDispatchIndirect: fn([P, U64, U64], V),
   vkCmdPipelineBarrier: fn([P, U32, U32, U32, U32, P, U32, P, U32, P], V),
   vkCmdCopyBuffer: fn([P, U64, U64, U32, P], V),
   vkCmdFillBuffer: fn([P, U64, U64, U64, U32], V),

@@ -2,7 +2,7 @@
 import { ffi } from "../ffi/index.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import {
-  VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+  VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT, VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
   VK_BUFFER_USAGE_TRANSFER_SRC_BIT, VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
 } from "./constants.ts";
 import type { Device } from "./device.ts";
@@ -47,7 +47,7 @@ export class Buffer implements Disposable {
     const vk = device.vk;
     const a = device.arena;
     using _ = a.scope();
-    let usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    let usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT;
     if (options.deviceAddress) usage |= VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
     const info = a.alloc(VkBufferCreateInfo.size);
     VkBufferCreateInfo.write(a.view, info, { size, usage });

@@ -15,6 +15,8 @@ export interface PipelineSpec {
   spirv: string;
   /** Number of storage-buffer bindings in set 0 (bindings 0..n-1). */
   storageBuffers: number;
+  /** Descriptor count of each binding (arrays of storage buffers); default 1 each. */
+  descriptorCounts?: number[];
   /** Bytes of push constants (a multiple of 4). */
   pushConstantBytes: number;
   /** constant_id -> 32-bit value (booleans as 0/1). */
@@ -29,6 +31,7 @@ export class ComputePipeline implements Disposable {
   readonly layout: bigint;
   readonly pipeline: bigint;
   readonly storageBuffers: number;
+  readonly descriptorCounts: number[];
   readonly pushConstantBytes: number;
   private disposed = false;
 
@@ -39,6 +42,10 @@ export class ComputePipeline implements Disposable {
     const code = loadSpirv(spec.spirv); // before any Vulkan object exists: a bad file creates nothing
     this.device = device;
     this.storageBuffers = spec.storageBuffers;
+    this.descriptorCounts = spec.descriptorCounts ?? Array.from({ length: spec.storageBuffers }, () => 1);
+    if (this.descriptorCounts.length !== spec.storageBuffers || this.descriptorCounts.some((c) => !Number.isInteger(c) || c < 1)) {
+      throw new InvalidArgumentError(`descriptorCounts must give a positive count for each of the ${spec.storageBuffers} bindings`);
+    }
     this.pushConstantBytes = spec.pushConstantBytes;
     const { vk, handle } = device;
     const a = device.arena;
@@ -48,7 +55,7 @@ export class ComputePipeline implements Disposable {
     const bindings = a.alloc(VkDescriptorSetLayoutBinding.size * Math.max(1, spec.storageBuffers));
     for (let i = 0; i < spec.storageBuffers; i++) {
       VkDescriptorSetLayoutBinding.write(a.view, bindings + i * VkDescriptorSetLayoutBinding.size, {
-        binding: i, descriptorType: VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount: 1, stageFlags: VK_SHADER_STAGE_COMPUTE_BIT,
+        binding: i, descriptorType: VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount: this.descriptorCounts[i]!, stageFlags: VK_SHADER_STAGE_COMPUTE_BIT,
       });
     }
     const dsl = a.alloc(VkDescriptorSetLayoutCreateInfo.size);

@@ -2,6 +2,9 @@
 // gate/up variant (h = silu(x*Wg^T) * (x*Wu^T)).  The including .comp defines:
 //   QBITS  4 or 8
 //   GATEUP (optional) fused gate+up: two matrices, SiLU product, optional clamp limit
+//   MOE    (optional) grouped MoE variant (moe.glsl): one expert per workgroup row (y), tokens
+//          gathered through a pair list, weights located by the work list; with ADDR_BDA
+//          through a 64-bit buffer device address, else (slab index, offset) into a slab array
 //
 // Tokens are processed in chunks of TOKENS (registers: TOKENS accumulators per owned row);
 // each weight uvec4 is read once per chunk and used for every token of it.
@@ -32,7 +35,9 @@ layout(constant_id = 7) const uint TOKENS_ = 0u;
 const uint TOKENS_AUTO = (NV >= 16u) ? 1u : ((NV >= 2u) ? (16u / NV) : 8u);
 const uint TOKENS = (TOKENS_ == 0u) ? TOKENS_AUTO : TOKENS_;
 
-#ifdef GATEUP
+#ifdef MOE
+#include "moe.glsl"
+#elif defined(GATEUP)
 layout(std430, binding = 0) readonly restrict buffer WG0 { uvec4 wGate[]; };
 layout(std430, binding = 1) readonly restrict buffer SG0 { uint sGate[]; };
 layout(std430, binding = 2) readonly restrict buffer WU0 { uvec4 wUp[]; };
@@ -73,6 +78,19 @@ layout(push_constant, std430) uniform PC {
 } pc;
 #endif
 
+#ifndef MOE
+// Dense addressing: weights and scales in bound buffers, x row tok at xOffset + tok * I.
+#define W_GATE(i) wGate[i]
+#define W_UP(i) wUp[i]
+#define S_GATE(k) LOAD_SCALE(sGate, pc.gateScaleOffset, k)
+#define S_UP(k) LOAD_SCALE(sUp, pc.upScaleOffset, k)
+uint xRow(uint tok) { return pc.xOffset + tok * pc.I; }
+uint rowBlock() { return workgroupIndex(); }
+uint tokenCount() { return pc.S; }
+bool xAligned() { return ((pc.xOffset | pc.I) & 3u) == 0u; }
+void storeOut(uint tok, uint row, float v) { yb[pc.yOffset + tok * pc.O + row] = v; }
+#endif
+
 // x load modes of one column step
 const uint XM_VEC4 = 0u;    // full step, x rows 16-byte aligned: vec4 loads
 const uint XM_SCALAR = 1u;  // full step, unaligned x: scalar loads
@@ -84,7 +102,7 @@ uint sRow[RPT];  // first scale index of each owned row
 // ---- loads -------------------------------------------------------------------------------
 // 4 x values of token `tok` starting at column col (a multiple of 4).
 vec4 loadX4(uint mode, uint tok, uint col) {
-    const uint xb = pc.xOffset + tok * pc.I + col;
+    const uint xb = xRow(tok) + col;
     if (mode == XM_VEC4) return xv[xb >> 2u];
     if (mode == XM_SCALAR) return vec4(xs[xb], xs[xb + 1u], xs[xb + 2u], xs[xb + 3u]);
     vec4 v;
@@ -95,11 +113,11 @@ vec4 loadX4(uint mode, uint tok, uint col) {
 void loadW(uint c, out uvec4 wq[NV], out float sc[NV]) {
     const uint g = (c * COLS_PER_VEC) / GROUP_SIZE;  // a uvec4 never straddles a group
     [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        wq[r] = wGate[wRow[r] + c];
-        sc[r] = LOAD_SCALE(sGate, pc.gateScaleOffset, sRow[r] + g);
+        wq[r] = W_GATE(wRow[r] + c);
+        sc[r] = S_GATE(sRow[r] + g);
 #ifdef GATEUP
-        wq[RPT + r] = wUp[wRow[RPT + r] + c];
-        sc[RPT + r] = LOAD_SCALE(sUp, pc.upScaleOffset, sRow[r] + g);
+        wq[RPT + r] = W_UP(wRow[RPT + r] + c);
+        sc[RPT + r] = S_UP(sRow[r] + g);
 #endif
     }
 }
@@ -197,16 +215,19 @@ void storeRows(uint rowBase, uint rgo, uint tok) {
                 gv = min(gv, pc.limit);
                 uv = clamp(uv, -pc.limit, pc.limit);
             }
-            yb[pc.yOffset + tok * pc.O + row] = gv / (1.0 + exp(-gv)) * uv;
+            storeOut(tok, row, gv / (1.0 + exp(-gv)) * uv);
 #else
-            yb[pc.yOffset + tok * pc.O + row] = rv[r];
+            storeOut(tok, row, rv[r]);
 #endif
         }
     }
 }
 
 void main() {
-    const uint rowBase = workgroupIndex() * ROWS_PER_WG;
+#ifdef MOE
+    if (!moeBegin()) return;  // a work item past the end of this call's list: uniform
+#endif
+    const uint rowBase = rowBlock() * ROWS_PER_WG;
     if (rowBase >= pc.O) return;  // whole workgroup: uniform
 
     const uint t = logicalThread();
@@ -229,10 +250,11 @@ void main() {
     const uint nFull = pc.I / COLS_PER_VEC;                  // steps with every column < I
     const bool hasTail = nFull * COLS_PER_VEC < pc.I;
     const bool tailMine = hasTail && (nFull % CSTEP) == c0;  // the step c == nFull
-    const bool aligned = ((pc.xOffset | pc.I) & 3u) == 0u;
+    const bool aligned = xAligned();
+    const uint S = tokenCount();
 
-    for (tok0 = 0u; tok0 < pc.S; tok0 += TOKENS) {
-        nt = min(TOKENS, pc.S - tok0);
+    for (tok0 = 0u; tok0 < S; tok0 += TOKENS) {
+        nt = min(TOKENS, S - tok0);
         [[unroll]] for (uint i = 0u; i < NV; ++i)
             [[unroll]] for (uint j = 0u; j < TOKENS; ++j) acc[i][j] = 0.0;
 

@@ -39,6 +39,7 @@ export interface EnabledFeatures {
   subgroupSizeControl: boolean;
   memoryPriority: boolean;
   memoryBudget: boolean;
+  storageBufferArrayDynamicIndexing: boolean;
 }
 
 export class Device implements Disposable {
@@ -89,6 +90,7 @@ export class Device implements Disposable {
     const sscExt = !is13 && has("VK_EXT_subgroup_size_control");
     const ssc = decide("subgroupSizeControl", f.subgroupSizeControl, "not supported by the driver");
     if (ssc && sscExt) extensions.push("VK_EXT_subgroup_size_control");
+    const dyn = decide("shaderStorageBufferArrayDynamicIndexing", f.storageBufferArrayDynamicIndexing, "not supported by the driver (descriptor addressing path unavailable)");
     const prio = decide("VK_EXT_memory_priority", has("VK_EXT_memory_priority") && f.memoryPriority, "extension not offered");
     if (prio) extensions.push("VK_EXT_memory_priority");
     const budget = decide("VK_EXT_memory_budget", has("VK_EXT_memory_budget"), "extension not offered");
@@ -97,6 +99,7 @@ export class Device implements Disposable {
     this.enabled = {
       bufferDeviceAddress: bda, shaderInt64: int64, shaderInt8: int8, storageBuffer8BitAccess: s8,
       storageBuffer16BitAccess: s16, integerDotProduct: idp, subgroupSizeControl: ssc, memoryPriority: prio, memoryBudget: budget,
+      storageBufferArrayDynamicIndexing: dyn,
     };
 
     const a = this.arena;
@@ -114,7 +117,8 @@ export class Device implements Disposable {
       bufferDeviceAddress: bda ? 1 : 0, shaderInt8: int8 ? 1 : 0, storageBuffer8BitAccess: s8 ? 1 : 0, timelineSemaphore: 1,
     }, next);
     next = link(VkPhysicalDeviceVulkan11Features, { storageBuffer16BitAccess: s16 ? 1 : 0 }, next);
-    const features2 = link(VkPhysicalDeviceFeatures2, { features: { shaderInt64: int64 ? 1 : 0 } }, next);
+    // Dynamic (workgroup-uniform) indexing of storage-buffer arrays: the descriptor addressing path.
+    const features2 = link(VkPhysicalDeviceFeatures2, { features: { shaderInt64: int64 ? 1 : 0, shaderStorageBufferArrayDynamicIndexing: dyn ? 1 : 0 } }, next);
 
     const priority = a.alloc(4, 4);
     a.view.setFloat32(priority, 1, true);

@@ -74,6 +74,7 @@ export interface PhysicalDeviceInfo {
   /** Features as the driver reports them (before negotiation). */
   features: {
     shaderInt64: boolean;
+    storageBufferArrayDynamicIndexing: boolean;
     shaderInt8: boolean;
     shaderFloat16: boolean;
     storageBuffer8BitAccess: boolean;
@@ -224,6 +225,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
     extensions,
     features: {
       shaderInt64: bool(f10.shaderInt64),
+      storageBufferArrayDynamicIndexing: bool(f10.shaderStorageBufferArrayDynamicIndexing),
       shaderInt8: bool(f12.shaderInt8),
       shaderFloat16: bool(f12.shaderFloat16),
       storageBuffer8BitAccess: bool(f12.storageBuffer8BitAccess),

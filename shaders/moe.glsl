@@ -1,0 +1,97 @@
+// moe.glsl: bindings and addressing of the grouped MoE GEMVs, included by gemv_float.glsl when
+// MOE is defined. One dispatch covers every (token, expert) pair of a layer call:
+//   workgroup (x, y) = (block of ROWS_PER_WG rows, work item u = one distinct expert);
+//   the item's tokens are gathered through `pairs`, so each expert's weights are read once.
+// GATEUP: h[slot][row] = silu(x[token]·gate) * (x[token]·up), token = slot / slotsPerToken.
+// else (down): ypair[slot][row] = slotWeight[slot] * (h[slot]·down).
+// Work list (binding 1, uvec4): [0] = (S, slotsPerToken, items, 0);
+//   [1 + u] = (a, b, pairStart, pairCount) with (a, b) = the expert blob's device address
+//   (lo, hi) under ADDR_BDA, else (slab index, blob offset in uvec4 units).
+// Blob-relative offsets of the matrices come as push constants (same for every expert).
+#extension GL_EXT_control_flow_attributes : require
+
+layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
+layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
+layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
+layout(std430, binding = 2) readonly restrict buffer PR { uint pairs[]; };
+layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
+layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
+layout(push_constant, std430) uniform PC {
+    uint O;                 // rows: I for gate+up, D for down
+    uint I;                 // cols: D for gate+up, I for down
+    uint rowWords;
+    uint groupsPerRow;
+    uint gateWeightOffset;  // blob-relative, uvec4 units (down: the down matrix)
+    uint gateScaleOffset;   // blob-relative, words
+    uint upWeightOffset;
+    uint upScaleOffset;
+    float limit;            // <= 0: none
+} pc;
+
+#ifdef ADDR_BDA
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_buffer_reference_uvec2 : require
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly restrict buffer BlobV { uvec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly restrict buffer BlobW { uint v[]; };
+BlobV blobV;
+BlobW blobW;
+#define BLOB_V(i) blobV.v[i]
+#define BLOB_W(i) blobW.v[i]
+#else
+// Slabs bound as an array; the index is uniform across the workgroup (one expert per workgroup).
+layout(constant_id = 8) const uint MAX_SLABS = 8u;
+layout(std430, binding = 5) readonly restrict buffer Slab { uvec4 v[]; } slabs[MAX_SLABS];
+uint slabIndex;
+uint blobBase;  // uvec4 units
+#define BLOB_V(i) slabs[slabIndex].v[blobBase + (i)]
+#define BLOB_W(i) (slabs[slabIndex].v[blobBase + ((i) >> 2u)][(i) & 3u])
+#endif
+
+#define W_GATE(i) BLOB_V(i)
+#define W_UP(i) BLOB_V(i)
+#define BLOB_SCALE(off, k) (SCALE_F16 ? unpackHalf2x16(BLOB_W((off) + ((k) >> 1u)))[(k) & 1u] : uintBitsToFloat(BLOB_W((off) + (k))))
+#define S_GATE(k) BLOB_SCALE(pc.gateScaleOffset, k)
+#define S_UP(k) BLOB_SCALE(pc.upScaleOffset, k)
+
+uint pairStart;
+uint pairCount;
+uint slotsPerToken;
+
+// Reads this workgroup's work item; false when the item is past the end of the list.
+bool moeBegin() {
+    const uvec4 header = work[0];
+    const uint u = gl_WorkGroupID.y;
+    if (u >= header.z) return false;
+    const uvec4 item = work[1u + u];
+    slotsPerToken = header.y;
+    pairStart = item.z;
+    pairCount = item.w;
+#ifdef ADDR_BDA
+    blobV = BlobV(item.xy);
+    blobW = BlobW(item.xy);
+#else
+    slabIndex = item.x;
+    blobBase = item.y;
+#endif
+    return true;
+}
+
+uint rowBlock() { return gl_WorkGroupID.x; }
+uint tokenCount() { return pairCount; }
+bool xAligned() { return (pc.I & 3u) == 0u; }
+uint xRow(uint tok) {
+    const uint slot = pairs[pairStart + tok];
+#ifdef GATEUP
+    return (slot / slotsPerToken) * pc.I;
+#else
+    return slot * pc.I;
+#endif
+}
+void storeOut(uint tok, uint row, float v) {
+    const uint slot = pairs[pairStart + tok];
+#ifdef GATEUP
+    yb[slot * pc.O + row] = v;
+#else
+    yb[slot * pc.O + row] = slotWeight[slot] * v;
+#endif
+}

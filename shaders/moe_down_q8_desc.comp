@@ -1,0 +1,6 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// moe_down_q8_desc: grouped MoE down over every (token, expert) pair of a layer call. See moe.glsl.
+#define MOE
+#define QBITS 8
+#include "gemv_float.glsl"

@@ -1,0 +1,7 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// moe_gateup_q8_desc: grouped MoE gateup over every (token, expert) pair of a layer call. See moe.glsl.
+#define MOE
+#define GATEUP
+#define QBITS 8
+#include "gemv_float.glsl"

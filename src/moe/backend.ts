@@ -1,0 +1,288 @@
+/**
+ * The MoE layer, one typed entry point for GPU and CPU: `forward(layer, x, routing, y)` or
+ * `issue(...)` + `take(y)`. The GPU runs resident experts; experts the pool cannot hold run on
+ * the CPU while the GPU works, joined in routing order. Anything that fails on a user's driver
+ * (no loader, no device, missing shader, out of memory, device lost) degrades to the CPU path
+ * with one line saying why. Callers never branch on GPU vs CPU.
+ */
+import { z } from "zod";
+import { readConfig, type VkmoeEnv } from "../config.ts";
+import { InvalidArgumentError, VkmoeError } from "../errors.ts";
+import { planKernels } from "../kernels/setup.ts";
+import { computeBudget } from "../pool/budget.ts";
+import { packExpert, type ExpertShape } from "../pool/expert-layout.ts";
+import { ExpertPool, type Addressing } from "../pool/expert-pool.ts";
+import { VulkanContext } from "../vk/context.ts";
+import { DeviceLostError } from "../vk/errors.ts";
+import { GpuLayer, type Ticket } from "./gpu-layer.ts";
+import { MoeCpu, type ExpertWeights } from "./reference.ts";
+import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
+
+/** Weights of (layer, expert); expert === experts (E) asks for the shared expert. */
+export type ExpertProvider = (layer: number, expert: number) => ExpertWeights;
+
+const optionsSchema = z.strictObject({
+  shape: z.strictObject({
+    format: z.enum(["q4", "q8"]),
+    groupSize: z.union([z.literal(32), z.literal(64), z.literal(128)]),
+    scaleType: z.enum(["f16", "f32"]),
+    hidden: z.number().int().positive(),
+    intermediate: z.number().int().positive(),
+  }),
+  experts: z.number().int().min(1).max(MAX_EXPERTS),
+  topK: z.number().int().min(1).max(MAX_TOP_K),
+  layers: z.number().int().positive(),
+  shared: z.boolean().default(false),
+  limit: z.number().positive().finite().optional(),
+  weights: z.custom<ExpertProvider>((v) => typeof v === "function", "weights must be a function (layer, expert) => { gate, up, down }"),
+  /** Device memory for experts; default from the driver (VKMOE_BUDGET_MB overrides both). */
+  budgetMB: z.number().positive().optional(),
+  /** Calls that may be in flight at once. */
+  tickets: z.number().int().min(1).max(8).default(2),
+  addressing: z.enum(["bda", "descriptor"]).optional(),
+  policy: z.enum(["lru", "heat"]).optional(),
+  /** Where one line about falling back to the CPU goes. */
+  log: z.custom<(line: string) => void>((v) => typeof v === "function").optional(),
+});
+export type MoeOptions = z.input<typeof optionsSchema>;
+
+export class MoeInputError extends InvalidArgumentError {}
+
+export interface MoeStats {
+  mode: "gpu" | "cpu";
+  why: string;
+  calls: number;
+  gpuPairs: number;
+  cpuPairs: number;
+  cache?: ReturnType<ExpertPool["stats"]>;
+}
+
+interface GpuState {
+  ctx: VulkanContext;
+  pool: ExpertPool;
+  layer: GpuLayer;
+}
+
+/** A call in flight: `take(y)` joins it. */
+export interface MoeTicket {
+  take(y: Float32Array): void;
+}
+
+export class MoeBackend implements Disposable {
+  readonly options: z.output<typeof optionsSchema>;
+  readonly shape: ExpertShape;
+  private gpu: GpuState | undefined;
+  private whyCpu = "";
+  private readonly work = new WorkList();
+  private readonly cpu: MoeCpu;
+  private readonly cpuY: Float32Array;
+  private readonly gpuPairs: Uint32Array;
+  private readonly cpuItems: Int32Array;
+  private counters = { calls: 0, gpuPairs: 0, cpuPairs: 0 };
+  private readonly log: (line: string) => void;
+
+  private constructor(options: z.output<typeof optionsSchema>) {
+    this.options = options;
+    this.shape = options.shape as ExpertShape;
+    this.log = options.log ?? ((line) => console.error(line));
+    this.cpu = new MoeCpu(this.shape.hidden, this.shape.intermediate);
+    this.cpuY = new Float32Array(MAX_TOKENS * this.shape.hidden);
+    this.gpuPairs = new Uint32Array(this.work.capacityPairs);
+    this.cpuItems = new Int32Array(this.work.capacityPairs);
+  }
+
+  /** Validates options (zod) and opens the GPU path, or the CPU path with one line saying why. */
+  static open(options: MoeOptions, env?: VkmoeEnv): MoeBackend {
+    const parsed = optionsSchema.safeParse(options);
+    if (!parsed.success) throw new InvalidArgumentError(`invalid MoE options:\n${z.prettifyError(parsed.error)}`);
+    const backend = new MoeBackend(parsed.data);
+    const config = env ?? readConfig();
+    if (!config.VKMOE_GPU) backend.toCpu("VKMOE_GPU=0");
+    else {
+      try {
+        backend.gpu = backend.openGpu(config);
+      } catch (e) {
+        backend.toCpu(e instanceof VkmoeError ? e.message.split("\n")[0]! : String(e));
+      }
+    }
+    return backend;
+  }
+
+  private openGpu(env: VkmoeEnv): GpuState {
+    const ctx = new VulkanContext({}, env);
+    try {
+      const device = ctx.device;
+      const plan = planKernels(device, env);
+      const addressing: Addressing = this.options.addressing ?? (device.enabled.bufferDeviceAddress ? "bda" : "descriptor");
+      const budget = env.VKMOE_BUDGET_MB !== undefined || this.options.budgetMB === undefined
+        ? computeBudget(device, { overrideMB: env.VKMOE_BUDGET_MB, ignoreBudgetExtension: env.VKMOE_IGNORE_BUDGET_EXT })
+        : { bytes: this.options.budgetMB * 2 ** 20, why: "budgetMB option" };
+      const pool = new ExpertPool(device, { shape: this.shape, budgetBytes: Math.floor(budget.bytes), addressing, policy: this.options.policy });
+      const maxSlots = MAX_TOKENS * (this.options.topK + (this.options.shared ? 1 : 0));
+      const maxItems = Math.min(maxSlots, this.options.experts + 1);
+      const layer = new GpuLayer(device, pool, plan.config, { maxItems, maxSlots, tickets: this.options.tickets }, this.options.limit);
+      return { ctx, pool, layer };
+    } catch (e) {
+      ctx[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  private toCpu(why: string): void {
+    this.whyCpu = why;
+    this.log(`vkmoe: running the MoE layer on the CPU: ${why}`);
+  }
+
+  get mode(): "gpu" | "cpu" {
+    return this.gpu ? "gpu" : "cpu";
+  }
+
+  get why(): string {
+    return this.gpu ? `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing` : this.whyCpu;
+  }
+
+  /** The Vulkan context when the GPU path is active (banner, benchmarks). */
+  get context(): VulkanContext | undefined {
+    return this.gpu?.ctx;
+  }
+
+  get pool(): ExpertPool | undefined {
+    return this.gpu?.pool;
+  }
+
+  private checkInput(layer: number, x: Float32Array, r: Routing): void {
+    if (!Number.isInteger(layer) || layer < 0 || layer >= this.options.layers) throw new MoeInputError(`layer ${layer} is outside 0..${this.options.layers - 1}`);
+    checkRouting(r, this.options.experts);
+    const D = this.shape.hidden;
+    if (!(x instanceof Float32Array) || x.length !== r.S * D) throw new MoeInputError(`x must be a Float32Array of S*D = ${r.S * D}`);
+    for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
+  }
+
+  /** y[S, D] = Σ_k w_k · expert_k(x) (+ shared). Synchronous. */
+  forward(layer: number, x: Float32Array, r: Routing, y: Float32Array): void {
+    this.issue(layer, x, r).take(y);
+  }
+
+  /** Starts a call; the GPU runs while the caller does other work. `take(y)` joins. */
+  issue(layer: number, x: Float32Array, r: Routing): MoeTicket {
+    this.checkInput(layer, x, r);
+    this.counters.calls++;
+    const E = this.options.experts;
+    const shared = this.options.shared;
+    this.work.build(r, E, shared);
+    if (this.gpu) {
+      try {
+        return this.issueGpu(this.gpu, layer, x, r);
+      } catch (e) {
+        if (!(e instanceof DeviceLostError)) throw e;
+        this.dropGpu(`device lost (${e.fn})`);
+      }
+    }
+    const D = this.shape.hidden;
+    const out = new Float32Array(r.S * D);
+    for (let u = 0; u < this.work.items; u++) this.cpuItem(layer, x, u, out);
+    return { take: (y) => copyOut(out, y, r.S * D) };
+  }
+
+  private cpuItem(layer: number, x: Float32Array, u: number, out: Float32Array): void {
+    const w = this.work;
+    const weights = this.options.weights(layer, w.expert[u]!);
+    for (let i = 0; i < w.pairCount[u]!; i++) {
+      const slot = w.pairs[w.pairStart[u]! + i]!;
+      this.cpu.addPair(weights, x, Math.floor(slot / w.slotsPerToken), w.slotWeight[slot]!, out, this.options.limit);
+      this.counters.cpuPairs++;
+    }
+  }
+
+  private issueGpu(g: GpuState, layer: number, x: Float32Array, r: Routing): MoeTicket {
+    const w = this.work;
+    const layout = g.pool.layout;
+    const t: Ticket = g.layer.acquire();
+    const batch = g.pool.beginBatch();
+    const item = t.views.work;
+    let gpuItems = 0, gpuPairCount = 0, cpuCount = 0;
+    t.views.slotWeight.set(w.slotWeight.subarray(0, r.S * w.slotsPerToken));
+    for (let u = 0; u < w.items; u++) {
+      const e = w.expert[u]!;
+      const res = batch.tryEnsure(layer, e, { byteLength: layout.bytes, fill: (dest: Uint8Array) => {
+        const m = this.options.weights(layer, e);
+        packExpert(layout, m.gate, m.up, m.down, dest);
+      } });
+      if (!res.resident) {
+        this.cpuItems[cpuCount++] = u;
+        for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
+        continue;
+      }
+      const loc = g.pool.locate(res.expert.allocation);
+      const at = 4 * (1 + gpuItems);
+      if (g.pool.addressing === "bda") {
+        item[at] = Number(loc.address & 0xffffffffn);
+        item[at + 1] = Number(loc.address >> 32n);
+      } else {
+        item[at] = g.layer.slotOf(loc.slab);
+        item[at + 1] = loc.offset / 16;
+      }
+      item[at + 2] = gpuPairCount;
+      item[at + 3] = w.pairCount[u]!;
+      for (let i = 0; i < w.pairCount[u]!; i++) this.gpuPairs[gpuPairCount++] = w.pairs[w.pairStart[u]! + i]!;
+      gpuItems++;
+    }
+    g.pool.flush();
+    const D = this.shape.hidden;
+    item[0] = r.S; item[1] = w.slotsPerToken; item[2] = gpuItems; item[3] = 0;
+    t.views.pairs.set(this.gpuPairs.subarray(0, gpuPairCount));
+    t.views.x.set(x);
+    if (gpuItems > 0) g.layer.submit(t, r.S, gpuItems);
+    this.counters.gpuPairs += gpuPairCount;
+    // CPU share runs while the GPU works.
+    const cpuY = this.cpuY.subarray(0, r.S * D);
+    cpuY.fill(0);
+    for (let i = 0; i < cpuCount; i++) this.cpuItem(layer, x, this.cpuItems[i]!, cpuY);
+    let taken = false;
+    return {
+      take: (y: Float32Array) => {
+        if (taken) throw new InvalidArgumentError("ticket already taken");
+        taken = true;
+        if (y.length < r.S * D) throw new MoeInputError(`y must hold S*D = ${r.S * D} floats`);
+        try {
+          if (gpuItems > 0) g.layer.wait(t);
+          const gy = t.views.y;
+          for (let i = 0; i < r.S * D; i++) y[i] = (gpuItems > 0 ? gy[i]! : 0) + cpuY[i]!;
+        } catch (e) {
+          if (!(e instanceof DeviceLostError)) throw e;
+          this.dropGpu(`device lost (${e.fn})`);
+          this.work.build(r, this.options.experts, this.options.shared); // a later issue() may have reused it
+          const out = new Float32Array(r.S * D);
+          for (let u = 0; u < this.work.items; u++) this.cpuItem(layer, x, u, out);
+          copyOut(out, y, r.S * D);
+        } finally {
+          batch.release();
+        }
+      },
+    };
+  }
+
+  /** After a lost device nothing of it can be trusted or freed safely through it: forget it, CPU from now on. */
+  private dropGpu(why: string): void {
+    this.gpu = undefined;
+    this.toCpu(why);
+  }
+
+  stats(): MoeStats {
+    return { mode: this.mode, why: this.why, ...this.counters, cache: this.gpu?.pool.stats() };
+  }
+
+  [Symbol.dispose](): void {
+    const g = this.gpu;
+    this.gpu = undefined;
+    if (!g) return;
+    g.layer[Symbol.dispose]();
+    g.pool[Symbol.dispose]();
+    g.ctx[Symbol.dispose]();
+  }
+}
+
+function copyOut(src: Float32Array, y: Float32Array, n: number): void {
+  if (y.length < n) throw new MoeInputError(`y must hold S*D = ${n} floats`);
+  y.set(src.subarray(0, n));
+}

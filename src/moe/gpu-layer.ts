@@ -1,0 +1,200 @@
+/**
+ * One MoE layer call on the GPU: every (token, expert) pair in three dispatches (grouped
+ * gate+up with SiLU, grouped down with the router weight folded in, sum over the slots), recorded
+ * once per ticket and replayed. A call writes x, the work list and the indirect group counts
+ * into mapped memory and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
+ */
+import { InvalidArgumentError } from "../errors.ts";
+import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
+import { DescriptorPool, writeStorageBuffers } from "../vk/descriptors.ts";
+import type { Device } from "../vk/device.ts";
+import { Buffer } from "../vk/memory.ts";
+import { Fence, Submission } from "../vk/sync.ts";
+import type { KernelConfig } from "../kernels/tuning.ts";
+import type { ExpertPool } from "../pool/expert-pool.ts";
+import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
+import { createMoePipelines, SUM_WORKGROUP, type MoePipelines } from "./shaders.ts";
+import { MAX_TOKENS } from "./routing.ts";
+
+const WORKING_SET_PRIORITY = 1.0;
+
+export interface GpuLayerOptions {
+  /** Distinct experts per call at most (S*k plus a shared expert, capped by E + 1). */
+  maxItems: number;
+  /** Slots per call at most: S * slotsPerToken. */
+  maxSlots: number;
+  tickets?: number;
+}
+
+/** Everything one in-flight call owns. */
+class Ticket {
+  readonly x: Buffer;
+  readonly work: Buffer;
+  readonly pairs: Buffer;
+  readonly slotWeight: Buffer;
+  readonly h: Buffer;
+  readonly ypair: Buffer;
+  readonly y: Buffer;
+  readonly indirect: Buffer;
+  readonly fence: Fence;
+  readonly commands: CommandBuffer;
+  readonly submission: Submission;
+  readonly sets: { gateUp: bigint; down: bigint; sum: bigint };
+  readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array; indirect: Uint32Array };
+  busy = false;
+  S = 0;
+
+  constructor(device: Device, pool: CommandPool, descriptors: DescriptorPool, p: MoePipelines, D: number, I: number, opts: GpuLayerOptions) {
+    const buf = (bytes: number, memory: "upload" | "device" | "readback") => new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory, priority: WORKING_SET_PRIORITY });
+    this.x = buf(4 * MAX_TOKENS * D, "upload");
+    this.work = buf(16 * (1 + opts.maxItems), "upload");
+    this.pairs = buf(4 * opts.maxSlots, "upload");
+    this.slotWeight = buf(4 * opts.maxSlots, "upload");
+    this.h = buf(4 * opts.maxSlots * I, "device");
+    this.ypair = buf(4 * opts.maxSlots * D, "device");
+    this.y = buf(4 * MAX_TOKENS * D, "readback");
+    this.indirect = buf(4 * 9, "upload");
+    this.views = {
+      x: new Float32Array(this.x.host()), work: new Uint32Array(this.work.host()), pairs: new Uint32Array(this.pairs.host()),
+      slotWeight: new Float32Array(this.slotWeight.host()), y: new Float32Array(this.y.host()), indirect: new Uint32Array(this.indirect.host()),
+    };
+    this.fence = new Fence(device);
+    this.commands = pool.allocate();
+    this.submission = new Submission(device, [this.commands], { fence: this.fence });
+    const gu = p.gateUp.storageBuffers, dn = p.down.storageBuffers;
+    const common = (input: Buffer, out: Buffer) => [{ buffer: input }, { buffer: this.work }, { buffer: this.pairs }, { buffer: out }, { buffer: this.slotWeight }];
+    const slabPlaceholder = p.maxSlabs ? [Array.from({ length: p.maxSlabs }, () => ({ buffer: this.indirect }))] : [];
+    this.sets = {
+      gateUp: descriptors.allocate(p.gateUp, [...common(this.x, this.h), ...slabPlaceholder].slice(0, gu)),
+      down: descriptors.allocate(p.down, [...common(this.h, this.ypair), ...slabPlaceholder].slice(0, dn)),
+      sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }]),
+    };
+  }
+
+  dispose(): void {
+    this.submission[Symbol.dispose]();
+    this.fence[Symbol.dispose]();
+    for (const b of [this.indirect, this.y, this.ypair, this.h, this.slotWeight, this.pairs, this.work, this.x]) b[Symbol.dispose]();
+  }
+}
+
+export type { Ticket };
+
+export class GpuLayer implements Disposable {
+  readonly device: Device;
+  readonly pool: ExpertPool;
+  readonly pipelines: MoePipelines;
+  readonly D: number;
+  readonly I: number;
+  private readonly commandPool: CommandPool;
+  private readonly descriptors: DescriptorPool;
+  private readonly tickets: Ticket[] = [];
+  private next = 0;
+  /** Descriptor path: which array element each slab is bound to. */
+  private readonly slabSlot = new Map<DeviceSlab, number>();
+  private boundSlabs: (DeviceSlab | undefined)[] = [];
+  /** Rows per workgroup of the grouped kernels (kernel config). */
+  private readonly rows: number;
+  private readonly pushGateUp = new Uint32Array(9);
+  private readonly pushDown = new Uint32Array(9);
+
+  constructor(device: Device, pool: ExpertPool, config: KernelConfig, opts: GpuLayerOptions, limit?: number) {
+    this.device = device;
+    this.pool = pool;
+    const L = pool.layout;
+    this.D = L.shape.hidden;
+    this.I = L.shape.intermediate;
+    this.pipelines = createMoePipelines(device, config, L.shape, pool.addressing);
+    this.rows = config.rowsPerWorkgroup;
+    const n = opts.tickets ?? 2;
+    this.commandPool = new CommandPool(device);
+    const perSet = 6 + this.pipelines.maxSlabs;
+    this.descriptors = new DescriptorPool(device, 3 * n, 3 * n * perSet);
+    this.pushGateUp.set([L.gate.rows, L.gate.cols, L.gate.rowWords, L.gate.groupsPerRow, L.gate.weightOffset / 16, L.gate.scaleOffset / 4, L.up.weightOffset / 16, L.up.scaleOffset / 4]);
+    new Float32Array(this.pushGateUp.buffer)[8] = limit ?? 0;
+    this.pushDown.set([L.down.rows, L.down.cols, L.down.rowWords, L.down.groupsPerRow, L.down.weightOffset / 16, L.down.scaleOffset / 4, 0, 0, 0]);
+    for (let i = 0; i < n; i++) {
+      const t = new Ticket(device, this.commandPool, this.descriptors, this.pipelines, this.D, this.I, opts);
+      this.tickets.push(t);
+      this.record(t);
+    }
+    this.boundSlabs = Array.from({ length: this.pipelines.maxSlabs }, () => undefined);
+  }
+
+  private record(t: Ticket): void {
+    const p = this.pipelines;
+    t.commands.begin()
+      .barrier("transferToCompute") // staged expert uploads submitted before this call
+      .bind(p.gateUp, t.sets.gateUp).pushConstants(p.gateUp, this.pushGateUp).dispatchIndirect(t.indirect, 0n)
+      .barrier("computeToCompute")
+      .bind(p.down, t.sets.down).pushConstants(p.down, this.pushDown).dispatchIndirect(t.indirect, 12n)
+      .barrier("computeToCompute")
+      .bind(p.sum, t.sets.sum).pushConstants(p.sum, new Uint32Array([this.D])).dispatchIndirect(t.indirect, 24n)
+      .barrier("computeToHost")
+      .end();
+  }
+
+  /** A free ticket (waiting for the oldest if all are in flight). */
+  acquire(): Ticket {
+    const t = this.tickets[this.next]!;
+    this.next = (this.next + 1) % this.tickets.length;
+    if (t.busy) this.wait(t);
+    return t;
+  }
+
+  /** Descriptor path: the array element `slab` is bound to, binding it first if it is new. */
+  slotOf(slab: DeviceSlab): number {
+    const known = this.slabSlot.get(slab);
+    if (known !== undefined && this.boundSlabs[known] === slab) return known;
+    // Forget slabs the pool has destroyed since, then take a free element.
+    const live = new Set(this.pool.allocator.slabs().map((u) => u.handle));
+    this.boundSlabs = this.boundSlabs.map((b) => (b && live.has(b) ? b : undefined));
+    const free = this.boundSlabs.findIndex((b) => b === undefined);
+    if (free < 0) throw new InvalidArgumentError(`the descriptor path binds at most ${this.boundSlabs.length} slabs per dispatch on this device`);
+    this.boundSlabs[free] = slab;
+    this.slabSlot.set(slab, free);
+    // A set used by recorded command buffers may only be rewritten while they are idle, and they
+    // must be recorded again. Rare: only when the pool creates a slab.
+    for (const t of this.tickets) {
+      this.wait(t);
+      this.writeSlabArray(t);
+      this.record(t);
+    }
+    return free;
+  }
+
+  private writeSlabArray(t: Ticket): void {
+    const array = this.boundSlabs.map((b) => ({ buffer: b ? b.buffer : t.indirect }));
+    const perStage: [bigint, Buffer, Buffer][] = [[t.sets.gateUp, t.x, t.h], [t.sets.down, t.h, t.ypair]];
+    for (const [set, input, out] of perStage) {
+      writeStorageBuffers(this.device, set, [{ buffer: input }, { buffer: t.work }, { buffer: t.pairs }, { buffer: out }, { buffer: t.slotWeight }, array]);
+    }
+  }
+
+  /** Writes the indirect group counts for S tokens and `items` work items and submits (one vkQueueSubmit). */
+  submit(t: Ticket, S: number, items: number): void {
+    const ind = t.views.indirect;
+    ind[0] = Math.ceil(this.I / this.rows); ind[1] = items; ind[2] = 1;
+    ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
+    ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
+    t.S = S;
+    t.submission.submit();
+    t.busy = true;
+  }
+
+  /** Waits for a ticket's submission (vkWaitForFences + vkResetFences). Throws DeviceLostError on a lost device. */
+  wait(t: Ticket): void {
+    if (!t.busy) return;
+    t.busy = false;
+    if (!t.fence.wait()) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    t.fence.reset();
+  }
+
+  [Symbol.dispose](): void {
+    this.device.waitIdle();
+    for (const t of this.tickets) t.dispose();
+    this.commandPool[Symbol.dispose]();
+    this.descriptors[Symbol.dispose]();
+    this.pipelines[Symbol.dispose]();
+  }
+}

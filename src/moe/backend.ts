@@ -262,10 +262,15 @@ export class MoeBackend implements Disposable {
     };
   }
 
-  /** After a lost device nothing of it can be trusted or freed safely through it: forget it, CPU from now on. */
+  /** After a lost device: free what we hold (vkDestroy* stays valid on a lost device), CPU from now on. */
   private dropGpu(why: string): void {
-    this.gpu = undefined;
+    this[Symbol.dispose]();
     this.toCpu(why);
+  }
+
+  /** Fault hook for tests: the next GPU wait reports VK_ERROR_DEVICE_LOST. */
+  injectDeviceLost(): void {
+    if (this.gpu) this.gpu.layer.injectDeviceLost = true;
   }
 
   stats(): MoeStats {

@@ -10,6 +10,7 @@ import { DescriptorPool, writeStorageBuffers } from "../vk/descriptors.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
+import { DeviceLostError } from "../vk/errors.ts";
 import type { KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
@@ -93,6 +94,8 @@ export class GpuLayer implements Disposable {
   /** Descriptor path: which array element each slab is bound to. */
   private readonly slabSlot = new Map<DeviceSlab, number>();
   private boundSlabs: (DeviceSlab | undefined)[] = [];
+  /** Fault hook: the next wait throws DeviceLostError (after really waiting, so teardown stays valid). */
+  injectDeviceLost = false;
   /** Rows per workgroup of the grouped kernels (kernel config). */
   private readonly rows: number;
   private readonly pushGateUp = new Uint32Array(9);
@@ -186,12 +189,22 @@ export class GpuLayer implements Disposable {
   wait(t: Ticket): void {
     if (!t.busy) return;
     t.busy = false;
+    if (this.injectDeviceLost) {
+      this.injectDeviceLost = false;
+      t.fence.wait();
+      t.fence.reset();
+      throw new DeviceLostError("vkWaitForFences (injected)");
+    }
     if (!t.fence.wait()) throw new Error("MoE layer: the GPU did not finish within the timeout");
     t.fence.reset();
   }
 
   [Symbol.dispose](): void {
-    this.device.waitIdle();
+    try {
+      this.device.waitIdle();
+    } catch {
+      // A lost device: vkDestroy* below are still valid.
+    }
     for (const t of this.tickets) t.dispose();
     this.commandPool[Symbol.dispose]();
     this.descriptors[Symbol.dispose]();

@@ -13,3 +13,4 @@ export { VulkanContext, type ContextOptions } from "./context.ts";
 export { loadSpirv, checkSpirv } from "./shader.ts";
 export { banner, describeDevice, formatDriverVersion } from "./banner.ts";
 export { uploadBytes, downloadBytes } from "./transfer.ts";
+export { countCalls, type CallCounter } from "./loader.ts";

@@ -132,3 +132,34 @@ export function openLoader(): Loader {
   shared = { loader, key };
   return loader;
 }
+
+export interface CallCounter {
+  /** Calls per Vulkan command since the counter was installed or last reset. */
+  readonly counts: Map<string, number>;
+  total(): number;
+  reset(): void;
+}
+
+/**
+ * Wraps every core command of `vk` in place with a counter (benchmarks: "FFI calls per layer
+ * call"). Every wrapper reads the table at call time, so objects made earlier count too.
+ */
+export function countCalls(vk: CoreCommands): CallCounter {
+  const table = vk as unknown as Record<string, (...a: unknown[]) => unknown>;
+  const counts = new Map<string, number>();
+  for (const name of Object.keys(coreSymbols)) {
+    const inner = table[name]!;
+    if ((inner as any).__counted) continue;
+    const wrapped = (...a: unknown[]) => {
+      counts.set(name, (counts.get(name) ?? 0) + 1);
+      return inner(...a);
+    };
+    (wrapped as any).__counted = true;
+    table[name] = wrapped;
+  }
+  return {
+    counts,
+    total: () => [...counts.values()].reduce((s, n) => s + n, 0),
+    reset: () => counts.clear(),
+  };
+}

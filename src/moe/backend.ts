@@ -14,7 +14,7 @@ import { packExpert, type ExpertShape } from "../pool/expert-layout.ts";
 import { ExpertPool, type Addressing } from "../pool/expert-pool.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
-import { GpuLayer, type Ticket } from "./gpu-layer.ts";
+import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
 
@@ -208,7 +208,16 @@ export class MoeBackend implements Disposable {
         const m = this.options.weights(layer, e);
         packExpert(layout, m.gate, m.up, m.down, dest);
       } });
-      if (!res.resident) {
+      let slot = 0;
+      if (res.resident && g.pool.addressing === "descriptor") {
+        try {
+          slot = g.layer.slotOf(g.pool.locate(res.expert.allocation).slab);
+        } catch (e) {
+          if (!(e instanceof SlabBindingsExhaustedError)) throw e;
+          slot = -1;
+        }
+      }
+      if (!res.resident || slot < 0) {
         this.cpuItems[cpuCount++] = u;
         for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
         continue;
@@ -219,7 +228,7 @@ export class MoeBackend implements Disposable {
         item[at] = Number(loc.address & 0xffffffffn);
         item[at + 1] = Number(loc.address >> 32n);
       } else {
-        item[at] = g.layer.slotOf(loc.slab);
+        item[at] = slot;
         item[at + 1] = loc.offset / 16;
       }
       item[at + 2] = gpuPairCount;

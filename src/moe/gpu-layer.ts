@@ -81,6 +81,13 @@ class Ticket {
 
 export type { Ticket };
 
+/** The descriptor path cannot bind one more slab in a dispatch on this device (the expert then runs on the CPU). */
+export class SlabBindingsExhaustedError extends InvalidArgumentError {
+  constructor(readonly limit: number) {
+    super(`the descriptor path binds at most ${limit} slabs per dispatch on this device`);
+  }
+}
+
 export class GpuLayer implements Disposable {
   readonly device: Device;
   readonly pool: ExpertPool;
@@ -153,7 +160,7 @@ export class GpuLayer implements Disposable {
     const live = new Set(this.pool.allocator.slabs().map((u) => u.handle));
     this.boundSlabs = this.boundSlabs.map((b) => (b && live.has(b) ? b : undefined));
     const free = this.boundSlabs.findIndex((b) => b === undefined);
-    if (free < 0) throw new InvalidArgumentError(`the descriptor path binds at most ${this.boundSlabs.length} slabs per dispatch on this device`);
+    if (free < 0) throw new SlabBindingsExhaustedError(this.boundSlabs.length);
     this.boundSlabs[free] = slab;
     this.slabSlot.set(slab, free);
     // A set used by recorded command buffers may only be rewritten while they are idle, and they

@@ -39,7 +39,8 @@ for (const staged of ["on", "off"] as const) {
     test("typed-array and callback sources land byte for byte; stats count them", () => {
       const ctx = openTestContext({ staged });
       try {
-        expect(ctx.device.memory.model).toBe(staged === "on" ? "staged" : "unified");
+        if (staged === "on") expect(ctx.device.memory.model).toBe("staged");
+        else expect(ctx.device.memory.model).not.toBe("staged");
         using pool = new ExpertPool(ctx.device, { shape, budgetBytes: 8 * layout.bytes, slabBytes: 1 << 20 });
         const sources = [0, 1, 2, 3].map((i) => blob(10 * i + 1));
         pool.ensure(0, 0, sources[0]);
@@ -93,6 +94,14 @@ describe("budget", () => {
     const ctx = openTestContext();
     try {
       expect(computeBudget(ctx.device, { overrideMB: 300 })).toMatchObject({ bytes: 300 * 2 ** 20 });
+      if (ctx.device.memory.model !== "unified") {
+        // A discrete device: the budget comes from VK_EXT_memory_budget (or the heap) minus a reserve.
+        const b = computeBudget(ctx.device, { hostAvailable: 1 });
+        expect(b.bytes).toBeGreaterThan(0);
+        expect(b.bytes).toBeLessThan(Number(ctx.device.info.heaps[ctx.device.info.types[ctx.device.memory.deviceType]!.heap]!.size));
+        console.log(`budget on this ${ctx.device.memory.model} device: ${b.why} (the unified-memory rule is covered on Lavapipe)`);
+        return;
+      }
       const heap = Number(ctx.device.info.heaps[0]!.size);
       const small = computeBudget(ctx.device, { hostAvailable: 1 << 30 });
       expect(small.bytes).toBe((1 << 30) - Math.max(256 * 2 ** 20, Math.floor((1 << 30) * 0.1)));

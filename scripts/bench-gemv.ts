@@ -4,8 +4,7 @@
 //   bun scripts/bench-gemv.ts [--pool-mib N] [--quick]
 import { readConfig } from "../src/config.ts";
 import { GemvKernels } from "../src/kernels/gemv.ts";
-import { GEMV, pipelineSpec, shaderFile } from "../src/kernels/shaders.ts";
-import { chooseKernelConfig } from "../src/kernels/tuning.ts";
+import { GEMV, GEMV_IDP, QUANTIZE_ACT, shaderFile } from "../src/kernels/shaders.ts";
 import { describeKernelPlan, planKernels } from "../src/kernels/setup.ts";
 import { groupsPerRowFor, rowWordsFor, scaleWordsFor } from "../src/quant/layout.ts";
 import type { QuantFormat } from "../src/quant/types.ts";
@@ -24,8 +23,9 @@ using ctx = new VulkanContext({}, env);
 const device = ctx.device;
 const info = device.info;
 console.log(banner(ctx));
-const config = chooseKernelConfig(info);
-console.log(describeKernelPlan(planKernels(device, env)).join("\n"));
+const plan = planKernels(device, env);
+const config = plan.config;
+console.log(describeKernelPlan(plan).join("\n"));
 const MiB = 2 ** 20;
 const cpuLike = info.type === 4;
 const limit = Number(info.limits.maxMemoryAllocationSize < info.limits.maxBufferSize ? info.limits.maxMemoryAllocationSize : info.limits.maxBufferSize);
@@ -50,6 +50,9 @@ using sink = new Buffer(device, { size: 1n << 20n, memory: "device" });
 using x = new Buffer(device, { size: BigInt(4 * 64 * 16384), memory: "upload" });
 new Float32Array(x.host()).fill(0.01);
 using y = new Buffer(device, { size: BigInt(64 * MiB), memory: "readback" });
+using xq = new Buffer(device, { size: BigInt(64 * 16384), memory: "device" });
+using xscale = new Buffer(device, { size: BigInt(4 * 64 * 512), memory: "device" });
+using xsum = new Buffer(device, { size: BigInt(4 * 64 * 512), memory: "device" });
 using queries = new QueryPool(device, 2);
 using commands = new CommandPool(device);
 using fence = new Fence(device);
@@ -58,7 +61,7 @@ using descriptors = new DescriptorPool(device, 16, 64);
 const period = info.limits.timestampPeriod;
 
 /** Records `body` between two timestamps, runs it `reps` times; best GPU ns and best host ns. */
-function measure(body: (cb: ReturnType<CommandPool["allocate"]>) => void, reps = quick ? 3 : 7): { gpuNs: number; hostNs: number } {
+function measure(body: (cb: ReturnType<CommandPool["allocate"]>) => void, reps = quick || cpuLike ? 3 : 7): { gpuNs: number; hostNs: number } {
   const cb = commands.allocate().begin();
   cb.resetQueries(queries).timestamp(queries, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT);
   body(cb);
@@ -68,7 +71,7 @@ function measure(body: (cb: ReturnType<CommandPool["allocate"]>) => void, reps =
   for (let r = 0; r < reps; r++) {
     const t0 = performance.now();
     submission.submit();
-    fence.wait();
+    if (!fence.wait(600_000_000_000n)) throw new Error("benchmark batch did not finish in 10 minutes");
     const t1 = performance.now();
     fence.reset();
     const ts = queries.results();
@@ -89,7 +92,7 @@ const read = measure((cb) => {
 const readGBs = (4 * streamBytes) / read.gpuNs;
 console.log(`\nstreaming read: ${(4 * streamBytes / MiB).toFixed(0)} MiB in ${(read.gpuNs / 1e3).toFixed(0)} µs = ${readGBs.toFixed(1)} GB/s (device read bandwidth baseline)`);
 
-interface Case { label: string; I: number; O: number; format: QuantFormat; S: number }
+interface Case { label: string; I: number; O: number; format: QuantFormat; S: number; idp?: boolean }
 const cases: Case[] = [
   { label: "2048->768", I: 2048, O: 768, format: "q4", S: 1 },
   { label: "768->2048", I: 768, O: 2048, format: "q4", S: 1 },
@@ -97,10 +100,14 @@ const cases: Case[] = [
   { label: "8192->16384 (64 MiB)", I: 8192, O: 16384, format: "q4", S: 1 },
   { label: "2048->768", I: 2048, O: 768, format: "q8", S: 1 },
   { label: "4096->14336", I: 4096, O: 14336, format: "q8", S: 1 },
+  { label: "2048->768 int-dot", I: 2048, O: 768, format: "q4", S: 1, idp: true },
+  { label: "4096->14336 int-dot", I: 4096, O: 14336, format: "q4", S: 1, idp: true },
+  { label: "8192->16384 (64 MiB) int-dot", I: 8192, O: 16384, format: "q4", S: 1, idp: true },
+  { label: "4096->14336 int-dot", I: 4096, O: 14336, format: "q8", S: 1, idp: true },
   { label: "2048->768 S=8", I: 2048, O: 768, format: "q4", S: 8 },
   { label: "4096->14336 S=8", I: 4096, O: 14336, format: "q4", S: 8 },
 ];
-const rows: string[][] = [["shape (I->O)", "fmt", "S", "matrices", "working set", "GPU µs", "host µs batched", "host µs 1 submit", "GB/s", "of read BW"]];
+const rows: string[][] = [["shape (I->O), path", "fmt", "S", "matrices", "working set", "GPU µs", "host µs batched", "host µs 1 submit", "GB/s", "of read BW"]];
 for (const c of quick ? cases.slice(0, 3) : cases) {
   const rowWords = rowWordsFor(c.format, c.I);
   const weightBytes = c.O * rowWords * 4;
@@ -108,16 +115,34 @@ for (const c of quick ? cases.slice(0, 3) : cases) {
   const stride = Math.ceil((weightBytes + scaleBytes) / 256) * 256;
   const count = Math.floor(poolBytes / stride);
   if (count < 2) continue;
-  const p = kernels.pipeline(GEMV[c.format], true, GROUP);
-  const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: x }, { buffer: y }]);
+  if (c.idp && !plan.integerDot.on) continue;
   const groups = Math.ceil(c.O / config.rowsPerWorkgroup);
   const [gx, gy] = kernels.grid(groups);
-  const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, groupsPerRowFor(c.I, GROUP), (m * stride) / 16, (m * stride + weightBytes) / 4, 0, 0]);
-  const reps = Math.max(count, Math.min(4 * count, 400));
+  const gpr = groupsPerRowFor(c.I, GROUP);
+  const xqRowWords = Math.ceil(c.I / 16) * 4;
+  let one: (cb: ReturnType<CommandPool["allocate"]>, m: number) => void;
+  if (!c.idp) {
+    const p = kernels.pipeline(GEMV[c.format], true, GROUP);
+    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: x }, { buffer: y }]);
+    const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, gpr, (m * stride) / 16, (m * stride + weightBytes) / 4, 0, 0]);
+    one = (cb, m) => cb.bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy);
+  } else {
+    // Per GEMV: quantize the activations, a barrier, the integer-dot GEMV (all counted).
+    const q = kernels.pipeline(QUANTIZE_ACT, false, GROUP);
+    const p = kernels.pipeline(GEMV_IDP[c.format], true, GROUP);
+    const qset = descriptors.allocate(q, [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
+    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
+    const [qx, qy] = kernels.grid(Math.ceil((c.S * gpr * (GROUP / 4)) / config.workgroupSize));
+    const qpc = new Uint32Array([c.I, c.S, gpr, 0, xqRowWords]);
+    const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, gpr, (m * stride) / 16, (m * stride + weightBytes) / 4, xqRowWords, 0]);
+    one = (cb, m) => cb.bind(q, qset).pushConstants(q, qpc).dispatch(qx, qy).barrier("computeToCompute").bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy).barrier("computeToCompute");
+  }
+  // Software rasterizers are ~1000x slower: keep their batches short (the ratio, not the size, matters).
+  const reps = cpuLike ? Math.min(count, 8) : Math.max(count, Math.min(4 * count, 400));
   const batch = measure((cb) => {
-    for (let r = 0; r < reps; r++) cb.bind(p, set).pushConstants(p, pc(r % count)).dispatch(gx, gy);
+    for (let r = 0; r < reps; r++) one(cb, r % count);
   });
-  const single = measure((cb) => cb.bind(p, set).pushConstants(p, pc(0)).dispatch(gx, gy), 20);
+  const single = measure((cb) => one(cb, 0), cpuLike ? 3 : 20);
   const gpuUs = batch.gpuNs / reps / 1e3;
   const gbs = (weightBytes + scaleBytes) / (batch.gpuNs / reps);
   rows.push([c.label, c.format, String(c.S), String(count), `${((count * stride) / MiB).toFixed(0)} MiB`, gpuUs.toFixed(1), (batch.hostNs / reps / 1e3).toFixed(1), (single.hostNs / 1e3).toFixed(1), gbs.toPrecision(3), `${((100 * gbs) / readGBs).toFixed(0)}%`]);

@@ -25,6 +25,8 @@ export interface BuildOptions {
   outDir?: string;
   /** Build into a temporary directory and compare with the .spv files in shaders/. */
   check?: boolean;
+  /** check mode: compare against the .spv files here instead of shaders/ (tests). */
+  committedDir?: string;
   /** Print progress (default false). */
   verbose?: boolean;
 }
@@ -99,12 +101,13 @@ function sameBytes(a: string, b: string): boolean {
 export function buildShaders(opts: BuildOptions = {}): BuildResult {
   const names = listShaders();
   const result: BuildResult = { built: names, written: [], stale: [], missing: [], orphans: [], ok: true };
+  const committedDir = opts.committedDir ?? shaderDir;
   if (opts.check) {
     const tmp = mkdtempSync(join(tmpdir(), "vkmoe-shaders-"));
     try {
       for (const n of names) {
         compile(n, tmp);
-        const committed = join(shaderDir, `${n}.spv`);
+        const committed = join(committedDir, `${n}.spv`);
         if (!existsSync(committed)) result.missing.push(`${n}.spv`);
         else if (!sameBytes(committed, join(tmp, `${n}.spv`))) result.stale.push(`${n}.spv`);
         if (opts.verbose) console.log(`checked ${n}`);
@@ -113,7 +116,7 @@ export function buildShaders(opts: BuildOptions = {}): BuildResult {
       rmSync(tmp, { recursive: true, force: true });
     }
     const sources = new Set(names);
-    for (const f of readdirSync(shaderDir).filter((f) => f.endsWith(".spv")).sort()) {
+    for (const f of readdirSync(committedDir).filter((f) => f.endsWith(".spv")).sort()) {
       if (!sources.has(f.slice(0, -".spv".length))) result.orphans.push(f);
     }
     result.ok = result.stale.length + result.missing.length + result.orphans.length === 0;

@@ -15,13 +15,20 @@ function bunSignature(sig: FnSignature) {
 function openLibrary<S extends SymbolTable>(candidates: readonly string[], symbols: S): NativeLibrary<S> {
   const tried: string[] = [];
   const table: Record<string, unknown> = {};
-  for (const [name, sig] of Object.entries(symbols)) table[name] = bunSignature(sig);
+  // Bun binds by C name: aliases share the C symbol's binding.
+  for (const [name, sig] of Object.entries(symbols)) table[sig.symbol ?? name] ??= bunSignature(sig);
   for (const path of candidates) {
     try {
       const lib = dlopen(path, table as any);
+      const bound: Record<string, any> = {};
+      for (const [name, sig] of Object.entries(symbols)) {
+        const fn = (lib.symbols as any)[sig.symbol ?? name];
+        // Bun has no nonblocking calls: the call runs here and its result arrives as a resolved Promise.
+        bound[name] = sig.nonblocking ? (...a: any[]) => Promise.resolve(fn(...a)) : fn;
+      }
       return {
         path,
-        symbols: lib.symbols as any,
+        symbols: bound as any,
         close: () => lib.close(),
         [Symbol.dispose]: () => lib.close(),
       };

@@ -29,7 +29,7 @@ function widen(fn: NativeFn, sig: FnSignature): NativeFn {
 function openLibrary<S extends SymbolTable>(candidates: readonly string[], symbols: S): NativeLibrary<S> {
   const tried: string[] = [];
   const table: Record<string, unknown> = {};
-  for (const [name, sig] of Object.entries(symbols)) table[name] = denoSignature(sig);
+  for (const [name, sig] of Object.entries(symbols)) table[name] = denoSignature(sig, sig.symbol);
   for (const path of candidates) {
     try {
       const lib = Deno.dlopen(path, table);

@@ -9,8 +9,10 @@ export type NativeType = "void" | "i32" | "u32" | "u64" | "f32" | "f64" | "ptr";
 export interface FnSignature {
   readonly args: readonly NativeType[];
   readonly returns: NativeType;
-  /** Deno runs such a call on a worker thread and returns a Promise; Bun calls it synchronously. */
+  /** Deno runs such a call on a worker thread and returns a Promise; Bun calls it synchronously and returns a resolved Promise. */
   readonly nonblocking?: boolean;
+  /** The C symbol when the table key is an alias (e.g. a nonblocking variant of a blocking call). */
+  readonly symbol?: string;
 }
 
 export type NativeArg = number | bigint;

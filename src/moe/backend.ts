@@ -63,8 +63,9 @@ interface GpuState {
   layer: GpuLayer;
 }
 
-/** A call in flight: `take(y)` joins it. */
+/** A call in flight: `take(y)` joins it (blocking); `await ready()` first keeps the event loop free while the GPU runs. */
 export interface MoeTicket {
+  ready(): Promise<void>;
   take(y: Float32Array): void;
 }
 
@@ -181,7 +182,7 @@ export class MoeBackend implements Disposable {
     const D = this.shape.hidden;
     const out = new Float32Array(r.S * D);
     for (let u = 0; u < this.work.items; u++) this.cpuItem(layer, x, u, out);
-    return { take: (y) => copyOut(out, y, r.S * D) };
+    return { ready: async () => {}, take: (y) => copyOut(out, y, r.S * D) };
   }
 
   private cpuItem(layer: number, x: Float32Array, u: number, out: Float32Array): void {
@@ -248,12 +249,22 @@ export class MoeBackend implements Disposable {
     cpuY.fill(0);
     for (let i = 0; i < cpuCount; i++) this.cpuItem(layer, x, this.cpuItems[i]!, cpuY);
     let taken = false;
+    let lost: unknown;
     return {
+      ready: async () => {
+        if (gpuItems === 0 || taken) return;
+        try {
+          await g.layer.waitAsync(t);
+        } catch (e) {
+          lost = e; // take() turns it into the CPU result
+        }
+      },
       take: (y: Float32Array) => {
         if (taken) throw new InvalidArgumentError("ticket already taken");
         taken = true;
         if (y.length < r.S * D) throw new MoeInputError(`y must hold S*D = ${r.S * D} floats`);
         try {
+          if (lost) throw lost;
           if (gpuItems > 0) g.layer.wait(t);
           const gy = t.views.y;
           for (let i = 0; i < r.S * D; i++) y[i] = (gpuItems > 0 ? gy[i]! : 0) + cpuY[i]!;

@@ -18,6 +18,8 @@ import { createMoePipelines, SUM_WORKGROUP, type MoePipelines } from "./shaders.
 import { MAX_TOKENS } from "./routing.ts";
 
 const WORKING_SET_PRIORITY = 1.0;
+/** How long a sync wait polls the fence before sleeping in the driver (Bun and Deno alike). */
+const SPIN_NS = 50_000;
 
 export interface GpuLayerOptions {
   /** Distinct experts per call at most (S*k plus a shared expert, capped by E + 1). */
@@ -192,18 +194,37 @@ export class GpuLayer implements Disposable {
     t.busy = true;
   }
 
-  /** Waits for a ticket's submission (vkWaitForFences + vkResetFences). Throws DeviceLostError on a lost device. */
+  /**
+   * Waits for a ticket's submission, then resets its fence. In Bun it polls vkGetFenceStatus for
+   * SPIN_NS before sleeping in the driver (scripts/bench-wait.ts measures the choice). Throws
+   * DeviceLostError on a lost device.
+   */
   wait(t: Ticket): void {
     if (!t.busy) return;
     t.busy = false;
-    if (this.injectDeviceLost) {
-      this.injectDeviceLost = false;
-      t.fence.wait();
-      t.fence.reset();
-      throw new DeviceLostError("vkWaitForFences (injected)");
-    }
-    if (!t.fence.wait()) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    if (this.injectDeviceLost) return this.injectedLoss(t);
+    if (!t.fence.waitSpin(SPIN_NS)) throw new Error("MoE layer: the GPU did not finish within the timeout");
     t.fence.reset();
+  }
+
+  /** The same without holding the event loop in Deno (the wait runs on a worker thread). */
+  async waitAsync(t: Ticket): Promise<void> {
+    if (!t.busy) return;
+    if (this.injectDeviceLost) {
+      t.busy = false;
+      return this.injectedLoss(t);
+    }
+    const done = "Deno" in globalThis ? await t.fence.waitAsync() : t.fence.waitSpin(SPIN_NS);
+    t.busy = false;
+    if (!done) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    t.fence.reset();
+  }
+
+  private injectedLoss(t: Ticket): never {
+    this.injectDeviceLost = false;
+    t.fence.wait();
+    t.fence.reset();
+    throw new DeviceLostError("vkWaitForFences (injected)");
   }
 
   [Symbol.dispose](): void {

@@ -77,6 +77,8 @@ export const coreSymbols = {
   vkResetFences: fn([P, U32, P]),
   vkGetFenceStatus: fn([P, U64]),
   vkWaitForFences: fn([P, U32, P, U32, U64]),
+  /** The same wait off the JS thread in Deno (event loop stays free); a plain call in Bun. */
+  vkWaitForFencesAsync: { args: [P, U32, P, U32, U64], returns: "i32", nonblocking: true, symbol: "vkWaitForFences" },
   vkCreateSemaphore: fn([P, P, P, P]),
   vkDestroySemaphore: fn([P, U64, P], V),
   vkWaitSemaphores: fn([P, P, U64]),

@@ -34,6 +34,26 @@ export class Fence implements Disposable {
     return check("vkWaitForFences", this.device.vk.vkWaitForFences(this.device.handle, 1, this.slot, 1, timeoutNs)) !== VK_TIMEOUT;
   }
 
+  /**
+   * Polls vkGetFenceStatus for up to `spinNs` (a short GPU job finishes before the driver's
+   * sleep/wake-up would), then blocks in vkWaitForFences.
+   */
+  waitSpin(spinNs: number, timeoutNs = 60_000_000_000n): boolean {
+    const { vk, handle } = this.device;
+    const start = performance.now();
+    const spinMs = spinNs / 1e6;
+    do {
+      if (check("vkGetFenceStatus", vk.vkGetFenceStatus(handle, this.handle)) === 0) return true;
+    } while (performance.now() - start < spinMs);
+    return this.wait(timeoutNs);
+  }
+
+  /** Waits without holding the JS thread in Deno (the call runs on a worker thread); in Bun it is `wait()`. */
+  async waitAsync(timeoutNs = 60_000_000_000n): Promise<boolean> {
+    const r = await this.device.vk.vkWaitForFencesAsync(this.device.handle, 1, this.slot, 1, timeoutNs);
+    return check("vkWaitForFences", r) !== VK_TIMEOUT;
+  }
+
   signaled(): boolean {
     return check("vkGetFenceStatus", this.device.vk.vkGetFenceStatus(this.device.handle, this.handle)) === 0;
   }

@@ -1,0 +1,101 @@
+/**
+ * Test 1: the MoE layer on the real driver (Lavapipe in CI) against the f64 CPU reference, on both
+ * addressing paths, with and without a shared expert: random routing, S in {1, 2, 7, 64},
+ * k in {1, 8, 16}, E in {8, 128, 256} (every feasible combination, k ≤ E) on the main shape (q4,
+ * group 32, f16 scales, D=64, I=32), and five cases each on q8/group 64/f32 (D=128, I=100),
+ * q4/group 128/f32 (D=256, I=96) and q8/group 128/f16 with an unaligned I=98 and the SwiGLU clamp
+ * (with the shared expert on one addressing path, without on the other). Pooled NMSE ≤ 1e-8 per
+ * test, ≤ 1e-6 per case; every pair must have run on the GPU; take() writes exactly S*D floats;
+ * no validation message, leaks at teardown included.
+ * Shapes are small because Lavapipe runs these kernels slowly (~0.1 ms per workgroup on 2 cores,
+ * and a cold pipeline compile takes seconds per variant): see the timings printed.
+ */
+import { describe, expect, test } from "bun:test";
+import { mulberry32, randomGaussianF32 } from "../src/quant/index.ts";
+import type { ExpertShape } from "../src/pool/expert-layout.ts";
+import {
+  CASE_BOUND, MoeHarness, NMSE_BOUND, PooledError, makeExperts, randomRouting, reference, runSweep, type SweepSpec,
+} from "./cases/moe.ts";
+
+const ADDRESSING = ["bda", "descriptor"] as const;
+const TOKENS = [1, 2, 7, 64];
+const TOPK = [1, 8, 16];
+
+const MAIN: ExpertShape = { format: "q4", groupSize: 32, scaleType: "f16", hidden: 64, intermediate: 32 };
+// E = 256 experts quantized once; the E = 8 and E = 128 backends use the first E (+ their own shared expert).
+const mainExperts = makeExperts(MAIN, 256, 1, 11);
+const firstE = (E: number) => [[...mainExperts[0]!.slice(0, E), mainExperts[0]![256]!]];
+
+function sweep(spec: Omit<SweepSpec, "shared" | "seed">, seed: number, sharedValues = [false, true]): void {
+  const t0 = performance.now();
+  const pooled = new PooledError();
+  for (const shared of sharedValues) {
+    const r = runSweep({ ...spec, shared, seed: seed + (shared ? 1 : 0) }, pooled);
+    expect(r.mode, `${spec.label}: ${r.why}`).toBe("gpu");
+    expect(r.why).toContain(`${spec.addressing} addressing`);
+    expect(r.logs).toEqual([]);
+    expect(r.stats.gpuPairs).toBe(r.pairs);
+    expect(r.stats.cpuPairs).toBe(0);
+    expect(r.stats.calls).toBe(spec.cases.length);
+  }
+  console.log(`  ${spec.label} ${spec.addressing} E=${spec.E}: ${pooled.cases} cases, pooled NMSE ${pooled.nmse.toExponential(2)}, worst ${pooled.worst.toExponential(2)} (${pooled.worstLabel}), ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+}
+
+describe("layer vs f64 reference: q4 group 32 f16, D=64 I=32, every S × k × E, ± shared", () => {
+  for (const addressing of ADDRESSING) for (const E of [8, 128, 256]) {
+    const cases = TOKENS.flatMap((S) => TOPK.filter((k) => k <= E).map((k) => [S, k] as [number, number]));
+    test(`${addressing}, E=${E}: ${cases.length} (S, k) cases × {no shared, shared}`, () => {
+      sweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases }, 100 * E + (addressing === "bda" ? 1 : 5));
+    });
+  }
+});
+
+describe("other formats, group sizes, scale types, odd I and the SwiGLU clamp (E=32)", () => {
+  const E = 32;
+  const cases: [number, number][] = [[1, 1], [2, 16], [7, 8], [64, 4], [64, 1]];
+  const configs: { label: string; shape: ExpertShape; limit?: number }[] = [
+    { label: "q8/g64/f32 I=100", shape: { format: "q8", groupSize: 64, scaleType: "f32", hidden: 128, intermediate: 100 } },
+    { label: "q4/g128/f32 D=256 I=96", shape: { format: "q4", groupSize: 128, scaleType: "f32", hidden: 256, intermediate: 96 } },
+    { label: "q8/g128/f16 D=256 I=98 limit 0.75", shape: { format: "q8", groupSize: 128, scaleType: "f16", hidden: 256, intermediate: 98 }, limit: 0.75 },
+  ];
+  configs.forEach(({ label, shape, limit }, c) => {
+    const experts = makeExperts(shape, E, 1, 20 + c);
+    ADDRESSING.forEach((addressing, a) => {
+      const shared = (a + c) % 2 === 0;
+      test(`${label}, ${addressing}, ${shared ? "with" : "without"} a shared expert`, () => {
+        sweep({ label, shape, E, experts, addressing, cases, limit }, 7000 + 10 * c + a, [shared]);
+      });
+    });
+  });
+});
+
+describe("negative control: the NMSE gate rejects a result that is slightly wrong", () => {
+  test("a reference with one router weight 0.2% off fails the pooled bound; one expert dropped fails the per-case bound", () => {
+    const E = 16, S = 7, k = 8, D = MAIN.hidden;
+    using h = new MoeHarness({ shape: MAIN, experts: E, topK: k, layers: 1, shared: true, weights: (_l, e) => firstE(E)[0]![e]!, addressing: "bda", budgetMB: 64 });
+    const rnd = mulberry32(77);
+    const r = randomRouting(rnd, S, k, E);
+    r.weights[3] = 0.5; // a weight that matters
+    const x = randomGaussianF32(S * D, 78);
+    const y = new Float32Array(S * D);
+    h.moe.forward(0, x, r, y);
+    expect(h.moe.mode).toBe("gpu");
+    const experts = firstE(E)[0]!;
+
+    const exact = new PooledError();
+    exact.add(reference(x, r, experts, E, true), y, CASE_BOUND, "exact");
+    expect(exact.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+
+    const off = { ...r, weights: r.weights.slice() };
+    off.weights[3] = Math.fround(0.5 * 1.002);
+    const perturbed = new PooledError();
+    perturbed.add(reference(x, off, experts, E, true), y, CASE_BOUND, "one weight 0.2% off"); // within the loose case bound...
+    expect(perturbed.nmse).toBeGreaterThan(NMSE_BOUND); // ...but the gate of the test fails
+
+    const dropped = { ...r, weights: r.weights.slice() };
+    dropped.weights[3] = 0;
+    expect(() => new PooledError().add(reference(x, dropped, experts, E, true), y, CASE_BOUND, "one pair dropped")).toThrow(/above the per-case bound/);
+    h.finish();
+  });
+});

@@ -268,13 +268,10 @@ export interface ReplayResult {
   maxS: number;
 }
 
-/** A token count: mostly small, sometimes medium, now and then up to 64; never the same twice in a row. */
-function nextS(rnd: () => number, prev: number): number {
-  for (;;) {
-    const u = rnd();
-    const S = u < 0.6 ? 1 + Math.floor(rnd() * 4) : u < 0.95 ? 5 + Math.floor(rnd() * 12) : 17 + Math.floor(rnd() * 48);
-    if (S !== prev || rnd() < 0.3) return S; // a few repeats, so stale-output checks compare equal lengths
-  }
+/** A token count: mostly 1..4, sometimes 5..16, now and then 17..64 (Lavapipe is slow on big calls). */
+function nextS(rnd: () => number): number {
+  const u = rnd();
+  return u < 0.8 ? 1 + Math.floor(rnd() * 4) : u < 0.97 ? 5 + Math.floor(rnd() * 12) : 17 + Math.floor(rnd() * 48);
 }
 
 /** Test 2: `calls` consecutive calls with changing S, k, layer, routing and x, each against a fresh reference. */
@@ -284,7 +281,7 @@ export function runReplay(spec: ReplaySpec): ReplayResult {
   const rnd = mulberry32(spec.seed);
   const pooled = new PooledError();
   const seen = new Set<number>();
-  let staleChecks = 0, staleDetected = 0, prevS = 0, maxS = 0;
+  let staleChecks = 0, staleDetected = 0, maxS = 0;
   let prevRef: Float64Array | undefined;
   const pending: { take: (y: Float32Array) => void; ref: Float64Array; S: number; call: number }[] = [];
   const settle = () => {
@@ -303,8 +300,7 @@ export function runReplay(spec: ReplaySpec): ReplayResult {
     prevRef = p.ref;
   };
   for (let call = 0; call < spec.calls; call++) {
-    const S = nextS(rnd, prevS);
-    prevS = S;
+    const S = nextS(rnd);
     seen.add(S);
     maxS = Math.max(maxS, S);
     const k = 1 + Math.floor(rnd() * spec.topK);

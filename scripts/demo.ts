@@ -21,7 +21,8 @@ const NMSE_LIMIT = 1e-6;
 const DEFAULT_LAYERS = 4;
 const DEFAULT_TOKENS = 64;
 /** On a CPU Vulkan device (Lavapipe) the GPU path is emulated on the same cores: keep it short. */
-const CPU_DEVICE_TOKENS = 8;
+const CPU_DEVICE_TOKENS = 6;
+const CPU_DEVICE_LAYERS = 2;
 const WARMUP_TOKENS = 1;
 
 interface Call {
@@ -76,9 +77,16 @@ function main(): number {
       notes.push(`${fit} layers instead of ${layers}: device budget ${formatBytes(budget)}`);
       layers = fit;
     }
-    if (ctx.device.info.type === 4 && opts.int("--tokens", 1) === undefined) {
-      tokens = CPU_DEVICE_TOKENS;
-      notes.push(`${tokens} tokens instead of ${DEFAULT_TOKENS}: ${ctx.device.info.name} is a CPU (software) Vulkan device (--tokens N to change)`);
+    if (ctx.device.info.type === 4) {
+      const cpuDevice = `${ctx.device.info.name} is a CPU (software) Vulkan device`;
+      if (opts.int("--tokens", 1) === undefined) {
+        tokens = CPU_DEVICE_TOKENS;
+        notes.push(`${tokens} tokens instead of ${DEFAULT_TOKENS}: ${cpuDevice} (--tokens N to change)`);
+      }
+      if (requestedLayers === undefined && layers > CPU_DEVICE_LAYERS) {
+        notes.push(`${CPU_DEVICE_LAYERS} layers instead of ${layers}: ${cpuDevice} (--layers N to change)`);
+        layers = CPU_DEVICE_LAYERS;
+      }
     }
   } else {
     console.log(`GPU: none (${gpu.why}); the CPU path only`);

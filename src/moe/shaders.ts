@@ -34,15 +34,24 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       descriptorCounts: [1, 1, 1, 1, 1, maxSlabs], specialization: { ...spec, 8: maxSlabs },
     });
   };
-  const gateUp = make("gateup");
-  const down = make("down");
-  const sum = new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 4, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } });
-  return {
-    gateUp, down, sum, maxSlabs,
-    [Symbol.dispose]() {
-      sum[Symbol.dispose]();
-      down[Symbol.dispose]();
-      gateUp[Symbol.dispose]();
-    },
-  };
+  // A later pipeline can fail (missing or bad .spv): destroy the ones made before it.
+  const made: ComputePipeline[] = [];
+  try {
+    const gateUp = make("gateup");
+    made.push(gateUp);
+    const down = make("down");
+    made.push(down);
+    const sum = new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 4, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } });
+    return {
+      gateUp, down, sum, maxSlabs,
+      [Symbol.dispose]() {
+        sum[Symbol.dispose]();
+        down[Symbol.dispose]();
+        gateUp[Symbol.dispose]();
+      },
+    };
+  } catch (e) {
+    for (const p of made.reverse()) p[Symbol.dispose]();
+    throw e;
+  }
 }

@@ -8,7 +8,7 @@
 import { z } from "zod";
 import { readConfig, type VkmoeEnv } from "../config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
-import { planKernels } from "../kernels/setup.ts";
+import { chooseMoeKernelConfig } from "../kernels/tuning.ts";
 import { computeBudget } from "../pool/budget.ts";
 import { packExpert, type ExpertShape } from "../pool/expert-layout.ts";
 import { ExpertPool, type Addressing } from "../pool/expert-pool.ts";
@@ -39,6 +39,15 @@ const optionsSchema = z.strictObject({
   budgetMB: z.number().positive().optional(),
   /** Calls that may be in flight at once. */
   tickets: z.number().int().min(1).max(8).default(2),
+  /** How a synchronous wait waits: "block" in vkWaitForFences (3 FFI calls a call), or "spin" on vkGetFenceStatus first. */
+  wait: z.enum(["block", "spin"]).default("block"),
+  /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */
+  kernel: z.strictObject({
+    workgroupSize: z.number().int().positive(),
+    rowsPerWorkgroup: z.number().int().positive(),
+    colThreads: z.number().int().min(0),
+    rowLanes: z.number().int().positive(),
+  }).partial().optional(),
   addressing: z.enum(["bda", "descriptor"]).optional(),
   policy: z.enum(["lru", "heat"]).optional(),
   /** Where one line about falling back to the CPU goes. */
@@ -103,7 +112,7 @@ export class MoeBackend implements Disposable {
       try {
         backend.gpu = backend.openGpu(config);
       } catch (e) {
-        backend.toCpu(e instanceof VkmoeError ? e.message.split("\n")[0]! : String(e));
+        backend.toCpu(e instanceof VkmoeError ? e.message.replace(/\s*\n\s*/g, "; ") : String(e));
       }
     }
     return backend;
@@ -113,7 +122,6 @@ export class MoeBackend implements Disposable {
     const ctx = new VulkanContext({}, env);
     try {
       const device = ctx.device;
-      const plan = planKernels(device, env);
       const addressing: Addressing = this.options.addressing ?? (device.enabled.bufferDeviceAddress ? "bda" : "descriptor");
       const budget = env.VKMOE_BUDGET_MB !== undefined || this.options.budgetMB === undefined
         ? computeBudget(device, { overrideMB: env.VKMOE_BUDGET_MB, ignoreBudgetExtension: env.VKMOE_IGNORE_BUDGET_EXT })
@@ -121,7 +129,9 @@ export class MoeBackend implements Disposable {
       const pool = new ExpertPool(device, { shape: this.shape, budgetBytes: Math.floor(budget.bytes), addressing, policy: this.options.policy });
       const maxSlots = MAX_TOKENS * (this.options.topK + (this.options.shared ? 1 : 0));
       const maxItems = Math.min(maxSlots, this.options.experts + 1);
-      const layer = new GpuLayer(device, pool, plan.config, { maxItems, maxSlots, tickets: this.options.tickets }, this.options.limit);
+      const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
+      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets }, this.options.limit);
+      layer.waitStyle = this.options.wait;
       return { ctx, pool, layer };
     } catch (e) {
       ctx[Symbol.dispose]();

@@ -18,8 +18,15 @@ import { createMoePipelines, SUM_WORKGROUP, type MoePipelines } from "./shaders.
 import { MAX_TOKENS } from "./routing.ts";
 
 const WORKING_SET_PRIORITY = 1.0;
-/** How long a sync wait polls the fence before sleeping in the driver (Bun and Deno alike). */
+/** How long the "spin" wait polls the fence before sleeping in the driver. */
 const SPIN_NS = 50_000;
+
+/**
+ * "block": vkWaitForFences (3 FFI calls per layer call: submit, wait, reset). "spin": poll
+ * vkGetFenceStatus up to SPIN_NS first: on the H200 it saved ~12 µs per empty round trip but costs
+ * one FFI call per poll (~90 per layer call). scripts/bench-wait.ts and bench-moe.ts measure both.
+ */
+export type WaitStyle = "block" | "spin";
 
 export interface GpuLayerOptions {
   /** Distinct experts per call at most (S*k plus a shared expert, capped by E + 1). */
@@ -103,6 +110,7 @@ export class GpuLayer implements Disposable {
   /** Descriptor path: which array element each slab is bound to. */
   private readonly slabSlot = new Map<DeviceSlab, number>();
   private boundSlabs: (DeviceSlab | undefined)[] = [];
+  waitStyle: WaitStyle = "block";
   /** Fault hook: the next wait throws DeviceLostError (after really waiting, so teardown stays valid). */
   injectDeviceLost = false;
   /** Rows per workgroup of the grouped kernels (kernel config). */
@@ -195,15 +203,15 @@ export class GpuLayer implements Disposable {
   }
 
   /**
-   * Waits for a ticket's submission, then resets its fence. In Bun it polls vkGetFenceStatus for
-   * SPIN_NS before sleeping in the driver (scripts/bench-wait.ts measures the choice). Throws
+   * Waits for a ticket's submission (the layer's wait style), then resets its fence. Throws
    * DeviceLostError on a lost device.
    */
   wait(t: Ticket): void {
     if (!t.busy) return;
     t.busy = false;
     if (this.injectDeviceLost) return this.injectedLoss(t);
-    if (!t.fence.waitSpin(SPIN_NS)) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    const done = this.waitStyle === "spin" ? t.fence.waitSpin(SPIN_NS) : t.fence.wait();
+    if (!done) throw new Error("MoE layer: the GPU did not finish within the timeout");
     t.fence.reset();
   }
 
@@ -214,7 +222,7 @@ export class GpuLayer implements Disposable {
       t.busy = false;
       return this.injectedLoss(t);
     }
-    const done = "Deno" in globalThis ? await t.fence.waitAsync() : t.fence.waitSpin(SPIN_NS);
+    const done = "Deno" in globalThis ? await t.fence.waitAsync() : this.waitStyle === "spin" ? t.fence.waitSpin(SPIN_NS) : t.fence.wait();
     t.busy = false;
     if (!done) throw new Error("MoE layer: the GPU did not finish within the timeout");
     t.fence.reset();

@@ -146,7 +146,12 @@ export interface CallCounter {
  * Wraps every core command of `vk` in place with a counter (benchmarks: "FFI calls per layer
  * call"). Every wrapper reads the table at call time, so objects made earlier count too.
  */
+const installed = new WeakMap<object, CallCounter>();
+
 export function countCalls(vk: CoreCommands): CallCounter {
+  // One counter per table: a second install returns the first (its wrappers are the ones called).
+  const existing = installed.get(vk);
+  if (existing) return existing;
   const table = vk as unknown as Record<string, (...a: unknown[]) => unknown>;
   const counts = new Map<string, number>();
   for (const name of Object.keys(coreSymbols)) {
@@ -159,9 +164,11 @@ export function countCalls(vk: CoreCommands): CallCounter {
     (wrapped as any).__counted = true;
     table[name] = wrapped;
   }
-  return {
+  const counter: CallCounter = {
     counts,
     total: () => [...counts.values()].reduce((s, n) => s + n, 0),
     reset: () => counts.clear(),
   };
+  installed.set(vk, counter);
+  return counter;
 }

@@ -57,7 +57,7 @@ using queries = new QueryPool(device, 2);
 using commands = new CommandPool(device);
 using fence = new Fence(device);
 using kernels = new GemvKernels(device, config);
-using descriptors = new DescriptorPool(device, 16, 64);
+using descriptors = new DescriptorPool(device, 64, 256);
 const period = info.limits.timestampPeriod;
 
 /** Records `body` between two timestamps, runs it `reps` times; best GPU ns and best host ns. */

@@ -70,6 +70,18 @@ describe("other formats, group sizes, scale types, odd I and the SwiGLU clamp (E
   });
 });
 
+describe("the NVIDIA MoE kernel shape (32 threads × 2 rows, chooseMoeKernelConfig) on this driver, via the kernel option", () => {
+  // CI has no NVIDIA GPU: run the H200 row of the tuning table here so its workgroup shape is
+  // checked too (E=256, k=16 included).
+  for (const addressing of ADDRESSING) {
+    test(`${addressing}`, () => {
+      const cases: [number, number][] = [[1, 16], [7, 8], [64, 16], [2, 1]];
+      sweep({ label: "q4/g32/f16 32x2", shape: MAIN, E: 256, experts: firstE(256), addressing, cases, kernel: { workgroupSize: 32, rowsPerWorkgroup: 2, colThreads: 0, rowLanes: 1 } },
+        9100 + (addressing === "bda" ? 0 : 1), [addressing === "bda"]);
+    });
+  }
+});
+
 describe("negative control: the NMSE gate rejects a result that is slightly wrong", () => {
   test("a reference with one router weight 0.2% off fails the pooled bound; one expert dropped fails the per-case bound", () => {
     const E = 16, S = 7, k = 8, D = MAIN.hidden;

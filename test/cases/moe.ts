@@ -161,6 +161,8 @@ export interface SweepSpec {
   cases: [S: number, k: number][];
   seed: number;
   topK?: number;
+  /** Kernel shape override (MoeOptions.kernel), e.g. another vendor's row of the tuning table. */
+  kernel?: MoeOptions["kernel"];
 }
 
 export interface SweepResult {
@@ -178,7 +180,7 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
   const { shape, E, experts, shared, limit } = spec;
   const D = shape.hidden;
   const topK = spec.topK ?? Math.max(...spec.cases.map(([, k]) => k));
-  const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256 });
+  const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256, kernel: spec.kernel });
   let pairs = 0;
   try {
     const rnd = mulberry32(spec.seed);

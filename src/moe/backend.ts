@@ -85,7 +85,6 @@ export class MoeBackend implements Disposable {
   private whyCpu = "";
   private readonly work = new WorkList();
   private readonly cpu: MoeCpu;
-  private readonly cpuY: Float32Array;
   private readonly gpuPairs: Uint32Array;
   private readonly cpuItems: Int32Array;
   private counters = { calls: 0, gpuPairs: 0, cpuPairs: 0 };
@@ -96,7 +95,6 @@ export class MoeBackend implements Disposable {
     this.shape = options.shape as ExpertShape;
     this.log = options.log ?? ((line) => console.error(line));
     this.cpu = new MoeCpu(this.shape.hidden, this.shape.intermediate);
-    this.cpuY = new Float32Array(MAX_TOKENS * this.shape.hidden);
     this.gpuPairs = new Uint32Array(this.work.capacityPairs);
     this.cpuItems = new Int32Array(this.work.capacityPairs);
   }
@@ -120,13 +118,14 @@ export class MoeBackend implements Disposable {
 
   private openGpu(env: VkmoeEnv): GpuState {
     const ctx = new VulkanContext({}, env);
+    let pool: ExpertPool | undefined;
     try {
       const device = ctx.device;
       const addressing: Addressing = this.options.addressing ?? (device.enabled.bufferDeviceAddress ? "bda" : "descriptor");
       const budget = env.VKMOE_BUDGET_MB !== undefined || this.options.budgetMB === undefined
         ? computeBudget(device, { overrideMB: env.VKMOE_BUDGET_MB, ignoreBudgetExtension: env.VKMOE_IGNORE_BUDGET_EXT })
         : { bytes: this.options.budgetMB * 2 ** 20, why: "budgetMB option" };
-      const pool = new ExpertPool(device, { shape: this.shape, budgetBytes: Math.floor(budget.bytes), addressing, policy: this.options.policy });
+      pool = new ExpertPool(device, { shape: this.shape, budgetBytes: Math.floor(budget.bytes), addressing, policy: this.options.policy });
       const maxSlots = MAX_TOKENS * (this.options.topK + (this.options.shared ? 1 : 0));
       const maxItems = Math.min(maxSlots, this.options.experts + 1);
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
@@ -134,6 +133,7 @@ export class MoeBackend implements Disposable {
       layer.waitStyle = this.options.wait;
       return { ctx, pool, layer };
     } catch (e) {
+      pool?.[Symbol.dispose]();
       ctx[Symbol.dispose]();
       throw e;
     }
@@ -164,6 +164,7 @@ export class MoeBackend implements Disposable {
   private checkInput(layer: number, x: Float32Array, r: Routing): void {
     if (!Number.isInteger(layer) || layer < 0 || layer >= this.options.layers) throw new MoeInputError(`layer ${layer} is outside 0..${this.options.layers - 1}`);
     checkRouting(r, this.options.experts);
+    if (r.k > this.options.topK) throw new MoeInputError(`k = ${r.k} exceeds the topK = ${this.options.topK} this layer was opened with`);
     const D = this.shape.hidden;
     if (!(x instanceof Float32Array) || x.length !== r.S * D) throw new MoeInputError(`x must be a Float32Array of S*D = ${r.S * D}`);
     for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
@@ -211,58 +212,64 @@ export class MoeBackend implements Disposable {
     const t: Ticket = g.layer.acquire();
     const batch = g.pool.beginBatch();
     const item = t.views.work;
-    let gpuItems = 0, gpuPairCount = 0, cpuCount = 0;
-    t.views.slotWeight.set(w.slotWeight.subarray(0, r.S * w.slotsPerToken));
-    for (let u = 0; u < w.items; u++) {
-      const e = w.expert[u]!;
-      const res = batch.tryEnsure(layer, e, { byteLength: layout.bytes, fill: (dest: Uint8Array) => {
-        const m = this.options.weights(layer, e);
-        packExpert(layout, m.gate, m.up, m.down, dest);
-      } });
-      let slot = 0;
-      if (res.resident && g.pool.addressing === "descriptor") {
-        try {
-          slot = g.layer.slotOf(g.pool.locate(res.expert.allocation).slab);
-        } catch (e) {
-          if (!(e instanceof SlabBindingsExhaustedError)) throw e;
-          slot = -1;
-        }
-      }
-      if (!res.resident || slot < 0) {
-        this.cpuItems[cpuCount++] = u;
-        for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
-        continue;
-      }
-      const loc = g.pool.locate(res.expert.allocation);
-      const at = 4 * (1 + gpuItems);
-      if (g.pool.addressing === "bda") {
-        item[at] = Number(loc.address & 0xffffffffn);
-        item[at + 1] = Number(loc.address >> 32n);
-      } else {
-        item[at] = slot;
-        item[at + 1] = loc.offset / 16;
-      }
-      item[at + 2] = gpuPairCount;
-      item[at + 3] = w.pairCount[u]!;
-      for (let i = 0; i < w.pairCount[u]!; i++) this.gpuPairs[gpuPairCount++] = w.pairs[w.pairStart[u]! + i]!;
-      gpuItems++;
-    }
-    g.pool.flush();
     const D = this.shape.hidden;
-    item[0] = r.S; item[1] = w.slotsPerToken; item[2] = gpuItems; item[3] = 0;
-    t.views.pairs.set(this.gpuPairs.subarray(0, gpuPairCount));
-    t.views.x.set(x);
-    if (gpuItems > 0) g.layer.submit(t, r.S, gpuItems);
+    let gpuItems = 0, gpuPairCount = 0, cpuCount = 0;
+    try {
+      t.views.slotWeight.set(w.slotWeight.subarray(0, r.S * w.slotsPerToken));
+      for (let u = 0; u < w.items; u++) {
+        const e = w.expert[u]!;
+        const res = batch.tryEnsure(layer, e, { byteLength: layout.bytes, fill: (dest: Uint8Array) => {
+          const m = this.options.weights(layer, e);
+          packExpert(layout, m.gate, m.up, m.down, dest);
+        } });
+        let slot = 0;
+        if (res.resident && g.pool.addressing === "descriptor") {
+          try {
+            slot = g.layer.slotOf(g.pool.locate(res.expert.allocation).slab);
+          } catch (e) {
+            if (!(e instanceof SlabBindingsExhaustedError)) throw e;
+            slot = -1;
+          }
+        }
+        if (!res.resident || slot < 0) {
+          this.cpuItems[cpuCount++] = u;
+          for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
+          continue;
+        }
+        const loc = g.pool.locate(res.expert.allocation);
+        const at = 4 * (1 + gpuItems);
+        if (g.pool.addressing === "bda") {
+          item[at] = Number(loc.address & 0xffffffffn);
+          item[at + 1] = Number(loc.address >> 32n);
+        } else {
+          item[at] = slot;
+          item[at + 1] = loc.offset / 16;
+        }
+        item[at + 2] = gpuPairCount;
+        item[at + 3] = w.pairCount[u]!;
+        for (let i = 0; i < w.pairCount[u]!; i++) this.gpuPairs[gpuPairCount++] = w.pairs[w.pairStart[u]! + i]!;
+        gpuItems++;
+      }
+      g.pool.flush();
+      item[0] = r.S; item[1] = w.slotsPerToken; item[2] = gpuItems; item[3] = 0;
+      t.views.pairs.set(this.gpuPairs.subarray(0, gpuPairCount));
+      t.views.x.set(x);
+      if (gpuItems > 0) g.layer.submit(t, r.S, gpuItems);
+    } catch (e) {
+      batch.release();
+      g.layer.releaseTicket(t);
+      throw e;
+    }
     this.counters.gpuPairs += gpuPairCount;
     // CPU share runs while the GPU works.
-    const cpuY = this.cpuY.subarray(0, r.S * D);
+    const cpuY = t.cpuY.subarray(0, r.S * D);
     cpuY.fill(0);
     for (let i = 0; i < cpuCount; i++) this.cpuItem(layer, x, this.cpuItems[i]!, cpuY);
     let taken = false;
     let lost: unknown;
     return {
       ready: async () => {
-        if (gpuItems === 0 || taken) return;
+        if (gpuItems === 0 || taken || this.gpu !== g) return;
         try {
           await g.layer.waitAsync(t);
         } catch (e) {
@@ -270,23 +277,29 @@ export class MoeBackend implements Disposable {
         }
       },
       take: (y: Float32Array) => {
-        if (taken) throw new InvalidArgumentError("ticket already taken");
+        if (taken) throw new MoeInputError("this ticket was already taken");
         taken = true;
-        if (y.length < r.S * D) throw new MoeInputError(`y must hold S*D = ${r.S * D} floats`);
         try {
+          if (y.length < r.S * D) throw new MoeInputError(`y must hold S*D = ${r.S * D} floats`);
+          if (this.gpu !== g) throw lost ?? new DeviceLostError("an earlier call (the GPU path was dropped)");
           if (lost) throw lost;
           if (gpuItems > 0) g.layer.wait(t);
           const gy = t.views.y;
           for (let i = 0; i < r.S * D; i++) y[i] = (gpuItems > 0 ? gy[i]! : 0) + cpuY[i]!;
         } catch (e) {
           if (!(e instanceof DeviceLostError)) throw e;
-          this.dropGpu(`device lost (${e.fn})`);
+          if (this.gpu === g) this.dropGpu(`device lost (${e.fn})`);
           this.work.build(r, this.options.experts, this.options.shared); // a later issue() may have reused it
           const out = new Float32Array(r.S * D);
           for (let u = 0; u < this.work.items; u++) this.cpuItem(layer, x, u, out);
           copyOut(out, y, r.S * D);
         } finally {
           batch.release();
+          if (this.gpu === g) {
+            // A short y or any other error: the call's results are dropped, its ticket and pins freed.
+            if (t.busy) g.layer.wait(t);
+            g.layer.releaseTicket(t);
+          }
         }
       },
     };

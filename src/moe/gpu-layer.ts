@@ -52,6 +52,10 @@ class Ticket {
   readonly sets: { gateUp: bigint; down: bigint; sum: bigint };
   readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array; indirect: Uint32Array };
   busy = false;
+  /** Issued and not yet taken: its buffers hold a call's inputs or results. */
+  pending = false;
+  /** The CPU share of this ticket's call (experts the pool could not hold). */
+  readonly cpuY: Float32Array;
   S = 0;
 
   constructor(device: Device, pool: CommandPool, descriptors: DescriptorPool, p: MoePipelines, D: number, I: number, opts: GpuLayerOptions) {
@@ -68,6 +72,7 @@ class Ticket {
       x: new Float32Array(this.x.host()), work: new Uint32Array(this.work.host()), pairs: new Uint32Array(this.pairs.host()),
       slotWeight: new Float32Array(this.slotWeight.host()), y: new Float32Array(this.y.host()), indirect: new Uint32Array(this.indirect.host()),
     };
+    this.cpuY = new Float32Array(MAX_TOKENS * D);
     this.fence = new Fence(device);
     this.commands = pool.allocate();
     this.submission = new Submission(device, [this.commands], { fence: this.fence });
@@ -89,6 +94,13 @@ class Ticket {
 }
 
 export type { Ticket };
+
+/** Every ticket holds an issued call that was not taken yet. */
+export class TicketsExhaustedError extends InvalidArgumentError {
+  constructor(readonly tickets: number) {
+    super(`all ${tickets} tickets hold calls not yet taken: take() one before issuing another (or open with more tickets)`);
+  }
+}
 
 /** The descriptor path cannot bind one more slab in a dispatch on this device (the expert then runs on the CPU). */
 export class SlabBindingsExhaustedError extends InvalidArgumentError {
@@ -154,12 +166,22 @@ export class GpuLayer implements Disposable {
       .end();
   }
 
-  /** A free ticket (waiting for the oldest if all are in flight). */
+  /** A ticket no call holds; TicketsExhaustedError when every one is issued and not yet taken. */
   acquire(): Ticket {
-    const t = this.tickets[this.next]!;
-    this.next = (this.next + 1) % this.tickets.length;
-    if (t.busy) this.wait(t);
-    return t;
+    for (let i = 0; i < this.tickets.length; i++) {
+      const t = this.tickets[(this.next + i) % this.tickets.length]!;
+      if (t.pending) continue;
+      this.next = (this.next + i + 1) % this.tickets.length;
+      this.wait(t);
+      t.pending = true;
+      return t;
+    }
+    throw new TicketsExhaustedError(this.tickets.length);
+  }
+
+  /** Gives a ticket back after its call was taken (or abandoned). */
+  releaseTicket(t: Ticket): void {
+    t.pending = false;
   }
 
   /** Descriptor path: the array element `slab` is bound to, binding it first if it is new. */

@@ -16,7 +16,7 @@ export class VulkanContext implements Disposable {
   readonly device: Device;
 
   constructor(options: ContextOptions = {}, env: VkmoeEnv = readConfig()) {
-    this.instance = new Instance({ validation: options.validation ?? env.VKMOE_VALIDATION, ...options });
+    this.instance = new Instance({ validation: options.validation ?? env.VKMOE_VALIDATION, loaderPath: options.loaderPath ?? env.VKMOE_LOADER, ...options });
     try {
       this.devices = this.instance.physicalDevices();
       const chosen = selectDevice(this.devices, options.device ?? env.VKMOE_DEVICE);

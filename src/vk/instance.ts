@@ -27,6 +27,8 @@ export interface InstanceOptions {
   validation?: boolean;
   /** Also enable synchronization validation (slower). */
   syncValidation?: boolean;
+  /** Path of the Vulkan loader (VKMOE_LOADER); default: the platform's names. */
+  loaderPath?: string;
   /** Called for every validation warning or error; by default they are collected in `messages`. */
   onMessage?: (m: ValidationMessage) => void;
 }
@@ -47,7 +49,7 @@ export class Instance implements Disposable {
   private disposed = false;
 
   constructor(options: InstanceOptions = {}) {
-    this.loader = openLoader();
+    this.loader = openLoader(options.loaderPath);
     this.vk = this.loader.vk;
     const vk = this.vk;
     this.validation = options.validation ?? false;

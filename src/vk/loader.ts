@@ -94,8 +94,7 @@ export const extensionSignatures = {
 } as const satisfies Record<string, FnSignature>;
 
 /** Where we look for the loader, unless VKMOE_LOADER names one path (then only that path). */
-export function loaderCandidates(): string[] {
-  const override = readEnv("VKMOE_LOADER");
+export function loaderCandidates(override = readEnv("VKMOE_LOADER")): string[] {
   if (override) return [override];
   const os = (globalThis as any).process?.platform ?? (globalThis as any).Deno?.build?.os;
   if (os === "win32" || os === "windows") return ["vulkan-1.dll"];
@@ -113,8 +112,8 @@ export interface Loader extends Disposable {
 let shared: { loader: Loader; key: string } | undefined;
 
 /** Opens (or shares) the loader. Throws NoLoaderError naming every path tried. */
-export function openLoader(): Loader {
-  const candidates = loaderCandidates();
+export function openLoader(path?: string): Loader {
+  const candidates = loaderCandidates(path);
   const key = candidates.join("|");
   if (shared?.key === key) return shared.loader;
   let lib;

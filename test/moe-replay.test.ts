@@ -15,7 +15,7 @@
  * must be reported, which proves the setting took effect (without it, nothing is reported).
  */
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ExpertShape } from "../src/pool/expert-layout.ts";
@@ -139,7 +139,12 @@ describe("synchronization validation (child process, VK_LAYER_ENABLES)", () => {
     writeFileSync(file, CHILD);
     const calls = 100;
     const t0 = performance.now();
-    const r = runProcess([runtimeExecutable(), file, String(calls)], { env: { VK_LAYER_ENABLES: "VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT" } });
+    let r;
+    try {
+      r = runProcess([runtimeExecutable(), file, String(calls)], { env: { VK_LAYER_ENABLES: "VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT" } });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
     expect(r.signal).toBeNull();
     expect(r.code, r.stderr).toBe(0);
     const out = JSON.parse(r.stdout.trim().split("\n").at(-1)!);

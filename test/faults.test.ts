@@ -2,7 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Buffer, CommandPool, ComputePipeline, NoDeviceError, ShaderFileError } from "../src/vk/index.ts";
+import { Buffer, CommandPool, ComputePipeline, DescriptorPool, Fence, NoDeviceError, ShaderFileError, Submission } from "../src/vk/index.ts";
 import { finish, openTestContext, ValidationFailure } from "./support/gpu.ts";
 import { repoRoot, shaderPath } from "./support/paths.ts";
 import { runProcess, runtimeExecutable } from "./support/proc.ts";
@@ -101,6 +101,30 @@ describe("the validation gate", () => {
       pool.allocate().begin().dispatch(1).end();
     } catch {}
     expect(() => finish(ctx)).toThrow(ValidationFailure);
+  });
+});
+
+describe("synchronization validation", () => {
+  test("negative control: a dispatch reading what the previous one wrote, without a barrier, is reported", () => {
+    const ctx = openTestContext({ syncValidation: true });
+    {
+      const dev = ctx.device;
+      using x = new Buffer(dev, { size: 256n, memory: "upload" });
+      using y = new Buffer(dev, { size: 256n, memory: "readback" });
+      using p = new ComputePipeline(dev, { spirv: shaderPath("saxpy"), storageBuffers: 2, pushConstantBytes: 12, specialization: { 0: 64 } });
+      using z = new Buffer(dev, { size: 256n, memory: "readback" });
+      using pool = new DescriptorPool(dev, 2, 4);
+      const first = pool.allocate(p, [{ buffer: x }, { buffer: y }]);
+      const second = pool.allocate(p, [{ buffer: y }, { buffer: z }]);
+      using commands = new CommandPool(dev);
+      const pc = new Uint32Array([64, 0, 0]);
+      const cb = commands.allocate().begin().bind(p, first).pushConstants(p, pc).dispatch(1).bind(p, second).dispatch(1).barrier("computeToHost").end();
+      using fence = new Fence(dev);
+      using submission = new Submission(dev, [cb], { fence });
+      submission.submit();
+      fence.wait();
+    }
+    expect(() => finish(ctx)).toThrow(/SYNC-HAZARD-READ-AFTER-WRITE/);
   });
 });
 

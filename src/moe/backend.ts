@@ -57,6 +57,8 @@ const optionsSchema = z.strictObject({
   }).partial().optional(),
   addressing: z.enum(["bda", "descriptor"]).optional(),
   policy: z.enum(["lru", "heat"]).optional(),
+  /** Khronos synchronization validation on the backend's instance (needs VKMOE_VALIDATION=1; slow: tests only). */
+  syncValidation: z.boolean().default(false),
   /** Where one line about falling back to the CPU goes. */
   log: z.custom<(line: string) => void>((v) => typeof v === "function").optional(),
 });
@@ -124,7 +126,7 @@ export class MoeBackend implements Disposable {
   }
 
   private openGpu(env: VkmoeEnv): GpuState {
-    const ctx = new VulkanContext({}, env);
+    const ctx = new VulkanContext({ syncValidation: this.options.syncValidation }, env);
     let pool: ExpertPool | undefined;
     try {
       const device = ctx.device;

@@ -67,6 +67,8 @@ export class Instance implements Disposable {
         throw new VulkanError(`vkCreateInstance (${VALIDATION_LAYER} requested but not installed)`, -6);
       }
       extensions.push("VK_EXT_debug_utils");
+      // Provided by the validation layer; needed for the VkValidationFeaturesEXT in pNext.
+      if (options.syncValidation) extensions.push("VK_EXT_validation_features");
     }
     const portability = available.includes("VK_KHR_portability_enumeration");
     if (portability) extensions.push("VK_KHR_portability_enumeration");

@@ -15,6 +15,7 @@
  * hit rates are over the rest. "OPT" is Belady's offline optimum (evict the expert used furthest
  * in the future), a bound no online policy reaches.
  */
+import { mulberry32 } from "../src/quant/random.ts";
 import {
   ExpertCache,
   type ExpertUploader,
@@ -49,16 +50,7 @@ const PER_TOKEN = LAYERS * K;
 
 // ---- trace generation ---------------------------------------------------------------------------
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 function shuffle(a: number[], rand: () => number): void {
   for (let i = a.length - 1; i > 0; i--) {

@@ -1,3 +1,4 @@
+import { mulberry32 } from "../src/quant/random.ts";
 import { describe, expect, test } from "bun:test";
 import { InvalidArgumentError, VkmoeError } from "../src/errors.ts";
 import {
@@ -25,16 +26,7 @@ import {
   SlabAllocator,
 } from "../src/pool/index.ts";
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 const E = 1000; // bytes per expert in most tests
 

@@ -148,10 +148,11 @@ export interface CallCounter {
 const installed = new WeakMap<object, CallCounter>();
 
 export function countCalls(vk: CoreCommands): CallCounter {
-  // One counter per table: a second install returns the first (its wrappers are the ones called).
-  const existing = installed.get(vk);
-  if (existing) return existing;
+  // One counter per table: a second install returns the first while its wrappers are in place
+  // (wrapping twice would count into a map nobody reads).
   const table = vk as unknown as Record<string, (...a: unknown[]) => unknown>;
+  const existing = installed.get(vk);
+  if (existing && Object.keys(coreSymbols).every((n) => (table[n] as any).__counted)) return existing;
   const counts = new Map<string, number>();
   for (const name of Object.keys(coreSymbols)) {
     const inner = table[name]!;

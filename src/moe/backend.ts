@@ -10,7 +10,7 @@ import { readConfig, type VkmoeEnv } from "../config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { chooseMoeKernelConfig } from "../kernels/tuning.ts";
 import { computeBudget } from "../pool/budget.ts";
-import { packExpert, type ExpertShape } from "../pool/expert-layout.ts";
+import { packExpert, type ExpertLayout, type ExpertShape } from "../pool/expert-layout.ts";
 import { ExpertPool, type Addressing } from "../pool/expert-pool.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
@@ -97,6 +97,17 @@ export class MoeBackend implements Disposable {
   private readonly gpuPairs: Uint32Array;
   private readonly cpuItems: Int32Array;
   private counters = { calls: 0, gpuPairs: 0, cpuPairs: 0 };
+  /** The upload source of the expert being ensured: one object, reused, so a call allocates no closures (read only on a miss). */
+  private readonly missing = {
+    layer: 0,
+    expert: 0,
+    byteLength: 0,
+    layout: undefined as ExpertLayout | undefined,
+    fill: (dest: Uint8Array) => {
+      const m = this.options.weights(this.missing.layer, this.missing.expert);
+      packExpert(this.missing.layout!, m.gate, m.up, m.down, dest);
+    },
+  };
   private readonly log: (line: string) => void;
 
   private constructor(options: z.output<typeof optionsSchema>) {
@@ -140,6 +151,8 @@ export class MoeBackend implements Disposable {
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
       const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets }, this.options.limit);
       layer.waitStyle = this.options.wait;
+      this.missing.byteLength = pool.layout.bytes;
+      this.missing.layout = pool.layout;
       return { ctx, pool, layer };
     } catch (e) {
       pool?.[Symbol.dispose]();
@@ -217,7 +230,6 @@ export class MoeBackend implements Disposable {
 
   private issueGpu(g: GpuState, layer: number, x: Float32Array, r: Routing): MoeTicket {
     const w = this.work;
-    const layout = g.pool.layout;
     const t: Ticket = g.layer.acquire();
     const batch = g.pool.beginBatch();
     const item = t.views.work;
@@ -232,10 +244,9 @@ export class MoeBackend implements Disposable {
           for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
           continue;
         }
-        const res = batch.tryEnsure(layer, e, { byteLength: layout.bytes, fill: (dest: Uint8Array) => {
-          const m = this.options.weights(layer, e);
-          packExpert(layout, m.gate, m.up, m.down, dest);
-        } });
+        this.missing.layer = layer;
+        this.missing.expert = e;
+        const res = batch.tryEnsure(layer, e, this.missing);
         let slot = 0;
         if (res.resident && g.pool.addressing === "descriptor") {
           try {

@@ -6,7 +6,7 @@
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
-import { DescriptorPool, writeStorageBuffers } from "../vk/descriptors.ts";
+import { DescriptorPool, writeStorageBuffers, type BufferBinding } from "../vk/descriptors.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
@@ -56,7 +56,6 @@ class Ticket {
   pending = false;
   /** The CPU share of this ticket's call (experts the pool could not hold). */
   readonly cpuY: Float32Array;
-  S = 0;
 
   constructor(device: Device, pool: CommandPool, descriptors: DescriptorPool, p: MoePipelines, D: number, I: number, opts: GpuLayerOptions) {
     const buf = (bytes: number, memory: "upload" | "device" | "readback") => new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory, priority: WORKING_SET_PRIORITY });
@@ -76,14 +75,21 @@ class Ticket {
     this.fence = new Fence(device);
     this.commands = pool.allocate();
     this.submission = new Submission(device, [this.commands], { fence: this.fence });
-    const gu = p.gateUp.storageBuffers, dn = p.down.storageBuffers;
-    const common = (input: Buffer, out: Buffer) => [{ buffer: input }, { buffer: this.work }, { buffer: this.pairs }, { buffer: out }, { buffer: this.slotWeight }];
-    const slabPlaceholder = p.maxSlabs ? [Array.from({ length: p.maxSlabs }, () => ({ buffer: this.indirect }))] : [];
+    // Unbound slab slots hold a small placeholder buffer (no partially-bound descriptors needed).
+    const slabs = Array.from({ length: p.maxSlabs }, () => undefined);
     this.sets = {
-      gateUp: descriptors.allocate(p.gateUp, [...common(this.x, this.h), ...slabPlaceholder].slice(0, gu)),
-      down: descriptors.allocate(p.down, [...common(this.h, this.ypair), ...slabPlaceholder].slice(0, dn)),
+      gateUp: descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs)),
+      down: descriptors.allocate(p.down, this.stageBindings("down", slabs)),
       sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }]),
     };
+  }
+
+  /** Bindings of the gate+up or down set: input, work, pairs, output, slot weights (+ the slab array on the descriptor path). */
+  stageBindings(stage: "gateUp" | "down", slabs: readonly (DeviceSlab | undefined)[]): (BufferBinding | BufferBinding[])[] {
+    const [input, out] = stage === "gateUp" ? [this.x, this.h] : [this.h, this.ypair];
+    const bindings: (BufferBinding | BufferBinding[])[] = [{ buffer: input }, { buffer: this.work }, { buffer: this.pairs }, { buffer: out }, { buffer: this.slotWeight }];
+    if (slabs.length) bindings.push(slabs.map((b) => ({ buffer: b ? b.buffer : this.indirect })));
+    return bindings;
   }
 
   dispose(): void {
@@ -206,11 +212,8 @@ export class GpuLayer implements Disposable {
   }
 
   private writeSlabArray(t: Ticket): void {
-    const array = this.boundSlabs.map((b) => ({ buffer: b ? b.buffer : t.indirect }));
-    const perStage: [bigint, Buffer, Buffer][] = [[t.sets.gateUp, t.x, t.h], [t.sets.down, t.h, t.ypair]];
-    for (const [set, input, out] of perStage) {
-      writeStorageBuffers(this.device, set, [{ buffer: input }, { buffer: t.work }, { buffer: t.pairs }, { buffer: out }, { buffer: t.slotWeight }, array]);
-    }
+    writeStorageBuffers(this.device, t.sets.gateUp, t.stageBindings("gateUp", this.boundSlabs));
+    writeStorageBuffers(this.device, t.sets.down, t.stageBindings("down", this.boundSlabs));
   }
 
   /** Writes the indirect group counts for S tokens and `items` work items and submits (one vkQueueSubmit). */
@@ -219,7 +222,6 @@ export class GpuLayer implements Disposable {
     ind[0] = Math.ceil(this.I / this.rows); ind[1] = items; ind[2] = 1;
     ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
-    t.S = S;
     t.submission.submit();
     t.busy = true;
   }

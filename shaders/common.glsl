@@ -63,6 +63,15 @@ uint workgroupIndex() {
 #define LOAD_SCALE(buf, off, k) \
     (SCALE_F16 ? unpackHalf2x16(buf[(off) + ((k) >> 1u)])[(k) & 1u] : uintBitsToFloat(buf[(off) + (k)]))
 
+// SwiGLU epilogue of the fused gate+up: silu(gate) * up, with the optional clamp (limit <= 0: none).
+float siluGate(float gv, float uv, float limit) {
+    if (limit > 0.0) {
+        gv = min(gv, limit);
+        uv = clamp(uv, -limit, limit);
+    }
+    return gv / (1.0 + exp(-gv)) * uv;
+}
+
 // ---- reduction --------------------------------------------------------------------------
 // NV values per thread (RPT rows x number of matrices) are summed over the COL_THREADS*KSPLIT
 // threads of a row group.  One token per call.  red holds WG*NV floats.

@@ -209,13 +209,7 @@ void storeRows(uint rowBase, uint rgo, uint tok) {
         const uint row = rowBase + r * ROW_LANES + rgo;
         if (row < pc.O) {
 #ifdef GATEUP
-            float gv = rv[r];
-            float uv = rv[RPT + r];
-            if (pc.limit > 0.0) {
-                gv = min(gv, pc.limit);
-                uv = clamp(uv, -pc.limit, pc.limit);
-            }
-            storeOut(tok, row, gv / (1.0 + exp(-gv)) * uv);
+            storeOut(tok, row, siluGate(rv[r], rv[RPT + r], pc.limit));
 #else
             storeOut(tok, row, rv[r]);
 #endif

@@ -14,7 +14,11 @@ const uint COLS_PER_VEC = 16u;
 #error "QBITS must be 4 or 8"
 #endif
 
+#ifdef GATEUP
+#define NMAT 2u
+#else
 #define NMAT 1u
+#endif
 #include "common.glsl"
 
 // Tokens per register chunk: 0 (default) = min(8, max(1, 16 / rows per thread)).
@@ -30,6 +34,17 @@ int sdot4x8(uint a, uint b, spirv_literal int packedFormat);   // OpSDot: signed
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
 int sudot4x8(uint a, uint b, spirv_literal int packedFormat);  // OpSUDot: signed a x unsigned b
 
+#ifdef MOE
+#define MOE_IDP
+#include "moe.glsl"
+layout(std430, binding = 0) readonly restrict buffer XQ { uvec4 xq[]; };
+layout(std430, binding = 5) readonly restrict buffer XSC { float xscale[]; };
+layout(std430, binding = 6) readonly restrict buffer XSU { int xsum[]; };
+// quantize_act's row pitch: ceil(I/16)*4 words
+uint xqRowVec() { return (pc.I + 15u) / 16u; }
+#define GATE_WEIGHT_OFFSET pc.gateWeightOffset
+#define UP_WEIGHT_OFFSET pc.upWeightOffset
+#else
 layout(std430, binding = 0) readonly restrict buffer WB { uvec4 wq[]; };
 layout(std430, binding = 1) readonly restrict buffer WS { uint wscale[]; };
 layout(std430, binding = 2) readonly restrict buffer XQ { uvec4 xq[]; };
@@ -47,62 +62,75 @@ layout(push_constant, std430) uniform PC {
     uint xqRowWords;    // words per token row of xq (multiple of 4)
     uint yOffset;       // floats
 } pc;
+#define W_GATE(i) wq[i]
+#define S_GATE(k) LOAD_SCALE(wscale, pc.scaleOffset, k)
+#define GATE_WEIGHT_OFFSET pc.weightOffset
+uint xqRowVec() { return pc.xqRowWords >> 2u; }
+uint tokenOf(uint tok) { return tok; }
+uint rowBlock() { return workgroupIndex(); }
+uint tokenCount() { return pc.S; }
+void storeOut(uint tok, uint row, float v) { yb[pc.yOffset + tok * pc.O + row] = v; }
+#endif
 
-float acc[NV][NT];
-uint wRow[RPT];
+float acc[NV][NT];  // [mat*RPT + r][token in chunk]
+uint wRow[NV];      // first uvec4 of each owned row: [mat*RPT + r]
 uint sRow[RPT];
 uint tok0;
 uint nt;
 
-// One column step: uvec4 column c of every owned row, all tokens of the chunk.
+// One column step: uvec4 column c of every owned row (of every matrix), all tokens of the chunk.
 // tail: last step (only matters for q4, whose second xq half may lie past the row).
 void colStep(uint c, bool tail) {
     const uint g = (c * COLS_PER_VEC) / GROUP_SIZE;  // a uvec4 never straddles a group
-    uvec4 w[RPT];
-    float sc[RPT];
+    uvec4 w[NV];
+    float sc[NV];
     [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        w[r] = wq[wRow[r] + c];
-        sc[r] = LOAD_SCALE(wscale, pc.scaleOffset, sRow[r] + g);
+        w[r] = W_GATE(wRow[r] + c);
+        sc[r] = S_GATE(sRow[r] + g);
+#ifdef GATEUP
+        w[RPT + r] = W_UP(wRow[RPT + r] + c);
+        sc[RPT + r] = S_UP(sRow[r] + g);
+#endif
     }
 #if QBITS == 4
-    uvec4 lo[RPT], hi[RPT];
-    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        lo[r] = w[r] & 0x0F0F0F0Fu;          // cols 8k..8k+3 of word k, unsigned 0..15
-        hi[r] = (w[r] >> 4u) & 0x0F0F0F0Fu;  // cols 8k+4..8k+7
+    uvec4 lo[NV], hi[NV];
+    [[unroll]] for (uint i = 0u; i < NV; ++i) {
+        lo[i] = w[i] & 0x0F0F0F0Fu;          // cols 8k..8k+3 of word k, unsigned 0..15
+        hi[i] = (w[i] >> 4u) & 0x0F0F0F0Fu;  // cols 8k+4..8k+7
     }
     // the first uvec4 of each group subtracts 8 * (sum of that group's activations)
     const bool groupHead = (c % (GROUP_SIZE / COLS_PER_VEC)) == 0u;
     const bool hiValid = !tail || (c * 32u + 16u < pc.I);
 #endif
-    const uint xqRowVec = pc.xqRowWords >> 2u;
+    const uint xqRow = xqRowVec();
     [[unroll]] for (uint j = 0u; j < NT; ++j) {
         if (j < nt) {
-            const uint tok = tok0 + j;
+            const uint tok = tokenOf(tok0 + j);
             const float xs = xscale[tok * pc.groupsPerRow + g];
 #if QBITS == 8
-            const uvec4 a = xq[tok * xqRowVec + c];
-            [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-                int d = sdot4x8(a.x, w[r].x, 0);
-                d += sdot4x8(a.y, w[r].y, 0);
-                d += sdot4x8(a.z, w[r].z, 0);
-                d += sdot4x8(a.w, w[r].w, 0);
-                acc[r][j] = fma(float(d), sc[r] * xs, acc[r][j]);
+            const uvec4 a = xq[tok * xqRow + c];
+            [[unroll]] for (uint i = 0u; i < NV; ++i) {
+                int d = sdot4x8(a.x, w[i].x, 0);
+                d += sdot4x8(a.y, w[i].y, 0);
+                d += sdot4x8(a.z, w[i].z, 0);
+                d += sdot4x8(a.w, w[i].w, 0);
+                acc[i][j] = fma(float(d), sc[i] * xs, acc[i][j]);
             }
 #else
-            const uvec4 a = xq[tok * xqRowVec + 2u * c];  // xq words 8c .. 8c+3
-            const uvec4 b = hiValid ? xq[tok * xqRowVec + 2u * c + 1u] : uvec4(0u);
+            const uvec4 a = xq[tok * xqRow + 2u * c];  // xq words 8c .. 8c+3
+            const uvec4 b = hiValid ? xq[tok * xqRow + 2u * c + 1u] : uvec4(0u);
             const int corr = groupHead ? 8 * xsum[tok * pc.groupsPerRow + g] : 0;
-            [[unroll]] for (uint r = 0u; r < RPT; ++r) {
+            [[unroll]] for (uint i = 0u; i < NV; ++i) {
                 // weight word k covers xq words 2k (low nibbles) and 2k+1 (high nibbles)
-                int d = sudot4x8(a.x, lo[r].x, 0);
-                d += sudot4x8(a.y, hi[r].x, 0);
-                d += sudot4x8(a.z, lo[r].y, 0);
-                d += sudot4x8(a.w, hi[r].y, 0);
-                d += sudot4x8(b.x, lo[r].z, 0);
-                d += sudot4x8(b.y, hi[r].z, 0);
-                d += sudot4x8(b.z, lo[r].w, 0);
-                d += sudot4x8(b.w, hi[r].w, 0);
-                acc[r][j] = fma(float(d - corr), sc[r] * xs, acc[r][j]);
+                int d = sudot4x8(a.x, lo[i].x, 0);
+                d += sudot4x8(a.y, hi[i].x, 0);
+                d += sudot4x8(a.z, lo[i].y, 0);
+                d += sudot4x8(a.w, hi[i].y, 0);
+                d += sudot4x8(b.x, lo[i].z, 0);
+                d += sudot4x8(b.y, hi[i].z, 0);
+                d += sudot4x8(b.z, lo[i].w, 0);
+                d += sudot4x8(b.w, hi[i].w, 0);
+                acc[i][j] = fma(float(d - corr), sc[i] * xs, acc[i][j]);
             }
 #endif
         }
@@ -110,7 +138,10 @@ void colStep(uint c, bool tail) {
 }
 
 void main() {
-    const uint rowBase = workgroupIndex() * ROWS_PER_WG;
+#ifdef MOE
+    if (!moeBegin()) return;  // a work item past the end of this call's list: uniform
+#endif
+    const uint rowBase = rowBlock() * ROWS_PER_WG;
     if (rowBase >= pc.O) return;  // whole workgroup: uniform
 
     const uint t = logicalThread();
@@ -122,8 +153,11 @@ void main() {
     const uint rowVec = pc.rowWords >> 2u;
     [[unroll]] for (uint r = 0u; r < RPT; ++r) {
         const uint row = min(rowBase + r * ROW_LANES + rg, pc.O - 1u);
-        wRow[r] = pc.weightOffset + row * rowVec;
+        wRow[r] = GATE_WEIGHT_OFFSET + row * rowVec;
         sRow[r] = row * pc.groupsPerRow;
+#ifdef GATEUP
+        wRow[RPT + r] = UP_WEIGHT_OFFSET + row * rowVec;
+#endif
     }
 
     // xq padding columns (>= I, inside the row) are 0, so every step but q4's second half of
@@ -131,8 +165,9 @@ void main() {
     const uint nVec = (pc.I + COLS_PER_VEC - 1u) / COLS_PER_VEC;
     const uint nFull = pc.I / COLS_PER_VEC;
 
-    for (tok0 = 0u; tok0 < pc.S; tok0 += NT) {
-        nt = min(NT, pc.S - tok0);
+    const uint S = tokenCount();
+    for (tok0 = 0u; tok0 < S; tok0 += NT) {
+        nt = min(NT, S - tok0);
         [[unroll]] for (uint i = 0u; i < NV; ++i)
             [[unroll]] for (uint j = 0u; j < NT; ++j) acc[i][j] = 0.0;
 
@@ -146,7 +181,11 @@ void main() {
                 if (reduceRows(t, rgo)) {
                     [[unroll]] for (uint r = 0u; r < RPT; ++r) {
                         const uint row = rowBase + r * ROW_LANES + rgo;
-                        if (row < pc.O) yb[pc.yOffset + (tok0 + j) * pc.O + row] = rv[r];
+#ifdef GATEUP
+                        if (row < pc.O) storeOut(tok0 + j, row, siluGate(rv[r], rv[RPT + r], pc.limit));
+#else
+                        if (row < pc.O) storeOut(tok0 + j, row, rv[r]);
+#endif
                     }
                 }
             }

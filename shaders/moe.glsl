@@ -10,8 +10,15 @@
 // Blob-relative offsets of the matrices come as push constants (same for every expert).
 #extension GL_EXT_control_flow_attributes : require
 
+#ifndef MOE_IDP
+// Float path: x (gate+up) or h (down). The integer-dot gate+up declares its own binding 0 (xq)
+// and 5, 6 (xscale, xsum); its slab array then moves to binding 7.
 layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
+#define MOE_SLAB_BINDING 5
+#else
+#define MOE_SLAB_BINDING 7
+#endif
 layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
 layout(std430, binding = 2) readonly restrict buffer PR { uint pairs[]; };
 layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
@@ -40,7 +47,7 @@ BlobW blobW;
 #else
 // Slabs bound as an array; the index is uniform across the workgroup (one expert per workgroup).
 layout(constant_id = 8) const uint MAX_SLABS = 8u;
-layout(std430, binding = 5) readonly restrict buffer Slab { uvec4 v[]; } slabs[MAX_SLABS];
+layout(std430, binding = MOE_SLAB_BINDING) readonly restrict buffer Slab { uvec4 v[]; } slabs[MAX_SLABS];
 uint slabIndex;
 uint blobBase;  // uvec4 units
 #define BLOB_V(i) slabs[slabIndex].v[blobBase + (i)]
@@ -79,14 +86,16 @@ bool moeBegin() {
 uint rowBlock() { return gl_WorkGroupID.x; }
 uint tokenCount() { return pairCount; }
 bool xAligned() { return (pc.I & 3u) == 0u; }
-uint xRow(uint tok) {
+// The input row of the item's tok-th pair: the token (gate+up reads x) or the slot (down reads h).
+uint tokenOf(uint tok) {
     const uint slot = pairs[pairStart + tok];
 #ifdef GATEUP
-    return (slot / slotsPerToken) * pc.I;
+    return slot / slotsPerToken;
 #else
-    return slot * pc.I;
+    return slot;
 #endif
 }
+uint xRow(uint tok) { return tokenOf(tok) * pc.I; }
 void storeOut(uint tok, uint row, float v) {
     const uint slot = pairs[pairStart + tok];
 #ifdef GATEUP

@@ -7,6 +7,9 @@
  * (with the shared expert on one addressing path, without on the other). Pooled NMSE ≤ 1e-8 per
  * test, ≤ 1e-6 per case; every pair must have run on the GPU; take() writes exactly S*D floats;
  * no validation message, leaks at teardown included.
+ * The integer-dot path (VKMOE_IDP=on: quantize_act, integer-dot gate+up, float down) runs the same
+ * way against the CPU emulation of that path (NMSE ≤ 1e-8) and against the float reference
+ * (≤ 1e-3, the kernels issue's bound; and far above 1e-8, so the test tells the two paths apart).
  * Shapes are small because Lavapipe runs these kernels slowly (~0.1 ms per workgroup on 2 cores,
  * and a cold pipeline compile takes seconds per variant): see the timings printed.
  */
@@ -70,13 +73,13 @@ describe("other formats, group sizes, scale types, odd I and the SwiGLU clamp (E
   });
 });
 
-describe("the NVIDIA MoE kernel shape (32 threads × 2 rows, chooseMoeKernelConfig) on this driver, via the kernel option", () => {
+describe("the NVIDIA MoE kernel shape (32 threads × 4 rows, chooseMoeKernelConfig) on this driver, via the kernel option", () => {
   // CI has no NVIDIA GPU: run the H200 row of the tuning table here so its workgroup shape is
   // checked too (E=256, k=16 included).
   for (const addressing of ADDRESSING) {
     test(`${addressing}`, () => {
       const cases: [number, number][] = [[1, 16], [7, 8], [64, 16], [2, 1]];
-      sweep({ label: "q4/g32/f16 32x2", shape: MAIN, E: 256, experts: firstE(256), addressing, cases, kernel: { workgroupSize: 32, rowsPerWorkgroup: 2, colThreads: 0, rowLanes: 1 } },
+      sweep({ label: "q4/g32/f16 32x4", shape: MAIN, E: 256, experts: firstE(256), addressing, cases, kernel: { workgroupSize: 32, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1 } },
         9100 + (addressing === "bda" ? 0 : 1), [addressing === "bda"]);
     });
   }
@@ -110,4 +113,48 @@ describe("negative control: the NMSE gate rejects a result that is slightly wron
     expect(() => new PooledError().add(reference(x, dropped, experts, E, true), y, CASE_BOUND, "one pair dropped")).toThrow(/above the per-case bound/);
     h.finish();
   });
+});
+
+describe("integer-dot path (VKMOE_IDP=on): quantize_act + integer-dot gate+up, float down", () => {
+  // Checked against the CPU emulation of the integer-dot path (same int8 activations, exact
+  // integer dot products): pooled NMSE ≤ 1e-8; and against the float reference within the bound
+  // the kernels issue set for the integer-dot GEMV (≤ 1e-3), which is the quantization of x.
+  const E = 32;
+  const cases: [number, number][] = [[1, 8], [2, 16], [7, 1], [64, 8]];
+  const configs: { label: string; shape: ExpertShape; experts: ReturnType<typeof makeExperts>; limit?: number }[] = [
+    { label: "q4/g32/f16", shape: MAIN, experts: firstE(E) },
+    { label: "q8/g128/f16 D=256 I=98 limit 0.75", shape: { format: "q8", groupSize: 128, scaleType: "f16", hidden: 256, intermediate: 98 }, experts: makeExperts({ format: "q8", groupSize: 128, scaleType: "f16", hidden: 256, intermediate: 98 }, E, 1, 31), limit: 0.75 },
+    { label: "q4/g64/f32 D=192 I=40", shape: { format: "q4", groupSize: 64, scaleType: "f32", hidden: 192, intermediate: 40 }, experts: makeExperts({ format: "q4", groupSize: 64, scaleType: "f32", hidden: 192, intermediate: 40 }, E, 1, 32) },
+  ];
+  configs.forEach(({ label, shape, experts, limit }, c) => {
+    ADDRESSING.forEach((addressing, a) => {
+      const shared = (a + c) % 2 === 1;
+      test(`${label}, ${addressing}, ${shared ? "with" : "without"} a shared expert`, () => {
+        const t0 = performance.now();
+        const pooled = new PooledError();
+        const vsFloat = new PooledError();
+        const r = runSweep({ label, shape, E, experts, addressing, cases, limit, shared, seed: 8100 + 10 * c + a, path: "integer-dot", vsFloat }, pooled);
+        expect(r.mode, r.why).toBe("gpu");
+        expect(r.why).toContain("integer-dot path");
+        expect(r.stats.gpuPairs).toBe(r.pairs);
+        console.log(`  idp ${label} ${addressing}: ${pooled.cases} cases, NMSE vs emulation ${pooled.nmse.toExponential(2)}, vs float ${vsFloat.nmse.toExponential(2)}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+        expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+        expect(vsFloat.nmse).toBeLessThanOrEqual(1e-3);
+        // The two references differ by far more than the bound: the test tells the paths apart.
+        expect(vsFloat.nmse).toBeGreaterThan(100 * NMSE_BOUND);
+      });
+    });
+  });
+  for (const E of [8, 256]) {
+    const addressing = E === 8 ? "descriptor" : "bda";
+    test(`q4/g32/f16, E=${E}, ${addressing}, every S × k ≤ E, with a shared expert`, () => {
+      const pooled = new PooledError();
+      const cases = [1, 2, 7, 64].flatMap((S) => [1, 8, 16].filter((k) => k <= E).map((k) => [S, k] as [number, number]));
+      const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases, shared: true, seed: 8200 + E, path: "integer-dot" }, pooled);
+      expect(r.why).toContain("integer-dot path");
+      expect(r.stats.gpuPairs).toBe(r.pairs);
+      console.log(`  idp q4/g32/f16 E=${E} ${addressing}: ${pooled.cases} cases, NMSE vs emulation ${pooled.nmse.toExponential(2)}`);
+      expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+    });
+  }
 });

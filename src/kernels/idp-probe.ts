@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runScript } from "../ffi/process.ts";
 import type { DriverIdentity, ProbeVerdict } from "./idp-policy.ts";
+import { IDP_PROBE_VERSION } from "./shaders.ts";
 
 const CHILD = fileURLToPath(new URL("./idp-probe-child.ts", import.meta.url));
 
@@ -21,7 +22,7 @@ export interface ProbeOptions {
 
 export function verdictPath(d: DriverIdentity, cacheDir?: string): string {
   const dir = cacheDir ?? join(homedir(), ".cache", "vkmoe");
-  return join(dir, `idp-${d.uuid}-${(d.driverVersion >>> 0).toString(16)}.json`);
+  return join(dir, `idp-v${IDP_PROBE_VERSION}-${d.uuid}-${(d.driverVersion >>> 0).toString(16)}.json`);
 }
 
 /** Runs the child unless a verdict for this device UUID + driver version is cached. */

@@ -25,6 +25,17 @@ export function pipelineSpec(s: ShaderInterface, specialization: Record<number, 
   return { spirv: shaderFile(s.name), storageBuffers: s.storageBuffers, pushConstantBytes: s.pushConstantBytes, specialization };
 }
 
+/** The MoE layer's integer-dot gate+up (src/moe/shaders.ts): 7 bindings + the slab array on the descriptor path, 36 B push. */
+const moeIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number): PipelineSpec => addressing === "bda"
+  ? { spirv: shaderFile(`moe_gateup_${format}_idp_bda`), storageBuffers: 7, pushConstantBytes: 36, specialization: { 4: groupSize } }
+  : { spirv: shaderFile(`moe_gateup_${format}_idp_desc`), storageBuffers: 8, pushConstantBytes: 36, descriptorCounts: [1, 1, 1, 1, 1, 1, 1, 8], specialization: { 4: groupSize, 8: 8 } };
+
 /** Every integer dot-product pipeline; the child-process probe creates each before the path is enabled. */
-export const IDP_PIPELINES: PipelineSpec[] = [QUANTIZE_ACT, GEMV_IDP.q4, GEMV_IDP.q8].flatMap((s) =>
-  [32, 128].map((g) => pipelineSpec(s, { 4: g })));
+export const IDP_PIPELINES: PipelineSpec[] = [
+  ...[QUANTIZE_ACT, GEMV_IDP.q4, GEMV_IDP.q8].flatMap((s) => [32, 128].map((g) => pipelineSpec(s, { 4: g }))),
+  ...(["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "desc", g))),
+];
+/** The same, created by the probe only where bufferDeviceAddress is enabled. */
+export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "bda", g)));
+/** Part of the cached verdict's name: a new set of probed pipelines is probed again. */
+export const IDP_PROBE_VERSION = 2;

@@ -8,6 +8,7 @@
 import { z } from "zod";
 import { readConfig, type VkmoeEnv } from "../config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
+import { planKernels } from "../kernels/setup.ts";
 import { chooseMoeKernelConfig } from "../kernels/tuning.ts";
 import { computeBudget } from "../pool/budget.ts";
 import { packExpert, type ExpertLayout, type ExpertShape } from "../pool/expert-layout.ts";
@@ -149,7 +150,9 @@ export class MoeBackend implements Disposable {
       const maxSlots = MAX_TOKENS * (this.options.topK + (this.options.shared ? 1 : 0));
       const maxItems = Math.min(maxSlots, this.options.experts + 1);
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
-      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets }, this.options.limit);
+      // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the gate+up path.
+      const path = planKernels(device, env).integerDot.on ? "integer-dot" : "float";
+      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path }, this.options.limit);
       layer.waitStyle = this.options.wait;
       this.missing.byteLength = pool.layout.bytes;
       this.missing.layout = pool.layout;
@@ -171,7 +174,7 @@ export class MoeBackend implements Disposable {
   }
 
   get why(): string {
-    return this.gpu ? `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing` : this.whyCpu;
+    return this.gpu ? `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing, ${this.gpu.layer.pipelines.path} path` : this.whyCpu;
   }
 
   /** The Vulkan context when the GPU path is active (banner, benchmarks). */

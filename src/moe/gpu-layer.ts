@@ -1,7 +1,7 @@
 /**
  * One MoE layer call on the GPU: every (token, expert) pair in three dispatches (grouped
- * gate+up with SiLU, grouped down with the router weight folded in, sum over the slots), recorded
- * once per ticket and replayed. A call writes x, the work list and the indirect group counts
+ * gate+up with SiLU, grouped down with the router weight folded in, sum over the slots), plus one
+ * activation-quantize dispatch first on the integer-dot path; recorded once per ticket and replayed. A call writes x, the work list and the indirect group counts
  * into mapped memory and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
  */
 import { InvalidArgumentError } from "../errors.ts";
@@ -14,7 +14,7 @@ import { DeviceLostError } from "../vk/errors.ts";
 import type { KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
-import { createMoePipelines, SUM_WORKGROUP, type MoePipelines } from "./shaders.ts";
+import { createMoePipelines, QUANTIZE_WORKGROUP, SUM_WORKGROUP, type MoeGemvPath, type MoePipelines } from "./shaders.ts";
 import { MAX_TOKENS } from "./routing.ts";
 
 const WORKING_SET_PRIORITY = 1.0;
@@ -34,6 +34,13 @@ export interface GpuLayerOptions {
   /** Slots per call at most: S * slotsPerToken. */
   maxSlots: number;
   tickets?: number;
+  /** "integer-dot": quantize x, then the integer-dot gate+up; down and sum stay float. Default "float". */
+  path?: MoeGemvPath;
+}
+
+/** Rows of xq in words and groups per row for the integer-dot gate+up (quantize_act's layout). */
+function quantizeShape(D: number, groupSize: number): { xqRowWords: number; groupsPerRow: number } {
+  return { xqRowWords: Math.ceil(D / 16) * 4, groupsPerRow: Math.ceil(D / groupSize) };
 }
 
 /** Everything one in-flight call owns. */
@@ -46,10 +53,12 @@ class Ticket {
   readonly ypair: Buffer;
   readonly y: Buffer;
   readonly indirect: Buffer;
+  /** Integer-dot path: x quantized per group (int8 words, scales, sums). */
+  readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
   readonly fence: Fence;
   readonly commands: CommandBuffer;
   readonly submission: Submission;
-  readonly sets: { gateUp: bigint; down: bigint; sum: bigint };
+  readonly sets: { quantize: bigint | undefined; gateUp: bigint; down: bigint; sum: bigint };
   readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array; indirect: Uint32Array };
   busy = false;
   /** Issued and not yet taken: its buffers hold a call's inputs or results. */
@@ -57,7 +66,7 @@ class Ticket {
   /** The CPU share of this ticket's call (experts the pool could not hold). */
   readonly cpuY: Float32Array;
 
-  constructor(device: Device, pool: CommandPool, descriptors: DescriptorPool, p: MoePipelines, D: number, I: number, opts: GpuLayerOptions) {
+  constructor(device: Device, pool: CommandPool, descriptors: DescriptorPool, p: MoePipelines, D: number, I: number, groupSize: number, opts: GpuLayerOptions) {
     const buf = (bytes: number, memory: "upload" | "device" | "readback") => new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory, priority: WORKING_SET_PRIORITY });
     this.x = buf(4 * MAX_TOKENS * D, "upload");
     this.work = buf(16 * (1 + opts.maxItems), "upload");
@@ -66,7 +75,11 @@ class Ticket {
     this.h = buf(4 * opts.maxSlots * I, "device");
     this.ypair = buf(4 * opts.maxSlots * D, "device");
     this.y = buf(4 * MAX_TOKENS * D, "readback");
-    this.indirect = buf(4 * 9, "upload");
+    this.indirect = buf(4 * 12, "upload");
+    if (p.quantize) {
+      const q = quantizeShape(D, groupSize);
+      this.quantized = { xq: buf(4 * MAX_TOKENS * q.xqRowWords, "device"), xscale: buf(4 * MAX_TOKENS * q.groupsPerRow, "device"), xsum: buf(4 * MAX_TOKENS * q.groupsPerRow, "device") };
+    }
     this.views = {
       x: new Float32Array(this.x.host()), work: new Uint32Array(this.work.host()), pairs: new Uint32Array(this.pairs.host()),
       slotWeight: new Float32Array(this.slotWeight.host()), y: new Float32Array(this.y.host()), indirect: new Uint32Array(this.indirect.host()),
@@ -77,17 +90,25 @@ class Ticket {
     this.submission = new Submission(device, [this.commands], { fence: this.fence });
     // Unbound slab slots hold a small placeholder buffer (no partially-bound descriptors needed).
     const slabs = Array.from({ length: p.maxSlabs }, () => undefined);
+    const q = this.quantized;
     this.sets = {
+      quantize: p.quantize && q ? descriptors.allocate(p.quantize, [{ buffer: this.x }, { buffer: q.xq }, { buffer: q.xscale }, { buffer: q.xsum }]) : undefined,
       gateUp: descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs)),
       down: descriptors.allocate(p.down, this.stageBindings("down", slabs)),
       sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }]),
     };
   }
 
-  /** Bindings of the gate+up or down set: input, work, pairs, output, slot weights (+ the slab array on the descriptor path). */
+  /**
+   * Bindings of the gate+up or down set: input (x, h, or the integer-dot path's xq), work, pairs,
+   * output, slot weights (+ xscale, xsum on the integer-dot gate+up) (+ the slab array on the
+   * descriptor path).
+   */
   stageBindings(stage: "gateUp" | "down", slabs: readonly (DeviceSlab | undefined)[]): (BufferBinding | BufferBinding[])[] {
-    const [input, out] = stage === "gateUp" ? [this.x, this.h] : [this.h, this.ypair];
+    const q = stage === "gateUp" ? this.quantized : undefined;
+    const [input, out] = stage === "gateUp" ? [q ? q.xq : this.x, this.h] : [this.h, this.ypair];
     const bindings: (BufferBinding | BufferBinding[])[] = [{ buffer: input }, { buffer: this.work }, { buffer: this.pairs }, { buffer: out }, { buffer: this.slotWeight }];
+    if (q) bindings.push({ buffer: q.xscale }, { buffer: q.xsum });
     if (slabs.length) bindings.push(slabs.map((b) => ({ buffer: b ? b.buffer : this.indirect })));
     return bindings;
   }
@@ -95,7 +116,8 @@ class Ticket {
   dispose(): void {
     this.submission[Symbol.dispose]();
     this.fence[Symbol.dispose]();
-    for (const b of [this.indirect, this.y, this.ypair, this.h, this.slotWeight, this.pairs, this.work, this.x]) b[Symbol.dispose]();
+    const q = this.quantized;
+    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), this.indirect, this.y, this.ypair, this.h, this.slotWeight, this.pairs, this.work, this.x]) b[Symbol.dispose]();
   }
 }
 
@@ -135,6 +157,9 @@ export class GpuLayer implements Disposable {
   private readonly rows: number;
   private readonly pushGateUp = new Uint32Array(9);
   private readonly pushDown = new Uint32Array(9);
+  /** quantize_act: I = D, S = MAX_TOKENS (the indirect group count bounds the real S), groupsPerRow, xOffset, xqRowWords. */
+  private readonly pushQuantize: Uint32Array;
+  private readonly quantizeThreadsPerToken: number;
 
   constructor(device: Device, pool: ExpertPool, config: KernelConfig, opts: GpuLayerOptions, limit?: number) {
     this.device = device;
@@ -142,17 +167,20 @@ export class GpuLayer implements Disposable {
     const L = pool.layout;
     this.D = L.shape.hidden;
     this.I = L.shape.intermediate;
-    this.pipelines = createMoePipelines(device, config, L.shape, pool.addressing);
+    this.pipelines = createMoePipelines(device, config, L.shape, pool.addressing, opts.path ?? "float");
     this.rows = config.rowsPerWorkgroup;
     const n = opts.tickets ?? 2;
     this.commandPool = new CommandPool(device);
-    const perSet = 6 + this.pipelines.maxSlabs;
-    this.descriptors = new DescriptorPool(device, 3 * n, 3 * n * perSet);
+    const perSet = 8 + this.pipelines.maxSlabs;
+    this.descriptors = new DescriptorPool(device, 4 * n, 4 * n * perSet);
+    const q = quantizeShape(this.D, L.shape.groupSize);
+    this.pushQuantize = new Uint32Array([this.D, MAX_TOKENS, q.groupsPerRow, 0, q.xqRowWords]);
+    this.quantizeThreadsPerToken = q.groupsPerRow * (L.shape.groupSize / 4);
     this.pushGateUp.set([L.gate.rows, L.gate.cols, L.gate.rowWords, L.gate.groupsPerRow, L.gate.weightOffset / 16, L.gate.scaleOffset / 4, L.up.weightOffset / 16, L.up.scaleOffset / 4]);
     new Float32Array(this.pushGateUp.buffer)[8] = limit ?? 0;
     this.pushDown.set([L.down.rows, L.down.cols, L.down.rowWords, L.down.groupsPerRow, L.down.weightOffset / 16, L.down.scaleOffset / 4, 0, 0, 0]);
     for (let i = 0; i < n; i++) {
-      const t = new Ticket(device, this.commandPool, this.descriptors, this.pipelines, this.D, this.I, opts);
+      const t = new Ticket(device, this.commandPool, this.descriptors, this.pipelines, this.D, this.I, L.shape.groupSize, opts);
       this.tickets.push(t);
       this.record(t);
     }
@@ -161,8 +189,11 @@ export class GpuLayer implements Disposable {
 
   private record(t: Ticket): void {
     const p = this.pipelines;
-    t.commands.begin()
-      .barrier("transferToCompute") // staged expert uploads submitted before this call
+    t.commands.begin().barrier("transferToCompute"); // staged expert uploads submitted before this call
+    if (p.quantize && t.sets.quantize) {
+      t.commands.bind(p.quantize, t.sets.quantize).pushConstants(p.quantize, this.pushQuantize).dispatchIndirect(t.indirect, 36n).barrier("computeToCompute");
+    }
+    t.commands
       .bind(p.gateUp, t.sets.gateUp).pushConstants(p.gateUp, this.pushGateUp).dispatchIndirect(t.indirect, 0n)
       .barrier("computeToCompute")
       .bind(p.down, t.sets.down).pushConstants(p.down, this.pushDown).dispatchIndirect(t.indirect, 12n)
@@ -222,6 +253,7 @@ export class GpuLayer implements Disposable {
     ind[0] = Math.ceil(this.I / this.rows); ind[1] = items; ind[2] = 1;
     ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
+    ind[9] = Math.ceil((S * this.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP); ind[10] = 1; ind[11] = 1;
     t.submission.submit();
     t.busy = true;
   }

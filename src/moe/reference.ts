@@ -1,6 +1,8 @@
 /** The MoE layer on the CPU: an f64 reference (the test oracle) and the f32 fallback the backend runs without a GPU. */
 import { gateUpCpu, gemvCpu } from "../quant/gemv-cpu.ts";
 import { gateUpReference, gemvReference } from "../quant/gemv-reference.ts";
+import { gemvIntDotEmulated, quantizeActivations } from "../quant/intdot.ts";
+import { swiglu } from "../quant/swiglu.ts";
 import type { QuantMatrix } from "../quant/types.ts";
 import type { Routing } from "./routing.ts";
 
@@ -10,12 +12,27 @@ export interface ExpertWeights {
   down: QuantMatrix;
 }
 
-/** y[S, D] = Σ_j w_j · down_j(silu(gate_j x) ⊙ up_j x) (+ shared), accumulated in f64. */
-export function moeReference(x: Float32Array, r: Routing, expert: (id: number) => ExpertWeights, shared?: ExpertWeights, limit?: number): Float64Array {
+/** Which GPU path the oracle models: "float", or "integer-dot" (gate+up on int8 activations, down in float). */
+export type MoePath = "float" | "integer-dot";
+
+/**
+ * y[S, D] = Σ_j w_j · down_j(silu(gate_j x) ⊙ up_j x) (+ shared), accumulated in f64. On the
+ * "integer-dot" path gate and up see x quantized to int8 per group (quantizeActivations), exactly
+ * as the GPU's quantize_act + integer-dot gate+up do; h is rounded to f32 as the GPU stores it.
+ */
+export function moeReference(x: Float32Array, r: Routing, expert: (id: number) => ExpertWeights, shared?: ExpertWeights, limit?: number, path: MoePath = "float"): Float64Array {
   const D = expert(r.ids[0]!).gate.cols;
   const y = new Float64Array(r.S * D);
+  const gateUp = (e: ExpertWeights, xs: Float32Array): Float64Array => {
+    if (path === "float") return gateUpReference(e.gate, e.up, xs, 1, limit);
+    const act = quantizeActivations(xs, 1, D, e.gate.groupSize);
+    const g = gemvIntDotEmulated(e.gate, act, 1);
+    const u = gemvIntDotEmulated(e.up, act, 1);
+    for (let i = 0; i < g.length; i++) g[i] = swiglu(g[i]!, u[i]!, limit);
+    return g;
+  };
   const one = (e: ExpertWeights, xs: Float32Array, w: number, s: number) => {
-    const h = gateUpReference(e.gate, e.up, xs, 1, limit);
+    const h = gateUp(e, xs);
     const out = gemvReference(e.down, Float32Array.from(h), 1);
     for (let d = 0; d < D; d++) y[s * D + d]! += w * out[d]!;
   };

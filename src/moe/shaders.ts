@@ -1,53 +1,64 @@
-/** The grouped MoE pipelines (see shaders/moe.glsl): interface and creation per device and expert shape. */
+/** The grouped MoE pipelines (see shaders/moe.glsl): interface and creation per device, expert shape and GEMV path. */
 import type { Device } from "../vk/device.ts";
 import { ComputePipeline } from "../vk/pipeline.ts";
-import { shaderFile } from "../kernels/shaders.ts";
+import { QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
 import { specialization, type KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertShape } from "../pool/expert-layout.ts";
 import type { Addressing } from "../pool/expert-pool.ts";
 
 /** x/h, work, pairs, out, slotWeight (+ the slab array on the descriptor path). */
 export const MOE_BINDINGS = 5;
+/** The integer-dot gate+up adds xscale and xsum (bindings 5, 6); its slab array is binding 7. */
+export const MOE_IDP_BINDINGS = 7;
 export const MOE_PUSH_BYTES = 36;
 export const SUM_WORKGROUP = 256;
+/** quantize_act's workgroup: a multiple of GROUP_SIZE / 4 for every group size (8..32). */
+export const QUANTIZE_WORKGROUP = 64;
 
-/** Slabs one dispatch can see on the descriptor path: the stage's storage-buffer limit less the 5 other bindings. */
-export function maxBoundSlabs(device: Device): number {
-  return Math.max(1, Math.min(64, device.info.limits.maxPerStageDescriptorStorageBuffers - MOE_BINDINGS));
+/** Slabs one dispatch can see on the descriptor path: the stage's storage-buffer limit less the other bindings. */
+export function maxBoundSlabs(device: Device, integerDot = false): number {
+  const others = integerDot ? MOE_IDP_BINDINGS : MOE_BINDINGS;
+  return Math.max(1, Math.min(64, device.info.limits.maxPerStageDescriptorStorageBuffers - others));
 }
 
+/** The MoE layer's GEMV path: float dequantization, or int8 activations with packed integer dot products for gate+up. */
+export type MoeGemvPath = "float" | "integer-dot";
+
 export interface MoePipelines extends Disposable {
+  /** Integer-dot path only: x -> int8 per group (xq, xscale, xsum). */
+  quantize: ComputePipeline | undefined;
   gateUp: ComputePipeline;
   down: ComputePipeline;
   sum: ComputePipeline;
   maxSlabs: number;
+  path: MoeGemvPath;
 }
 
-export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing): MoePipelines {
+export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float"): MoePipelines {
   const spec = specialization(config, shape.scaleType === "f16", shape.groupSize);
-  const maxSlabs = addressing === "descriptor" ? maxBoundSlabs(device) : 0;
-  const make = (kind: "gateup" | "down") => {
-    const name = `moe_${kind}_${shape.format}_${addressing === "bda" ? "bda" : "desc"}`;
-    if (addressing === "bda") return new ComputePipeline(device, { spirv: shaderFile(name), storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES, specialization: spec });
+  const idp = path === "integer-dot";
+  const maxSlabs = addressing === "descriptor" ? maxBoundSlabs(device, idp) : 0;
+  const make = (name: string, bindings: number) => {
+    if (addressing === "bda") return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: bindings, pushConstantBytes: MOE_PUSH_BYTES, specialization: spec });
     return new ComputePipeline(device, {
-      spirv: shaderFile(name), storageBuffers: MOE_BINDINGS + 1, pushConstantBytes: MOE_PUSH_BYTES,
-      descriptorCounts: [1, 1, 1, 1, 1, maxSlabs], specialization: { ...spec, 8: maxSlabs },
+      spirv: shaderFile(`${name}_desc`), storageBuffers: bindings + 1, pushConstantBytes: MOE_PUSH_BYTES,
+      descriptorCounts: [...Array.from({ length: bindings }, () => 1), maxSlabs], specialization: { ...spec, 8: maxSlabs },
     });
   };
   // A later pipeline can fail (missing or bad .spv): destroy the ones made before it.
   const made: ComputePipeline[] = [];
+  const keep = (p: ComputePipeline) => (made.push(p), p);
   try {
-    const gateUp = make("gateup");
-    made.push(gateUp);
-    const down = make("down");
-    made.push(down);
-    const sum = new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 4, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } });
+    const quantize = idp
+      ? keep(new ComputePipeline(device, { spirv: shaderFile(QUANTIZE_ACT.name), storageBuffers: QUANTIZE_ACT.storageBuffers, pushConstantBytes: QUANTIZE_ACT.pushConstantBytes, specialization: { 0: QUANTIZE_WORKGROUP, 4: shape.groupSize } }))
+      : undefined;
+    const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
+    const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
+    const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 4, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
     return {
-      gateUp, down, sum, maxSlabs,
+      quantize, gateUp, down, sum, maxSlabs, path,
       [Symbol.dispose]() {
-        sum[Symbol.dispose]();
-        down[Symbol.dispose]();
-        gateUp[Symbol.dispose]();
+        for (const p of made.reverse()) p[Symbol.dispose]();
       },
     };
   } catch (e) {

@@ -12,7 +12,7 @@
  */
 import { readConfig, type VkmoeEnv } from "../../src/config.ts";
 import { MoeBackend, type MoeOptions, type MoeStats, type MoeTicket } from "../../src/moe/backend.ts";
-import { moeReference, type ExpertWeights } from "../../src/moe/reference.ts";
+import { moeReference, type ExpertWeights, type MoePath } from "../../src/moe/reference.ts";
 import type { Routing } from "../../src/moe/routing.ts";
 import type { ExpertShape } from "../../src/pool/expert-layout.ts";
 import { gateUpReference, gemvReference, mulberry32, quantize, randomGaussianF32 } from "../../src/quant/index.ts";
@@ -24,10 +24,12 @@ export const CASE_BOUND = 1e-6;
 
 /**
  * The environment the backend opens with: the process's VKMOE_* plus the validation layer. The
- * tests choose their own budgets, so VKMOE_BUDGET_MB (which would override `budgetMB`) is dropped.
+ * tests choose their own budgets, so VKMOE_BUDGET_MB (which would override `budgetMB`) is dropped,
+ * and their GEMV path: float (VKMOE_IDP=off, checked against the f64 reference) unless a test asks
+ * for the integer-dot path (checked against its emulation).
  */
 export function validationEnv(extra: Partial<VkmoeEnv> = {}): VkmoeEnv {
-  return { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_BUDGET_MB: undefined, ...extra };
+  return { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_BUDGET_MB: undefined, VKMOE_IDP: "off", ...extra };
 }
 
 /** experts[layer][e] for e in 0..E (e = E is the shared expert). Gaussian weights, std 0.05. */
@@ -61,8 +63,8 @@ export function randomRouting(rnd: () => number, S: number, k: number, E: number
 }
 
 /** The f64 oracle for one call on layer `experts` (shared expert = experts[E] when the layer has one). */
-export function reference(x: Float32Array, r: Routing, experts: ExpertWeights[], E: number, shared: boolean, limit?: number): Float64Array {
-  return moeReference(x, r, (e) => experts[e]!, shared ? experts[E] : undefined, limit);
+export function reference(x: Float32Array, r: Routing, experts: ExpertWeights[], E: number, shared: boolean, limit?: number, path: MoePath = "float"): Float64Array {
+  return moeReference(x, r, (e) => experts[e]!, shared ? experts[E] : undefined, limit, path);
 }
 
 /** NMSE over every output of a test, plus a loose bound per case (see test/kernels.test.ts). */
@@ -163,6 +165,10 @@ export interface SweepSpec {
   topK?: number;
   /** Kernel shape override (MoeOptions.kernel), e.g. another vendor's row of the tuning table. */
   kernel?: MoeOptions["kernel"];
+  /** "integer-dot": open with VKMOE_IDP=on and check against the integer-dot emulation. */
+  path?: MoePath;
+  /** Integer-dot path: also accumulate the error against the float reference here (no per-case bound). */
+  vsFloat?: PooledError;
 }
 
 export interface SweepResult {
@@ -180,7 +186,9 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
   const { shape, E, experts, shared, limit } = spec;
   const D = shape.hidden;
   const topK = spec.topK ?? Math.max(...spec.cases.map(([, k]) => k));
-  const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256, kernel: spec.kernel });
+  const path = spec.path ?? "float";
+  const env = validationEnv(path === "integer-dot" ? { VKMOE_IDP: "on" } : {});
+  const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256, kernel: spec.kernel }, env);
   let pairs = 0;
   try {
     const rnd = mulberry32(spec.seed);
@@ -191,7 +199,8 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
       const y = outputWithSentinels(S * D);
       h.moe.forward(0, x, r, y);
       checkSentinels(y, S * D, label);
-      pooled.add(reference(x, r, experts[0]!, E, shared, limit), y, CASE_BOUND, label);
+      pooled.add(reference(x, r, experts[0]!, E, shared, limit, path), y, CASE_BOUND, label);
+      if (spec.vsFloat) spec.vsFloat.add(reference(x, r, experts[0]!, E, shared, limit), y, Infinity, label);
       pairs += S * (k + (shared ? 1 : 0));
     });
     return { mode: h.moe.mode, why: h.moe.why, stats: h.moe.stats(), pairs, messages: [], logs: h.logs };

@@ -41,13 +41,16 @@ export function chooseKernelConfig(d: PhysicalDeviceInfo, forceSharedReduction =
 
 /**
  * The grouped MoE kernels see small matrices (768-2048 rows per expert): more, smaller workgroups
- * keep the GPU busy. Measured on the H200 with scripts/tune-moe.ts (S=1 layer call, Qwen3-30B-A3B
- * shape): 32 threads x 2 rows 90 µs, x 4 rows 178 µs, x 8 rows 202 µs.
+ * keep the GPU busy. Measured on the H200 with `bun scripts/profile-moe.ts --sweep` (S=1 layer
+ * call, Qwen3-30B-A3B shape, each kernel 20x back to back, 2026-11-30): 32 threads x 4 rows
+ * gate+up 13.5 µs float / 7.8 µs integer-dot, down 11.1 µs; x 2 rows 15.1 / 9.3 / 16.5 µs;
+ * x 8 rows 53 / 9.2 / 10.3 µs (the float path degrades badly at 8 rows per thread); split rows
+ * (colThreads < 32) and 64-128 threads were slower at S=1.
  */
 export function chooseMoeKernelConfig(d: PhysicalDeviceInfo, forceSharedReduction = false): KernelConfig {
   const c = chooseKernelConfig(d, forceSharedReduction);
   if (d.vendorId !== 0x10de) return c;
-  return { ...c, workgroupSize: 32, rowsPerWorkgroup: 2, colThreads: 0, rowLanes: 1, why: c.why.replace(/32 threads, 8 rows\/workgroup/, "32 threads, 2 rows/workgroup (MoE)") };
+  return { ...c, workgroupSize: 32, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1, why: c.why.replace(/32 threads, 8 rows\/workgroup/, "32 threads, 4 rows/workgroup (MoE)") };
 }
 
 /** Specialization constants 0..6 of the GEMV shaders. */

@@ -28,6 +28,13 @@ const ctx = moe.context;
 if (!ctx) throw new Error(`no GPU: ${moe.why}`);
 preloadExperts(moe, layers, model.experts, weights);
 const device = ctx.device;
+if (argv.includes("--warm")) {
+  // Keeps the GPU busy ~1 s (streaming reads) right before measuring: tells clock ramp-up apart from kernel cost.
+  const { readBandwidth } = await import("./lib/gpu-time.ts");
+  const t = performance.now();
+  const bw = readBandwidth(device, 1 << 30, 300);
+  console.log(`warm-up: streaming reads for ${fmt(performance.now() - t)} ms (${fmt(bw.gbs)} GB/s)`);
+}
 const period = device.info.limits.timestampPeriod;
 const L = (moe as any).gpu.layer;
 const t0 = L.tickets[0];
@@ -52,18 +59,27 @@ for (const S of sizes) {
   const gen = new RoutingGenerator(model, 11 + S);
   const x = randomActivations(S, shape.hidden, 5);
   const y = new Float32Array(S * shape.hidden);
-  // Host side of forward(): issue (JS + submit), take (wait + read y).
-  const issueUs: number[] = [], takeUs: number[] = [], totalUs: number[] = [];
-  for (let i = 0; i < 200 + layers; i++) {
-    const r = gen.next(S);
-    const a = performance.now();
-    const t = moe.issue(i % layers, x, r);
-    const b = performance.now();
-    t.take(y);
-    const c = performance.now();
-    if (i >= layers) { issueUs.push((b - a) * 1e3); takeUs.push((c - b) * 1e3); totalUs.push((c - a) * 1e3); }
+  // Host side of forward(): issue (JS + submit), take (wait + read y), for each wait style.
+  for (const style of ["block", "spin"] as const) {
+    L.waitStyle = style;
+    const issueUs: number[] = [], takeUs: number[] = [], totalUs: number[] = [];
+    for (let i = 0; i < 300 + layers; i++) {
+      const r = gen.next(S);
+      const a = performance.now();
+      const t = moe.issue(i % layers, x, r);
+      const b = performance.now();
+      t.take(y);
+      const c = performance.now();
+      if (i >= layers) { issueUs.push((b - a) * 1e3); takeUs.push((c - b) * 1e3); totalUs.push((c - a) * 1e3); }
+    }
+    console.log(`S=${S} host, ${style} wait: forward ${fmt(median(totalUs))} µs = issue ${fmt(median(issueUs))} + take ${fmt(median(takeUs))}`);
   }
-  console.log(`S=${S} host: forward ${fmt(median(totalUs))} µs = issue ${fmt(median(issueUs))} + take ${fmt(median(takeUs))}`);
+  L.waitStyle = "block";
+  {
+    const { emptyRoundTrip } = await import("./lib/gpu-time.ts");
+    const rt = emptyRoundTrip(device, 300);
+    console.log(`empty submit+wait: vkWaitForFences ${fmt(median(rt.wait))} µs, polling vkGetFenceStatus ${fmt(median(rt.spin))} µs`);
+  }
   // The ticket now holds the last call's inputs (work list, indirect counts). Stage timestamps:
   {
     using q = new QueryPool(device, 4);

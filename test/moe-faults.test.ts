@@ -378,6 +378,41 @@ describe("budgets", () => {
   });
 });
 
+describe("wait styles", () => {
+  // "spin" polls the completion word the sum kernel writes into host memory, then waits on the fence.
+  test("spin: right results, 3 FFI calls per call, and the completion word carries each call's sequence number", () => {
+    const h = new MoeHarness({ shape: SHAPE, experts: E, topK: TOPK, layers: LAYERS, shared: true, weights: (l, e) => experts[l]![e]!, budgetMB: 64, wait: "spin", tickets: 1 });
+    try {
+      const calls = someCalls(41, 6);
+      checkCalls(h, calls.slice(0, 1), "warm");
+      const layer = (h.moe as any).gpu.layer;
+      const ticket = layer.tickets[0];
+      const seen: number[] = [];
+      const n = countVulkanCalls(h.moe.context!.device.vk, () => {
+        for (const c of calls.slice(1)) {
+          const y = new Float32Array(c.r.S * D);
+          h.moe.forward(c.layer, c.x, c.r, y);
+          new PooledError().add(c.ref, y, CASE_BOUND, "spin wait");
+          expect(ticket.views.done[0]).toBe(ticket.seq); // written by the GPU, after the fence
+          seen.push(ticket.seq);
+        }
+      });
+      expect(n).toBe(3 * 5);
+      expect(new Set(seen).size).toBe(5); // a new number every call: a stale word cannot pass
+      // Negative control: a word that does not match (as if the kernel had not written it) makes the
+      // spin give up after its time limit; the fence still makes the answer right.
+      ticket.views.done[0] = -1;
+      const c = calls[0]!;
+      const y = new Float32Array(c.r.S * D);
+      h.moe.forward(c.layer, c.x, c.r, y);
+      new PooledError().add(c.ref, y, CASE_BOUND, "spin wait after a clobbered word");
+      expect(ticket.views.done[0]).toBe(ticket.seq);
+    } finally {
+      h.finish();
+    }
+  });
+});
+
 describe("tickets", () => {
   test("more calls issued than tickets before taking: every take is right, or issue says no with a typed error", () => {
     const h = open({ tickets: 2 });

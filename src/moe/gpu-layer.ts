@@ -18,13 +18,14 @@ import { createMoePipelines, QUANTIZE_WORKGROUP, SUM_WORKGROUP, type MoeGemvPath
 import { MAX_TOKENS } from "./routing.ts";
 
 const WORKING_SET_PRIORITY = 1.0;
-/** How long the "spin" wait polls the fence before sleeping in the driver. */
-const SPIN_NS = 50_000;
+/** How long the "spin" wait polls the completion word before sleeping in the driver. */
+const SPIN_NS = 200_000;
 
 /**
- * "block": vkWaitForFences (3 FFI calls per layer call: submit, wait, reset). "spin": poll
- * vkGetFenceStatus up to SPIN_NS first: on the H200 it saved ~12 µs per empty round trip but costs
- * one FFI call per poll (~90 per layer call). scripts/bench-wait.ts and bench-moe.ts measure both.
+ * "block": vkWaitForFences (3 FFI calls per layer call: submit, wait, reset). "spin": first poll
+ * the completion word the sum kernel writes into host memory (no FFI call) for up to SPIN_NS,
+ * then vkWaitForFences, which then has little or nothing left to wait for (still 3 FFI calls).
+ * scripts/profile-moe.ts and bench-moe.ts measure both.
  */
 export type WaitStyle = "block" | "spin";
 
@@ -53,13 +54,17 @@ class Ticket {
   readonly ypair: Buffer;
   readonly y: Buffer;
   readonly indirect: Buffer;
+  /** Completion word: the sum kernel writes the call's sequence number here (host memory). */
+  readonly done: Buffer;
   /** Integer-dot path: x quantized per group (int8 words, scales, sums). */
   readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
   readonly fence: Fence;
   readonly commands: CommandBuffer;
   readonly submission: Submission;
   readonly sets: { quantize: bigint | undefined; gateUp: bigint; down: bigint; sum: bigint };
-  readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array; indirect: Uint32Array };
+  readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array; indirect: Uint32Array; done: Int32Array };
+  /** Sequence number of the call this ticket holds (work header .w). */
+  seq = 0;
   busy = false;
   /** Issued and not yet taken: its buffers hold a call's inputs or results. */
   pending = false;
@@ -76,6 +81,7 @@ class Ticket {
     this.ypair = buf(4 * opts.maxSlots * D, "device");
     this.y = buf(4 * MAX_TOKENS * D, "readback");
     this.indirect = buf(4 * 12, "upload");
+    this.done = buf(16, "readback");
     if (p.quantize) {
       const q = quantizeShape(D, groupSize);
       this.quantized = { xq: buf(4 * MAX_TOKENS * q.xqRowWords, "device"), xscale: buf(4 * MAX_TOKENS * q.groupsPerRow, "device"), xsum: buf(4 * MAX_TOKENS * q.groupsPerRow, "device") };
@@ -83,6 +89,7 @@ class Ticket {
     this.views = {
       x: new Float32Array(this.x.host()), work: new Uint32Array(this.work.host()), pairs: new Uint32Array(this.pairs.host()),
       slotWeight: new Float32Array(this.slotWeight.host()), y: new Float32Array(this.y.host()), indirect: new Uint32Array(this.indirect.host()),
+      done: new Int32Array(this.done.host()),
     };
     this.cpuY = new Float32Array(MAX_TOKENS * D);
     this.fence = new Fence(device);
@@ -95,7 +102,7 @@ class Ticket {
       quantize: p.quantize && q ? descriptors.allocate(p.quantize, [{ buffer: this.x }, { buffer: q.xq }, { buffer: q.xscale }, { buffer: q.xsum }]) : undefined,
       gateUp: descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs)),
       down: descriptors.allocate(p.down, this.stageBindings("down", slabs)),
-      sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }]),
+      sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }, { buffer: this.done }]),
     };
   }
 
@@ -117,7 +124,7 @@ class Ticket {
     this.submission[Symbol.dispose]();
     this.fence[Symbol.dispose]();
     const q = this.quantized;
-    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), this.indirect, this.y, this.ypair, this.h, this.slotWeight, this.pairs, this.work, this.x]) b[Symbol.dispose]();
+    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), this.done, this.indirect, this.y, this.ypair, this.h, this.slotWeight, this.pairs, this.work, this.x]) b[Symbol.dispose]();
   }
 }
 
@@ -155,6 +162,8 @@ export class GpuLayer implements Disposable {
   injectDeviceLost = false;
   /** Rows per workgroup of the grouped kernels (kernel config). */
   private readonly rows: number;
+  /** Sequence number of the last call submitted (completion word). */
+  private seq = 0;
   private readonly pushGateUp = new Uint32Array(9);
   private readonly pushDown = new Uint32Array(9);
   /** quantize_act: I = D, S = MAX_TOKENS (the indirect group count bounds the real S), groupsPerRow, xOffset, xqRowWords. */
@@ -189,7 +198,8 @@ export class GpuLayer implements Disposable {
 
   private record(t: Ticket): void {
     const p = this.pipelines;
-    t.commands.begin().barrier("transferToCompute"); // staged expert uploads submitted before this call
+    // No leading barrier: staged expert uploads end with their own transfer-to-compute barrier.
+    t.commands.begin();
     if (p.quantize && t.sets.quantize) {
       t.commands.bind(p.quantize, t.sets.quantize).pushConstants(p.quantize, this.pushQuantize).dispatchIndirect(t.indirect, 36n).barrier("computeToCompute");
     }
@@ -254,6 +264,9 @@ export class GpuLayer implements Disposable {
     ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
     ind[9] = Math.ceil((S * this.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP); ind[10] = 1; ind[11] = 1;
+    this.seq = (this.seq + 1) | 0 || 1; // never 0: the word's initial value
+    t.seq = this.seq;
+    t.views.work[3] = this.seq;
     t.submission.submit();
     t.busy = true;
   }
@@ -266,9 +279,20 @@ export class GpuLayer implements Disposable {
     if (!t.busy) return;
     t.busy = false;
     if (this.injectDeviceLost) return this.injectedLoss(t);
-    const done = this.waitStyle === "spin" ? t.fence.waitSpin(SPIN_NS) : t.fence.wait();
-    if (!done) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    if (this.waitStyle === "spin") this.spinOnCompletionWord(t);
+    if (!t.fence.wait()) throw new Error("MoE layer: the GPU did not finish within the timeout");
     t.fence.reset();
+  }
+
+  /** Polls the ticket's completion word for up to SPIN_NS; no FFI call. */
+  private spinOnCompletionWord(t: Ticket): void {
+    const word = t.views.done;
+    const start = performance.now();
+    const limitMs = SPIN_NS / 1e6;
+    // Atomics.load: a fresh read every time (a plain load could be hoisted out of the loop).
+    while (Atomics.load(word, 0) !== t.seq) {
+      if (performance.now() - start > limitMs) return;
+    }
   }
 
   /** The same without holding the event loop in Deno (the wait runs on a worker thread). */
@@ -278,7 +302,8 @@ export class GpuLayer implements Disposable {
       t.busy = false;
       return this.injectedLoss(t);
     }
-    const done = "Deno" in globalThis ? await t.fence.waitAsync() : this.waitStyle === "spin" ? t.fence.waitSpin(SPIN_NS) : t.fence.wait();
+    if (!("Deno" in globalThis) && this.waitStyle === "spin") this.spinOnCompletionWord(t);
+    const done = "Deno" in globalThis ? await t.fence.waitAsync() : t.fence.wait();
     t.busy = false;
     if (!done) throw new Error("MoE layer: the GPU did not finish within the timeout");
     t.fence.reset();

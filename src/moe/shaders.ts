@@ -54,7 +54,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       : undefined;
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
     const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
-    const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 4, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
+    const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
     return {
       quantize, gateUp, down, sum, maxSlabs, path,
       [Symbol.dispose]() {

@@ -166,8 +166,11 @@ export class StagedUploader implements Uploader {
   }
 
   private copy(slot: RingSlot, allocation: SlabAllocation<DeviceSlab>, at: number, length: number): void {
+    // The barrier's second scope is every later command on the queue, in later submissions too:
+    // kernels reading the expert need no barrier of their own (the MoE layer records none).
     slot.commands.begin(VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT)
       .copyBuffer(slot.staging, allocation.slab.buffer, BigInt(length), 0n, BigInt(allocation.offset + at))
+      .barrier("transferToCompute")
       .end();
     slot.submission.submit();
     slot.busy = true;

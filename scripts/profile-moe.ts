@@ -79,6 +79,30 @@ for (const S of sizes) {
     const { emptyRoundTrip } = await import("./lib/gpu-time.ts");
     const rt = emptyRoundTrip(device, 300);
     console.log(`empty submit+wait: vkWaitForFences ${fmt(median(rt.wait))} µs, polling vkGetFenceStatus ${fmt(median(rt.spin))} µs`);
+    // The same with one tiny dispatch (the sum kernel, one workgroup: writes y in host memory), then
+    // with three dispatches of one workgroup and barriers between them: the fixed cost of real work.
+    for (const [label, record] of [
+      ["1 dispatch of 1 workgroup", (cb: CommandBuffer) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatch(1)],
+      ["3 dispatches of 1 workgroup + barriers", (cb: CommandBuffer) => {
+        cb.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatch(1).barrier("computeToCompute");
+        cb.bind(p.down, t0.sets.down).pushConstants(p.down, L.pushDown).dispatch(1).barrier("computeToCompute");
+        cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatch(1).barrier("computeToHost");
+      }],
+    ] as const) {
+      const cb = pool.allocate().begin();
+      record(cb);
+      cb.end();
+      using sub = new Submission(device, [cb], { fence });
+      const us: number[] = [];
+      for (let i = 0; i < 300; i++) {
+        const a = performance.now();
+        sub.submit();
+        while (!fence.signaled()) { /* poll */ }
+        fence.reset();
+        if (i >= 20) us.push((performance.now() - a) * 1e3);
+      }
+      console.log(`submit+poll with ${label}: ${fmt(median(us))} µs`);
+    }
   }
   // The ticket now holds the last call's inputs (work list, indirect counts). Stage timestamps:
   {

@@ -13,6 +13,10 @@
 //   hot GPU µs  GPU time with one fixed routing reused every call at one layer: that working set
 //               can sit in the GPU cache (its size is printed; at large S it does not fit)
 //   FFI/call    Vulkan FFI calls per forward() (countCalls), and how many are vkGetFenceStatus polls
+//   clocks      a GPU left idle lowers its clocks, and this light load does not raise them again (an
+//               H200 stayed near 345-390 MHz: a layer call took ~2.5x longer). So ~0.5 s of
+//               streaming reads precede the bandwidth measurement and each S's timed calls, and one
+//               S=1 figure is taken before any warm-up ("idle clocks") and printed beside the table
 //   CPU µs      the CPU fallback (VKMOE_GPU=0 path) on the first calls; GPU speedup = CPU µs ÷
 //               host µs; NMSE of the GPU outputs against the CPU fallback's on those calls
 //   bun scripts/bench-moe.ts [--quick] [--tokens N] [--layers N]
@@ -63,6 +67,9 @@ interface Row {
 }
 
 interface ShapeResult {
+  /** The backend's wait style and its "GPU: ..., addressing, path" line. */
+  wait: string;
+  path: string;
   /** "name, driver info (driver version)", or why there is no GPU. */
   device: string;
   lines: string[];
@@ -120,9 +127,27 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
   /** The empty round trip the efficiency uses: the faster of the two wait styles (medians). */
   let floorUs = NaN;
   let timer: LayerTimer | undefined;
+  /** Streaming reads for ~0.5 s: the GPU's clocks up before a measurement (none on a CPU device). */
+  const warmUp = () => {
+    if (ctx && !isCpuDevice) readBandwidth(ctx.device, 1024 * 2 ** 20, 150);
+  };
   if (ctx) {
     const pre = preloadExperts(gpu, layers, perLayer, weights);
     if (pre.notResident > 0) lines.push(`warning: ${pre.notResident} experts did not fit the device budget and run on the CPU`);
+    if (!isCpuDevice) {
+      // Idle clocks: S=1 calls right after the upload, before anything has raised the clocks.
+      const r = new RoutingGenerator(model, 0x1d1e + E);
+      const x = randomActivations(1, D, 99);
+      const y = new Float32Array(D);
+      const us: number[] = [];
+      for (let i = 0; i < 2 * layers; i++) {
+        const t0 = performance.now();
+        gpu.forward(i % layers, x, r.next(1), y);
+        if (i >= layers) us.push((performance.now() - t0) * 1e3);
+      }
+      lines.push(`idle clocks (after the upload, before any warm-up): S=1 host ${fmt(median(us))} µs median over ${us.length} calls`);
+    }
+    warmUp();
     bw = readBandwidth(ctx.device, isCpuDevice ? 64 * 2 ** 20 : 1024 * 2 ** 20, quick || isCpuDevice ? 3 : 7);
     rtt = emptyRoundTrip(ctx.device, isCpuDevice ? 50 : 500);
     floorUs = Math.min(median(rtt.wait), median(rtt.spin));
@@ -155,6 +180,7 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
       const keep = Math.min(calls, 16);
       const gpuY: Float32Array[] = [];
       if (ctx && timer && bw) {
+        warmUp();
         // Warm-up: one pass (pipelines, first-touch, JIT), untimed.
         const warm = isCpuDevice ? (S === 1 ? 1 : 0) : Math.min(calls, layers);
         for (let i = 0; i < warm; i++) gpu.forward(plan[i]!.layer, xs[i % 4]!, plan[i]!.r, y);
@@ -231,7 +257,7 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
   lines.push(`samples: ${samples}`);
   const d = ctx?.device.info;
   const device = d ? `${d.name}, ${d.driverName} ${d.driverInfo} (driver ${formatDriverVersion(d)})` : `no GPU (${gpu.why})`;
-  return { device, lines, table };
+  return { device, lines, table, wait: gpu.options.wait, path: gpu.why };
 }
 
 function main(): void {
@@ -248,7 +274,7 @@ function main(): void {
     const r = benchShape(model, env, first);
     first = false;
     console.log(`\n### ${model.name}: D=${model.hidden}, I=${model.intermediate}, E=${model.experts}, top-${model.topK}${model.shared ? " + shared expert" : ""}; q4 group 32, f16 scales, ${formatBytes(expertBytes(model))} per expert`);
-    console.log(`${date} ${r.device}; ${runtimeName}; forward() per call (synchronous, 1 ticket), layers rotating`);
+    console.log(`${date} ${r.device}; ${runtimeName}; forward() per call (synchronous, 1 ticket, ${r.wait} wait), layers rotating; ${r.path}`);
     for (const l of r.lines) console.log(l);
     console.log(r.table);
   }

@@ -1,7 +1,8 @@
 /**
  * Test 1, smaller, under Deno: the MoE layer against the f64 reference on both addressing paths,
  * with and without a shared expert (pooled NMSE ≤ 1e-8, ≤ 1e-6 per case, every pair on the GPU,
- * no validation message). Same helpers as the Bun suite (test/cases/moe.ts).
+ * no validation message), and the integer-dot path against its emulation. Same helpers as the Bun
+ * suite (test/cases/moe.ts).
  */
 import { NMSE_BOUND, PooledError, makeExperts, runSweep } from "../cases/moe.ts";
 import type { ExpertShape } from "../../src/pool/expert-layout.ts";
@@ -39,3 +40,17 @@ for (const addressing of ["bda", "descriptor"] as const) {
     console.log(`  ${addressing}: ${pooled.cases} cases, pooled NMSE ${pooled.nmse.toExponential(2)}`);
   });
 }
+
+Deno.test("MoE layer under Deno, integer-dot path (VKMOE_IDP=on): vs the integer-dot emulation, and within 1e-3 of float", () => {
+  const pooled = new PooledError();
+  const vsFloat = new PooledError();
+  let n = 0;
+  for (const addressing of ["bda", "descriptor"] as const) {
+    const r = runSweep({ label: "q4/g32/f16 idp", shape: SHAPE, E: 128, experts: firstE(128), cases: [[1, 8], [7, 16], [64, 8]], shared: n === 1, addressing, seed: 400 + n++, path: "integer-dot", vsFloat }, pooled);
+    assert(r.mode === "gpu" && r.why.includes("integer-dot path"), `${addressing}: ${r.why}`);
+    assert(r.stats.gpuPairs === r.pairs, `${addressing}: ${r.stats.gpuPairs} GPU pairs, expected ${r.pairs}`);
+  }
+  assert(pooled.nmse <= NMSE_BOUND, `NMSE vs emulation ${pooled.nmse} > ${NMSE_BOUND}`);
+  assert(vsFloat.nmse <= 1e-3 && vsFloat.nmse > 100 * NMSE_BOUND, `NMSE vs float ${vsFloat.nmse}: expected in (1e-6, 1e-3]`);
+  console.log(`  integer-dot: ${pooled.cases} cases, NMSE vs emulation ${pooled.nmse.toExponential(2)}, vs float ${vsFloat.nmse.toExponential(2)}`);
+});

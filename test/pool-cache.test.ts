@@ -376,7 +376,7 @@ describe("ExpertCache: pinning", () => {
       const provider = new HostMemorySlabProvider();
       const allocator = new SlabAllocator(provider, { maxSlabBytes: 1 << 20, slabBytes: 4096, alignment: 8, spareSlabs: 1 });
       const uploader = new HostMemoryUploader();
-      const map = new Map<string, { layer: number; expert: number; bytes: number; allocation: ReturnType<typeof allocator.allocate>; resident: boolean; pins: number }>();
+      const map = new Map<string, { layer: number; expert: number; bytes: number; allocation: ReturnType<typeof allocator.allocate>; resident: boolean; pins: number; addressLo: number; addressHi: number }>();
       const broken = {
         ensure(l: number, e: number, src: Uint8Array) {
           const k = `${l}:${e}`;
@@ -394,7 +394,7 @@ describe("ExpertCache: pinning", () => {
           }
           const allocation = allocator.allocate(src.length);
           uploader.upload(allocation, src);
-          const r = { layer: l, expert: e, bytes: src.length, allocation, resident: true, pins: 0 };
+          const r = { layer: l, expert: e, bytes: src.length, allocation, resident: true, pins: 0, addressLo: 0, addressHi: 0 };
           map.set(k, r);
           return r;
         },
@@ -458,7 +458,7 @@ describe("ExpertCache: budget invariant over random traces", () => {
         const violations = cacheViolations(s);
         if (violations.length > 0) throw new Error(`step ${step}: ${violations.join("; ")}`);
         // pinned experts of open tickets are resident
-        for (const t of open) for (const p of (t as unknown as { _pinned: Set<ResidentExpert<HostSlab>> })._pinned) expect(p.resident).toBe(true);
+        for (const t of open) for (const p of t.pinnedExperts()) expect(p.resident).toBe(true);
       }
       const st = cache.stats();
       expect(st.hits).toBe(hits);
@@ -762,5 +762,154 @@ describe("ExpertCache: arguments", () => {
     expect(() => s.cache.ensure(0, 0)).toThrow(InvalidArgumentError); // no source, no loader
     expect(() => s.cache.setBudget(-5)).toThrow(InvalidArgumentError);
     expect(() => s.cache.setBudget(1.5)).toThrow(VkmoeError);
+  });
+});
+
+describe("ExpertCache: the allocation-free hot path (cached addresses, reused batches, pins kept in the heat policy)", () => {
+  const words = (s: Setup, r: ResidentExpert<HostSlab>) => {
+    const a = s.allocator.deviceAddressOf(r.allocation);
+    return [Number(a & 0xffffffffn), Number(a >> 32n)];
+  };
+
+  test("addressLo/addressHi equal deviceAddressOf (past 2^32, several slabs) and follow every eviction and re-upload", () => {
+    const s = setup({ budgetExperts: 6, policy: "lru" }); // 4 experts per 4096-byte slab, slab bases 2^32 + i * 2^40
+    const { cache } = s;
+    const rand = rng(21);
+    let checked = 0, moved = 0;
+    const last = new Map<string, string>();
+    for (let step = 0; step < 600; step++) {
+      const e = Math.floor(rand() * 14);
+      const batch = rand() < 0.5 ? cache.beginBatch() : undefined;
+      const r = batch ? batch.ensure(0, e, pattern(0, e)) : load(cache, 0, e);
+      batch?.release();
+      for (const x of cache.residents()) {
+        const [lo, hi] = words(s, x);
+        expect([x.addressLo, x.addressHi]).toEqual([lo!, hi!]);
+        expect(x.addressHi).toBeGreaterThanOrEqual(1);
+        checked++;
+      }
+      const key = `${r.addressHi}:${r.addressLo}`;
+      if (last.has(`${e}`) && last.get(`${e}`) !== key) moved++;
+      last.set(`${e}`, key);
+    }
+    expect(checked).toBeGreaterThan(1000);
+    expect(moved).toBeGreaterThan(10); // re-uploads landed elsewhere, and the words followed
+    expect(new Set([...cache.residents()].map((x) => x.addressHi)).size).toBeGreaterThan(1); // more than one slab
+    expect(cacheViolations(s)).toEqual([]);
+  });
+
+  test("a provider without device addresses gives 0 and 0", () => {
+    const provider = new HostMemorySlabProvider();
+    const bare = { createSlab: (b: number) => provider.createSlab(b), destroySlab: (h: HostSlab) => provider.destroySlab(h) };
+    const allocator = new SlabAllocator<HostSlab>(bare, { maxSlabBytes: 1 << 20, slabBytes: 4096, alignment: 8 });
+    const cache = new ExpertCache({ allocator, uploader: new HostMemoryUploader(), budgetBytes: 4 * E, ownsAllocator: true });
+    expect(allocator.hasDeviceAddresses).toBe(false);
+    const r = cache.ensure(0, 1, pattern(0, 1));
+    expect([r.addressLo, r.addressHi]).toEqual([0, 0]);
+    cache.dispose();
+  });
+
+  test("tryEnsure returns the entry's one verdict on a hit; a released batch reopened with beginBatch(batch) pins again", () => {
+    const s = setup({ budgetExperts: 4, policy: "heat" });
+    const { cache } = s;
+    const miss = cache.tryEnsure(0, 1, pattern(0, 1));
+    expect(miss).toMatchObject({ resident: true, hit: false });
+    const hit = cache.tryEnsure(0, 1, pattern(0, 1));
+    expect(hit).toMatchObject({ resident: true, hit: true });
+    expect(cache.tryEnsure(0, 1, pattern(0, 1))).toBe(hit);
+    expect(Object.isFrozen(hit)).toBe(true);
+
+    const batch = cache.beginBatch();
+    expect(() => cache.beginBatch(batch)).toThrow(InvalidArgumentError); // still open
+    batch.ensure(0, 1, pattern(0, 1));
+    batch.ensure(0, 2, pattern(0, 2));
+    expect(batch.size).toBe(2);
+    batch.release();
+    expect(cache.pinnedBytes).toBe(0);
+    for (let round = 0; round < 3; round++) {
+      expect(cache.beginBatch(batch)).toBe(batch);
+      expect(batch.released).toBe(false);
+      expect(batch.size).toBe(0);
+      for (const e of [1, 2, 3]) expect(batch.tryEnsure(0, e, pattern(0, e)).resident).toBe(true);
+      expect(batch.pinnedExperts().map((x) => x.expert)).toEqual([1, 2, 3]);
+      expect(cache.pinnedBytes).toBe(3 * E);
+      expect(cache.get(0, 2)!.pins).toBe(1);
+      // only one unpinned slot is left: traffic through it never evicts the pinned three
+      for (let i = 0; i < 6; i++) load(cache, 0, 10 + i + round * 10);
+      expect([1, 2, 3].every((e) => cache.has(0, e))).toBe(true);
+      batch.release();
+      expect(cache.pinnedBytes).toBe(0);
+      expect(cacheViolations(s)).toEqual([]);
+    }
+    const other = setup().cache.beginBatch();
+    other.release();
+    expect(() => cache.beginBatch(other as unknown as BatchTicket<HostSlab>)).toThrow(InvalidArgumentError); // another cache's
+    expect(() => batch.ensure(0, 1, pattern(0, 1))).toThrow(InvalidArgumentError); // released
+  });
+
+  test("pins interleaved between two batches are counted once per batch", () => {
+    for (const policy of ["lru", "heat"] as const) {
+      const s = setup({ budgetExperts: 4, policy });
+      const { cache } = s;
+      const a = cache.beginBatch(), b = cache.beginBatch();
+      for (const e of [1, 2, 3]) a.ensure(0, e, pattern(0, e));
+      for (const e of [3, 2, 1]) b.ensure(0, e, pattern(0, e)); // b pins each after a did
+      for (const e of [1, 2, 3, 1]) a.ensure(0, e, pattern(0, e)); // a again: already pinned by a
+      for (const e of [2, 2]) b.ensure(0, e, pattern(0, e));
+      for (const e of [1, 2, 3]) expect(cache.get(0, e)!.pins).toBe(2);
+      expect(a.size).toBe(3);
+      expect(b.size).toBe(3);
+      a.release();
+      for (const e of [1, 2, 3]) expect(cache.get(0, e)!.pins).toBe(1);
+      b.release();
+      expect(cache.pinnedBytes).toBe(0);
+      expect(cache.policy.size).toBe(cache.residentCount);
+      expect(cacheViolations(s)).toEqual([]);
+    }
+  });
+
+  test("heat keeps pinned experts in its heap: the same evictions as removing them on every pin", () => {
+    /** The heat policy with pinned experts removed and re-added, as the cache does for other policies. */
+    class StrictHeat extends HeatPolicy {
+      override readonly keepsPinned = false;
+    }
+    for (const seed of [31, 32, 33]) {
+      const traces: string[][] = [];
+      for (const policy of [new HeatPolicy({ halfLife: 40 }), new StrictHeat({ halfLife: 40 })]) {
+        const rand = rng(seed);
+        const s = setup({ budgetBytes: 12 * E, policy });
+        const { cache } = s;
+        const trace: string[] = [];
+        const open: BatchTicket<HostSlab>[] = [];
+        for (let step = 0; step < 3000; step++) {
+          const r = rand();
+          const l = Math.floor(rand() * 2);
+          const e = Math.floor(rand() ** 2 * 30);
+          if (r < 0.45) {
+            const v = cache.tryEnsure(l, e, pattern(l, e));
+            trace.push(v.resident ? `${v.hit ? "h" : "m"}${l}:${e}` : `x${l}:${e}`);
+          } else if (r < 0.85) {
+            if (open.length === 0 || rand() < 0.2) open.push(cache.beginBatch());
+            const t = open[Math.floor(rand() * open.length)]!;
+            const v = t.tryEnsure(l, e, pattern(l, e));
+            trace.push(v.resident ? `p${v.hit ? "h" : "m"}${l}:${e}` : `px${l}:${e}`);
+          } else if (open.length > 0) {
+            const i = Math.floor(rand() * open.length);
+            const t = open.splice(i, 1)[0]!;
+            t.release();
+            if (rand() < 0.5) open.push(cache.beginBatch(t)); // reopened
+          }
+          trace.push(residentSet(cache).join(","));
+          const violations = cacheViolations(s);
+          if (violations.length > 0) throw new Error(`seed ${seed}, step ${step}: ${violations.join("; ")}`);
+          for (const t of open) for (const p of t.pinnedExperts()) expect(p.resident).toBe(true);
+        }
+        for (const t of open) t.release();
+        expect(cache.policy.size).toBe(cache.residentCount);
+        expect(cache.stats().evictions).toBeGreaterThan(200);
+        traces.push(trace);
+      }
+      expect(traces[0]).toEqual(traces[1]!);
+    }
   });
 });

@@ -12,7 +12,9 @@ import { planKernels } from "../kernels/setup.ts";
 import { chooseMoeKernelConfig } from "../kernels/tuning.ts";
 import { computeBudget } from "../pool/budget.ts";
 import { packExpert, type ExpertLayout, type ExpertShape } from "../pool/expert-layout.ts";
+import type { BatchTicket, ResidentExpert } from "../pool/cache.ts";
 import { ExpertPool, type Addressing } from "../pool/expert-pool.ts";
+import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
@@ -82,7 +84,11 @@ interface GpuState {
   layer: GpuLayer;
 }
 
-/** A call in flight: `take(y)` joins it (blocking); `await ready()` first keeps the event loop free while the GPU runs. */
+/**
+ * A call in flight: `take(y)` joins it (blocking); `await ready()` first keeps the event loop free
+ * while the GPU runs. Taking a ticket twice is a MoeInputError. On the GPU path the object is
+ * recycled by a later issue() once taken (issue() allocates nothing): keep it only until take().
+ */
 export interface MoeTicket {
   ready(): Promise<void>;
   take(y: Float32Array): void;
@@ -95,8 +101,9 @@ export class MoeBackend implements Disposable {
   private whyCpu = "";
   private readonly work = new WorkList();
   private readonly cpu: MoeCpu;
-  private readonly gpuPairs: Uint32Array;
   private readonly cpuItems: Int32Array;
+  /** The reused call object of each GpuLayer ticket. */
+  private readonly calls = new Map<Ticket, GpuCall>();
   private counters = { calls: 0, gpuPairs: 0, cpuPairs: 0 };
   /** The upload source of the expert being ensured: one object, reused, so a call allocates no closures (read only on a miss). */
   private readonly missing = {
@@ -116,7 +123,6 @@ export class MoeBackend implements Disposable {
     this.shape = options.shape as ExpertShape;
     this.log = options.log ?? ((line) => console.error(line));
     this.cpu = new MoeCpu(this.shape.hidden, this.shape.intermediate);
-    this.gpuPairs = new Uint32Array(this.work.capacityPairs);
     this.cpuItems = new Int32Array(this.work.capacityPairs);
   }
 
@@ -192,7 +198,9 @@ export class MoeBackend implements Disposable {
     if (r.k > this.options.topK) throw new MoeInputError(`k = ${r.k} exceeds the topK = ${this.options.topK} this layer was opened with`);
     const D = this.shape.hidden;
     if (!(x instanceof Float32Array) || x.length !== r.S * D) throw new MoeInputError(`x must be a Float32Array of S*D = ${r.S * D}`);
-    for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
+    if (!allFinite(x)) {
+      for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
+    }
   }
 
   /** y[S, D] = Σ_k w_k · expert_k(x) (+ shared). Synchronous. */
@@ -200,7 +208,11 @@ export class MoeBackend implements Disposable {
     this.issue(layer, x, r).take(y);
   }
 
-  /** Starts a call; the GPU runs while the caller does other work. `take(y)` joins. */
+  /**
+   * Starts a call; the GPU runs while the caller does other work. `take(y)` joins. On the GPU
+   * path the returned ticket is one object per in-flight slot (`tickets` option), reused by a
+   * later issue() once taken: keep it only until its take().
+   */
   issue(layer: number, x: Float32Array, r: Routing): MoeTicket {
     this.checkInput(layer, x, r);
     this.counters.calls++;
@@ -231,106 +243,148 @@ export class MoeBackend implements Disposable {
     }
   }
 
+  /** The reused call object of GpuLayer ticket `t` (made on its first call). */
+  private callOf(g: GpuState, t: Ticket): GpuCall {
+    let c = this.calls.get(t);
+    if (c === undefined) {
+      c = new GpuCall(g, t, (call, y) => this.takeGpu(call, y), (call) => this.readyGpu(call));
+      this.calls.set(t, c);
+    }
+    return c;
+  }
+
+  /**
+   * Writes the call's tables straight into the ticket's mapped buffers and submits. Per call it
+   * allocates nothing: the ticket's call object and pin batch are reused, resident experts give
+   * their device address as two cached u32 words, and the CPU-share buffer is only touched when
+   * some expert runs on the CPU.
+   */
   private issueGpu(g: GpuState, layer: number, x: Float32Array, r: Routing): MoeTicket {
     const w = this.work;
     const t: Ticket = g.layer.acquire();
-    const batch = g.pool.beginBatch();
-    const item = t.views.work;
-    const D = this.shape.hidden;
+    const c = this.callOf(g, t);
+    const { work: item, pairs, slotWeight } = t.views;
+    const S = r.S, K = w.slotsPerToken;
+    const bda = g.pool.addressing === "bda";
+    const cpuOnMiss = this.options.onMiss === "cpu";
     let gpuItems = 0, gpuPairCount = 0, cpuCount = 0;
+    let batch: BatchTicket<DeviceSlab> | undefined;
     try {
-      t.views.slotWeight.set(w.slotWeight.subarray(0, r.S * w.slotsPerToken));
+      batch = c.batch = g.pool.beginBatch(c.batch);
+      for (let i = 0, n = S * K; i < n; i++) slotWeight[i] = w.slotWeight[i]!;
       for (let u = 0; u < w.items; u++) {
-        const e = w.expert[u]!;
-        if (this.options.onMiss === "cpu" && !g.pool.cache.has(layer, e)) {
-          this.cpuItems[cpuCount++] = u;
-          for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
-          continue;
+        const e = w.expert[u]!, start = w.pairStart[u]!, count = w.pairCount[u]!;
+        let res: ResidentExpert<DeviceSlab> | undefined;
+        if (!cpuOnMiss || g.pool.cache.has(layer, e)) {
+          this.missing.layer = layer;
+          this.missing.expert = e;
+          const v = batch.tryEnsure(layer, e, this.missing);
+          if (v.resident) res = v.expert;
         }
-        this.missing.layer = layer;
-        this.missing.expert = e;
-        const res = batch.tryEnsure(layer, e, this.missing);
         let slot = 0;
-        if (res.resident && g.pool.addressing === "descriptor") {
+        if (res !== undefined && !bda) {
           try {
-            slot = g.layer.slotOf(g.pool.locate(res.expert.allocation).slab);
-          } catch (e) {
-            if (!(e instanceof SlabBindingsExhaustedError)) throw e;
-            slot = -1;
+            slot = g.layer.slotOf(res.allocation.slab);
+          } catch (err) {
+            if (!(err instanceof SlabBindingsExhaustedError)) throw err;
+            res = undefined;
           }
         }
-        if (!res.resident || slot < 0) {
+        if (res === undefined) {
           this.cpuItems[cpuCount++] = u;
-          for (let i = 0; i < w.pairCount[u]!; i++) t.views.slotWeight[w.pairs[w.pairStart[u]! + i]!] = 0;
+          for (let i = 0; i < count; i++) slotWeight[w.pairs[start + i]!] = 0;
           continue;
         }
-        const loc = g.pool.locate(res.expert.allocation);
         const at = 4 * (1 + gpuItems);
-        if (g.pool.addressing === "bda") {
-          item[at] = Number(loc.address & 0xffffffffn);
-          item[at + 1] = Number(loc.address >> 32n);
+        if (bda) {
+          item[at] = res.addressLo;
+          item[at + 1] = res.addressHi;
         } else {
           item[at] = slot;
-          item[at + 1] = loc.offset / 16;
+          item[at + 1] = res.allocation.offset / 16;
         }
         item[at + 2] = gpuPairCount;
-        item[at + 3] = w.pairCount[u]!;
-        for (let i = 0; i < w.pairCount[u]!; i++) this.gpuPairs[gpuPairCount++] = w.pairs[w.pairStart[u]! + i]!;
+        item[at + 3] = count;
+        for (let i = 0; i < count; i++) pairs[gpuPairCount++] = w.pairs[start + i]!;
         gpuItems++;
       }
       g.pool.flush();
-      item[0] = r.S; item[1] = w.slotsPerToken; item[2] = gpuItems; item[3] = 0;
-      t.views.pairs.set(this.gpuPairs.subarray(0, gpuPairCount));
-      t.views.x.set(x);
-      if (gpuItems > 0) g.layer.submit(t, r.S, gpuItems);
+      item[0] = S; item[1] = K; item[2] = gpuItems; item[3] = 0;
+      if (gpuItems > 0) {
+        t.views.x.set(x);
+        g.layer.submit(t, S, gpuItems);
+      }
     } catch (e) {
-      batch.release();
+      batch?.release();
       g.layer.releaseTicket(t);
       throw e;
     }
     this.counters.gpuPairs += gpuPairCount;
-    // CPU share runs while the GPU works.
-    const cpuY = t.cpuY.subarray(0, r.S * D);
-    cpuY.fill(0);
-    for (let i = 0; i < cpuCount; i++) this.cpuItem(layer, x, this.cpuItems[i]!, cpuY);
-    let taken = false;
-    let lost: unknown;
-    return {
-      ready: async () => {
-        if (gpuItems === 0 || taken || this.gpu !== g) return;
-        try {
-          await g.layer.waitAsync(t);
-        } catch (e) {
-          lost = e; // take() turns it into the CPU result
-        }
-      },
-      take: (y: Float32Array) => {
-        if (taken) throw new MoeInputError("this ticket was already taken");
-        taken = true;
-        try {
-          if (y.length < r.S * D) throw new MoeInputError(`y must hold S*D = ${r.S * D} floats`);
-          if (this.gpu !== g) throw lost ?? new DeviceLostError("an earlier call (the GPU path was dropped)");
-          if (lost) throw lost;
-          if (gpuItems > 0) g.layer.wait(t);
-          const gy = t.views.y;
-          for (let i = 0; i < r.S * D; i++) y[i] = (gpuItems > 0 ? gy[i]! : 0) + cpuY[i]!;
-        } catch (e) {
-          if (!(e instanceof DeviceLostError)) throw e;
-          if (this.gpu === g) this.dropGpu(`device lost (${e.fn})`);
-          this.work.build(r, this.options.experts, this.options.shared); // a later issue() may have reused it
-          const out = new Float32Array(r.S * D);
-          for (let u = 0; u < this.work.items; u++) this.cpuItem(layer, x, u, out);
-          copyOut(out, y, r.S * D);
-        } finally {
-          batch.release();
-          if (this.gpu === g) {
-            // A short y or any other error: the call's results are dropped, its ticket and pins freed.
-            if (t.busy) g.layer.wait(t);
-            g.layer.releaseTicket(t);
-          }
-        }
-      },
-    };
+    c.layer = layer;
+    c.x = x;
+    c.r = r;
+    c.S = S;
+    c.gpuItems = gpuItems;
+    c.cpuItems = cpuCount;
+    c.lost = undefined;
+    c.taken = false;
+    if (cpuCount > 0) {
+      // The CPU share runs while the GPU works.
+      try {
+        t.cpuY.fill(0, 0, S * this.shape.hidden);
+        for (let i = 0; i < cpuCount; i++) this.cpuItem(layer, x, this.cpuItems[i]!, t.cpuY);
+      } catch (e) {
+        c.taken = true;
+        if (t.busy) g.layer.wait(t);
+        batch.release();
+        g.layer.releaseTicket(t);
+        throw e;
+      }
+    }
+    return c;
+  }
+
+  private readyGpu(c: GpuCall): Promise<void> {
+    if (c.gpuItems === 0 || c.taken || this.gpu !== c.g) return RESOLVED;
+    return c.g.layer.waitAsync(c.t).catch((e: unknown) => {
+      c.lost = e; // take() turns it into the CPU result
+    });
+  }
+
+  private takeGpu(c: GpuCall, y: Float32Array): void {
+    if (c.taken) throw new MoeInputError("this ticket was already taken");
+    c.taken = true;
+    const { g, t, S } = c;
+    const n = S * this.shape.hidden;
+    try {
+      if (y.length < n) throw new MoeInputError(`y must hold S*D = ${n} floats`);
+      if (this.gpu !== g) throw c.lost ?? new DeviceLostError("an earlier call (the GPU path was dropped)");
+      if (c.lost) throw c.lost;
+      if (c.gpuItems > 0) g.layer.wait(t);
+      if (c.cpuItems === 0) y.set(c.gpuY(S, this.shape.hidden));
+      else if (c.gpuItems === 0) for (let i = 0; i < n; i++) y[i] = t.cpuY[i]!;
+      else {
+        const gy = t.views.y, cy = t.cpuY;
+        for (let i = 0; i < n; i++) y[i] = gy[i]! + cy[i]!;
+      }
+    } catch (e) {
+      if (!(e instanceof DeviceLostError)) throw e;
+      if (this.gpu === g) this.dropGpu(`device lost (${e.fn})`);
+      const r = c.r!, x = c.x!;
+      this.work.build(r, this.options.experts, this.options.shared); // a later issue() may have reused it
+      const out = new Float32Array(n);
+      for (let u = 0; u < this.work.items; u++) this.cpuItem(c.layer, x, u, out);
+      copyOut(out, y, n);
+    } finally {
+      c.batch!.release();
+      c.x = undefined;
+      c.r = undefined;
+      if (this.gpu === g) {
+        // A short y or any other error: the call's results are dropped, its ticket and pins freed.
+        if (t.busy) g.layer.wait(t);
+        g.layer.releaseTicket(t);
+      }
+    }
   }
 
   /** After a lost device: free what we hold (vkDestroy* stays valid on a lost device), CPU from now on. */
@@ -351,11 +405,71 @@ export class MoeBackend implements Disposable {
   [Symbol.dispose](): void {
     const g = this.gpu;
     this.gpu = undefined;
+    this.calls.clear();
     if (!g) return;
     g.layer[Symbol.dispose]();
     g.pool[Symbol.dispose]();
     g.ctx[Symbol.dispose]();
   }
+}
+
+const RESOLVED: Promise<void> = Promise.resolve();
+
+/**
+ * The ticket of a call on the GPU path: one per GpuLayer ticket, reused by every call that ticket
+ * serves (a call allocates no ticket, closure or pin batch). Its state is the call's; take() and
+ * ready() are the backend's, bound once.
+ */
+class GpuCall implements MoeTicket {
+  batch: BatchTicket<DeviceSlab> | undefined;
+  layer = 0;
+  x: Float32Array | undefined;
+  r: Routing | undefined;
+  S = 0;
+  gpuItems = 0;
+  cpuItems = 0;
+  taken = true;
+  lost: unknown;
+  /** Views of the readback buffer's first S*D floats, made once per S. */
+  private readonly yViews: (Float32Array | undefined)[] = [];
+
+  constructor(
+    readonly g: GpuState,
+    readonly t: Ticket,
+    private readonly takeFn: (c: GpuCall, y: Float32Array) => void,
+    private readonly readyFn: (c: GpuCall) => Promise<void>,
+  ) {}
+
+  ready(): Promise<void> {
+    return this.readyFn(this);
+  }
+
+  take(y: Float32Array): void {
+    this.takeFn(this, y);
+  }
+
+  gpuY(S: number, D: number): Float32Array {
+    return (this.yViews[S] ??= this.t.views.y.subarray(0, S * D));
+  }
+}
+
+/**
+ * True when every element is finite, in one pass: a float64 sum of float32 values cannot overflow
+ * (|x| < 2^128, so it would take 2^895 of them), so it is finite exactly when every term is; an
+ * Infinity or NaN anywhere makes it ±Infinity or NaN. Four partial sums keep the adds independent.
+ */
+function allFinite(x: Float32Array): boolean {
+  let a = 0, b = 0, c = 0, d = 0;
+  const n = x.length, m = n & ~3;
+  let i = 0;
+  for (; i < m; i += 4) {
+    a += x[i]!;
+    b += x[i + 1]!;
+    c += x[i + 2]!;
+    d += x[i + 3]!;
+  }
+  for (; i < n; i++) a += x[i]!;
+  return Number.isFinite(a + b + c + d);
 }
 
 function copyOut(src: Float32Array, y: Float32Array, n: number): void {

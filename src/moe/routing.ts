@@ -25,24 +25,39 @@ export const MAX_EXPERTS = 512;
 
 export class RoutingError extends InvalidArgumentError {}
 
+/** Per-token marks for the duplicate check: dupMark[e] === dupStamp once token's expert e was seen. */
+const dupMark = new Int32Array(MAX_EXPERTS);
+let dupStamp = 0;
+
+/** Throws a RoutingError on anything the kernels cannot take. O(S*k), allocates nothing on valid input. */
 export function checkRouting(r: Routing, E: number): void {
-  if (!Number.isInteger(r.S) || r.S < 1 || r.S > MAX_TOKENS) throw new RoutingError(`S must be an integer in 1..${MAX_TOKENS}, got ${r.S}`);
-  if (!Number.isInteger(r.k) || r.k < 1 || r.k > MAX_TOP_K) throw new RoutingError(`k must be an integer in 1..${MAX_TOP_K}, got ${r.k}`);
-  if (!(r.ids instanceof Int32Array) || r.ids.length !== r.S * r.k) throw new RoutingError(`ids must be an Int32Array of S*k = ${r.S * r.k}`);
-  if (!(r.weights instanceof Float32Array) || r.weights.length !== r.S * r.k) throw new RoutingError(`weights must be a Float32Array of S*k = ${r.S * r.k}`);
-  for (let i = 0; i < r.ids.length; i++) {
-    const e = r.ids[i]!;
-    if (e < 0 || e >= E) throw new RoutingError(`expert id ${e} at token ${Math.floor(i / r.k)}, slot ${i % r.k} is outside 0..${E - 1}`);
-    if (!Number.isFinite(r.weights[i]!)) throw new RoutingError(`router weight at token ${Math.floor(i / r.k)}, slot ${i % r.k} is ${r.weights[i]}`);
-  }
-  for (let s = 0; s < r.S; s++) {
-    for (let j = 0; j < r.k; j++) for (let j2 = j + 1; j2 < r.k; j2++) {
-      if (r.ids[s * r.k + j] === r.ids[s * r.k + j2]) throw new RoutingError(`token ${s} routes to expert ${r.ids[s * r.k + j]} twice`);
+  const S = r.S, k = r.k, ids = r.ids, weights = r.weights;
+  if (!Number.isInteger(S) || S < 1 || S > MAX_TOKENS) throw new RoutingError(`S must be an integer in 1..${MAX_TOKENS}, got ${S}`);
+  if (!Number.isInteger(k) || k < 1 || k > MAX_TOP_K) throw new RoutingError(`k must be an integer in 1..${MAX_TOP_K}, got ${k}`);
+  if (!(ids instanceof Int32Array) || ids.length !== S * k) throw new RoutingError(`ids must be an Int32Array of S*k = ${S * k}`);
+  if (!(weights instanceof Float32Array) || weights.length !== S * k) throw new RoutingError(`weights must be a Float32Array of S*k = ${S * k}`);
+  const marks = E <= dupMark.length;
+  for (let s = 0, i = 0; s < S; s++) {
+    if (marks && ++dupStamp === 0x7fffffff) {
+      dupMark.fill(0);
+      dupStamp = 1;
+    }
+    for (let j = 0; j < k; j++, i++) {
+      const e = ids[i]!;
+      if (e < 0 || e >= E) throw new RoutingError(`expert id ${e} at token ${s}, slot ${j} is outside 0..${E - 1}`);
+      if (!Number.isFinite(weights[i]!)) throw new RoutingError(`router weight at token ${s}, slot ${j} is ${weights[i]}`);
+      if (marks) {
+        if (dupMark[e] === dupStamp) throw new RoutingError(`token ${s} routes to expert ${e} twice`);
+        dupMark[e] = dupStamp;
+      } else {
+        for (let j2 = 0; j2 < j; j2++) if (ids[s * k + j2] === e) throw new RoutingError(`token ${s} routes to expert ${e} twice`);
+      }
     }
   }
-  if (r.sharedWeights !== undefined) {
-    if (!(r.sharedWeights instanceof Float32Array) || r.sharedWeights.length !== r.S) throw new RoutingError(`sharedWeights must be a Float32Array of S = ${r.S}`);
-    for (let s = 0; s < r.S; s++) if (!Number.isFinite(r.sharedWeights[s]!)) throw new RoutingError(`shared weight of token ${s} is ${r.sharedWeights[s]}`);
+  const sw = r.sharedWeights;
+  if (sw !== undefined) {
+    if (!(sw instanceof Float32Array) || sw.length !== S) throw new RoutingError(`sharedWeights must be a Float32Array of S = ${S}`);
+    for (let s = 0; s < S; s++) if (!Number.isFinite(sw[s]!)) throw new RoutingError(`shared weight of token ${s} is ${sw[s]}`);
   }
 }
 
@@ -76,37 +91,39 @@ export class WorkList {
 
   /** Fills the list for `r` (already checked); `shared` adds the shared expert (id E) for every token. */
   build(r: Routing, E: number, shared: boolean): void {
-    const K = r.k + (shared ? 1 : 0);
+    const S = r.S, k = r.k, ids = r.ids, weights = r.weights, sharedWeights = r.sharedWeights;
+    const K = k + (shared ? 1 : 0);
     this.slotsPerToken = K;
-    this.items = 0;
-    const { expert, pairCount, seen } = this;
+    const { expert, pairStart, pairCount, pairs, slotWeight, seen } = this;
+    let items = 0;
     // Pass 1: distinct experts and their pair counts.
-    for (let s = 0; s < r.S; s++) {
+    for (let s = 0; s < S; s++) {
       for (let j = 0; j < K; j++) {
-        const e = j < r.k ? r.ids[s * r.k + j]! : E;
+        const e = j < k ? ids[s * k + j]! : E;
         let u = seen[e]!;
         if (u < 0) {
-          u = seen[e] = this.items++;
+          u = seen[e] = items++;
           expert[u] = e;
           pairCount[u] = 0;
         }
         pairCount[u]!++;
       }
     }
+    this.items = items;
     let at = 0;
-    for (let u = 0; u < this.items; u++) {
-      this.pairStart[u] = at;
+    for (let u = 0; u < items; u++) {
+      pairStart[u] = at;
       at += pairCount[u]!;
       pairCount[u] = 0;
     }
     // Pass 2: place slots.
-    for (let s = 0; s < r.S; s++) {
+    for (let s = 0; s < S; s++) {
       for (let j = 0; j < K; j++) {
-        const e = j < r.k ? r.ids[s * r.k + j]! : E;
+        const e = j < k ? ids[s * k + j]! : E;
         const u = seen[e]!;
         const slot = s * K + j;
-        this.pairs[this.pairStart[u]! + pairCount[u]!++] = slot;
-        this.slotWeight[slot] = j < r.k ? r.weights[s * r.k + j]! : (r.sharedWeights?.[s] ?? 1);
+        pairs[pairStart[u]! + pairCount[u]!++] = slot;
+        slotWeight[slot] = j < k ? weights[s * k + j]! : (sharedWeights?.[s] ?? 1);
       }
     }
     for (let u = 0; u < this.items; u++) seen[expert[u]!] = -1;

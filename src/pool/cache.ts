@@ -21,8 +21,10 @@
  *   driver again. If nothing evictable is left, the budget drops to the resident bytes and the
  *   miss is reported: `ensure` throws {@link DeviceMemoryExhaustedError}, `tryEnsure` returns
  *   `reason: "device-oom"`. Either way `onBudgetShrink` is called and the cache stays usable.
- * - **Cost.** A hit is O(1) (map lookup + policy touch: O(1) LRU, O(log n) heat); a miss is
- *   O(log n) per eviction plus the allocator's O(log F) and the upload. No scans over residents.
+ * - **Cost.** A hit is O(1) (map lookup + policy touch: O(1) LRU, O(log n) heat) and allocates
+ *   nothing, pinned through a batch or not (`tryEnsure` returns the entry's one verdict object;
+ *   a batch reopened with `beginBatch(released)` reuses its pin list); a miss is O(log n) per
+ *   eviction plus the allocator's O(log F) and the upload. No scans over residents.
  *
  * Errors from the uploader or a source callback propagate after the fresh allocation is freed
  * (the expert is then not resident; nothing leaks).
@@ -72,6 +74,13 @@ export interface ResidentExpert<H> {
   readonly resident: boolean;
   /** Number of open batches pinning it. */
   readonly pins: number;
+  /**
+   * Low and high 32 bits of its device address (`allocator.deviceAddressOf(allocation)`), worked
+   * out once when it became resident so a kernel's table is filled without bigint work each call;
+   * 0 and 0 when the allocator's provider has no device addresses.
+   */
+  readonly addressLo: number;
+  readonly addressHi: number;
 }
 
 export type NotResidentReason = "budget-exhausted" | "too-large" | "device-oom";
@@ -154,14 +163,23 @@ class Entry<H> extends PolicyNode implements ResidentExpert<H> {
   readonly expert: number;
   readonly bytes: number;
   readonly allocation: SlabAllocation<H>;
+  readonly addressLo: number;
+  readonly addressHi: number;
   resident = true;
   pins = 0;
-  constructor(key: number, layer: number, expert: number, bytes: number, allocation: SlabAllocation<H>) {
+  /** The batch that pinned it last, while that batch holds the pin (fast "already pinned" test). */
+  pinMark: BatchTicket<H> | null = null;
+  /** The verdict `tryEnsure` returns on a hit: one object per entry, so a hit allocates nothing. */
+  readonly hitVerdict: EnsureResult<H>;
+  constructor(key: number, layer: number, expert: number, bytes: number, allocation: SlabAllocation<H>, address: bigint | undefined) {
     super(key);
     this.layer = layer;
     this.expert = expert;
     this.bytes = bytes;
     this.allocation = allocation;
+    this.addressLo = address === undefined ? 0 : Number(address & 0xffffffffn);
+    this.addressHi = address === undefined ? 0 : Number(address >> 32n);
+    this.hitVerdict = Object.freeze({ resident: true, hit: true, expert: this });
   }
 }
 
@@ -194,12 +212,22 @@ function checkBudget(b: number): void {
 /**
  * Pins experts for the duration of one batch (e.g. one MoE layer of one token). Experts ensured
  * through the ticket stay resident until `release()` / `[Symbol.dispose]()`. Use with `using`:
- * `using batch = cache.beginBatch();`.
+ * `using batch = cache.beginBatch();`. A released ticket can be opened again for the next batch
+ * with `cache.beginBatch(ticket)` (no allocation).
  */
 export class BatchTicket<H> implements Disposable {
   private readonly cache: ExpertCache<H>;
+  /** @internal the pinned entries are [0, _count); the rest are null */
+  readonly _pinned: (Entry<H> | null)[] = [];
   /** @internal */
-  readonly _pinned = new Set<Entry<H>>();
+  _count = 0;
+  /**
+   * @internal the pinned entries as a set, built only when an entry this ticket may already pin
+   * was pinned by another batch since (then its pinMark no longer answers); null otherwise.
+   */
+  _index: Set<Entry<H>> | null = null;
+  /** @internal index among the cache's open batches; -1 when released */
+  _openAt = -1;
   private isReleased = false;
 
   /** @internal */
@@ -221,7 +249,12 @@ export class BatchTicket<H> implements Disposable {
 
   /** Experts pinned by this ticket. */
   get size(): number {
-    return this._pinned.size;
+    return this._count;
+  }
+
+  /** The experts pinned by this ticket, in the order they were pinned (a copy). */
+  pinnedExperts(): ResidentExpert<H>[] {
+    return this._pinned.slice(0, this._count) as Entry<H>[];
   }
 
   get released(): boolean {
@@ -242,7 +275,33 @@ export class BatchTicket<H> implements Disposable {
   /** @internal the cache was disposed */
   _kill(): void {
     this.isReleased = true;
-    this._pinned.clear();
+    this._openAt = -1;
+    this._pinned.length = 0;
+    this._count = 0;
+    this._index = null;
+  }
+
+  /** @internal opened again by ExpertCache.beginBatch */
+  _reopen(): void {
+    this.isReleased = false;
+  }
+
+  /** @internal whether this ticket pins `e` */
+  _holds(e: Entry<H>): boolean {
+    if (e.pinMark === this) return true;
+    if (e.pins === 0) return false;
+    if (this._index === null) {
+      this._index = new Set();
+      for (let i = 0; i < this._count; i++) this._index.add(this._pinned[i]!);
+    }
+    return this._index.has(e);
+  }
+
+  /** @internal records a pin of `e` (not yet held by this ticket) */
+  _add(e: Entry<H>): void {
+    this._pinned[this._count++] = e;
+    this._index?.add(e);
+    e.pinMark = this;
   }
 
   private checkOpen(): void {
@@ -262,9 +321,13 @@ export class ExpertCache<H> implements Disposable {
   private readonly shrinkOnOom: boolean;
   private readonly onBudgetShrink: ((info: BudgetShrinkInfo) => void) | undefined;
   private readonly ownsAllocator: boolean;
+  /** The policy's {@link EvictionPolicy.keepsPinned}: pinning leaves the policy alone. */
+  private readonly keepsPinned: boolean;
 
   private readonly entries = new Map<number, Entry<H>>();
-  private readonly tickets = new Set<BatchTicket<H>>();
+  /** Open batches in [0, openCount); each knows its index, so closing one is a swap (no allocation, unlike a Set's churn). */
+  private readonly open: (BatchTicket<H> | null)[] = [];
+  private openCount = 0;
   private budgetBytes: number;
   private resident = 0;
   private pinned = 0;
@@ -280,6 +343,7 @@ export class ExpertCache<H> implements Disposable {
     this.budgetBytes = options.budgetBytes;
     const p = options.policy;
     this.policy = p === undefined || typeof p === "string" ? createPolicy(p, options.heat) : p;
+    this.keepsPinned = this.policy.keepsPinned === true;
     this.alignment = options.alignment ?? options.allocator.alignment;
     this.expertBytes = options.expertBytes;
     this.loader = options.loader;
@@ -311,11 +375,22 @@ export class ExpertCache<H> implements Disposable {
     return this._ensure(layer, expert, source, null, false) as EnsureResult<H>;
   }
 
-  /** Open a batch: experts ensured through the ticket stay pinned until it is released. */
-  beginBatch(): BatchTicket<H> {
+  /**
+   * Open a batch: experts ensured through the ticket stay pinned until it is released. `reuse`, a
+   * released ticket of this cache, is opened again instead of allocating a new one.
+   */
+  beginBatch(reuse?: BatchTicket<H>): BatchTicket<H> {
     this.checkLive();
-    const t = new BatchTicket<H>(this);
-    this.tickets.add(t);
+    let t: BatchTicket<H>;
+    if (reuse === undefined) t = new BatchTicket<H>(this);
+    else {
+      if (!reuse.released) throw new InvalidArgumentError("beginBatch(ticket): the ticket is still open (release it first)");
+      if ((reuse as unknown as { cache: unknown }).cache !== this) throw new InvalidArgumentError("beginBatch(ticket): the ticket belongs to another cache");
+      reuse._reopen();
+      t = reuse;
+    }
+    t._openAt = this.openCount;
+    this.open[this.openCount++] = t;
     return t;
   }
 
@@ -460,8 +535,9 @@ export class ExpertCache<H> implements Disposable {
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    for (const t of this.tickets) t._kill();
-    this.tickets.clear();
+    for (let i = 0; i < this.openCount; i++) this.open[i]!._kill();
+    this.open.length = 0;
+    this.openCount = 0;
     this.policy.clear();
     const allocatorAlive = !this.allocator.isDisposed;
     for (const e of this.entries.values()) {
@@ -502,7 +578,7 @@ export class ExpertCache<H> implements Disposable {
       hitEntry.lastUse = ++this.clock;
       this.policy.touch(hitEntry);
       if (ticket !== null) this.pin(hitEntry, ticket);
-      return throwing ? hitEntry : { resident: true, hit: true, expert: hitEntry };
+      return throwing ? hitEntry : hitEntry.hitVerdict;
     }
     this.counters.misses++;
     const src = this.resolveSource(layer, expert, source);
@@ -539,7 +615,7 @@ export class ExpertCache<H> implements Disposable {
     this.policy.touch(entry);
     if (ticket !== null) {
       entry.pins = 1;
-      ticket._pinned.add(entry);
+      ticket._add(entry);
       this.pinned += bytes;
     } else this.policy.add(entry);
     return throwing ? entry : { resident: true, hit: false, expert: entry };
@@ -547,24 +623,36 @@ export class ExpertCache<H> implements Disposable {
 
   /** @internal called by BatchTicket.release */
   _release(ticket: BatchTicket<H>): void {
-    this.tickets.delete(ticket);
+    const at = ticket._openAt;
+    if (at >= 0) {
+      const last = this.open[--this.openCount]!;
+      this.open[at] = last;
+      last._openAt = at;
+      this.open[this.openCount] = null;
+      ticket._openAt = -1;
+    }
     if (this.disposed) return;
-    for (const e of ticket._pinned) {
+    const list = ticket._pinned;
+    for (let i = 0; i < ticket._count; i++) {
+      const e = list[i]!;
+      list[i] = null;
+      if (e.pinMark === ticket) e.pinMark = null;
       if (--e.pins === 0) {
         this.pinned -= e.bytes;
-        if (e.resident) this.policy.add(e);
+        if (e.resident) this.policy.add(e); // a no-op for a node a keepsPinned policy still holds
       }
     }
-    ticket._pinned.clear();
+    ticket._count = 0;
+    ticket._index = null;
     this.enforceBudget();
   }
 
   private pin(e: Entry<H>, ticket: BatchTicket<H>): void {
-    if (ticket._pinned.has(e)) return;
-    ticket._pinned.add(e);
+    if (ticket._holds(e)) return;
+    ticket._add(e);
     if (e.pins++ === 0) {
       this.pinned += e.bytes;
-      this.policy.remove(e);
+      if (!this.keepsPinned) this.policy.remove(e);
     }
   }
 
@@ -587,20 +675,26 @@ export class ExpertCache<H> implements Disposable {
     }
     this.counters.uploads++;
     this.counters.bytesUploaded += src.bytes;
-    const entry = new Entry<H>(key, layer, expert, src.bytes, allocation);
+    const address = this.allocator.hasDeviceAddresses ? this.allocator.deviceAddressOf(allocation) : undefined;
+    const entry = new Entry<H>(key, layer, expert, src.bytes, allocation, address);
     this.entries.set(key, entry);
     this.resident += src.bytes;
     return entry;
   }
 
   private nextVictim(): Entry<H> {
-    const v = this.policy.victim() as Entry<H> | undefined;
-    if (v === undefined) {
-      throw new PoolInvariantError(`policy ${this.policy.name} offers no victim while ${this.resident - this.pinned} unpinned bytes are resident`);
+    for (;;) {
+      const v = this.policy.victim() as Entry<H> | undefined;
+      if (v === undefined) {
+        throw new PoolInvariantError(`policy ${this.policy.name} offers no victim while ${this.resident - this.pinned} unpinned bytes are resident`);
+      }
+      if (!v.resident || this.entries.get(v.key) !== v) throw new PoolInvariantError(`policy ${this.policy.name} offered a non-resident entry`);
+      if (v.pins === 0) return v;
+      if (!this.keepsPinned) throw new PoolInvariantError(`policy ${this.policy.name} offered pinned expert (${v.layer}, ${v.expert}) as a victim`);
+      // A keepsPinned policy holds pinned entries until one comes up as the victim: it leaves
+      // now, and comes back with add() when its last pin is released.
+      this.policy.remove(v);
     }
-    if (!v.resident || this.entries.get(v.key) !== v) throw new PoolInvariantError(`policy ${this.policy.name} offered a non-resident entry`);
-    if (v.pins > 0) throw new PoolInvariantError(`policy ${this.policy.name} offered pinned expert (${v.layer}, ${v.expert}) as a victim`);
-    return v;
   }
 
   private evictEntry(e: Entry<H>): void {

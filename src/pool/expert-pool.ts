@@ -70,10 +70,12 @@ export class ExpertPool implements Disposable {
     return this.cache.ensure(layer, expert, source);
   }
 
-  beginBatch(): BatchTicket<DeviceSlab> {
-    return this.cache.beginBatch();
+  /** A batch that pins the experts it ensures; `reuse`, a released batch of this pool, is opened again (no allocation). */
+  beginBatch(reuse?: BatchTicket<DeviceSlab>): BatchTicket<DeviceSlab> {
+    return this.cache.beginBatch(reuse);
   }
 
+  /** Where an allocation is (allocates; bigint math). Per call, prefer a resident expert's own fields: addressLo/addressHi, allocation.slab and .offset. */
   locate(allocation: SlabAllocation<DeviceSlab>): ExpertLocation {
     const slab = allocation.slab;
     return { slab, offset: allocation.offset, address: this.addressing === "bda" ? this.allocator.deviceAddressOf(allocation) : 0n };

@@ -6,6 +6,10 @@
  * `remove` when it stops being one (pinned, or evicted). `touch` records an access whether or not
  * the entry is a candidate. `victim()` names the candidate to evict next, without removing it.
  * Every operation is O(1) (LRU) or O(log n) (heat, binary heap); nothing scans all residents.
+ *
+ * A policy whose order does not depend on when `add` was called may say so with `keepsPinned`
+ * (heat does): the cache then leaves a pinned entry among the candidates and only removes it when
+ * `victim()` offers it, so pinning and releasing an expert cost no heap operations.
  */
 import { InvalidArgumentError } from "../errors.ts";
 
@@ -50,6 +54,13 @@ export interface EvictionPolicy {
   tick?(n: number): void;
   /** Drop every candidate (and remembered history). */
   clear(): void;
+  /**
+   * True when the order of candidates does not depend on when `add` was called and `add` of a
+   * node already held is a no-op: the cache may then keep pinned entries among the candidates,
+   * skipping (and removing) one when `victim()` offers it, instead of a `remove` per pin and an
+   * `add` per release. A policy without it must never offer a pinned entry.
+   */
+  readonly keepsPinned?: boolean;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -149,6 +160,8 @@ export interface HeatPolicyOptions {
  */
 export class HeatPolicy implements EvictionPolicy {
   readonly name: string;
+  /** Candidates are ordered by (heat, lastUse), whenever they were added. */
+  readonly keepsPinned: boolean = true;
   readonly halfLife: number;
   readonly clockUnit: "access" | "tick";
   readonly rememberEvicted: boolean;
@@ -191,7 +204,8 @@ export class HeatPolicy implements EvictionPolicy {
         this.history.delete(node.key);
       }
     }
-    node.heat = node.heat / 2 ** (epoch - node.heatEpoch) + 1;
+    const decay = epoch - node.heatEpoch;
+    node.heat = (decay === 0 ? node.heat : node.heat / 2 ** decay) + 1;
     node.heatEpoch = epoch;
     if (node.heapIndex >= 0) this.siftDown(node.heapIndex); // heat only grows: move towards the leaves
   }

@@ -476,6 +476,11 @@ export class SlabAllocator<H> implements Disposable {
     return slab.handle;
   }
 
+  /** Whether {@link deviceAddressOf} works: the provider exposes slab device addresses. */
+  get hasDeviceAddresses(): boolean {
+    return this.provider.slabDeviceAddress !== undefined;
+  }
+
   /** 64-bit device address of an allocation (needs `provider.slabDeviceAddress`). */
   deviceAddressOf(allocation: SlabAllocation<H>): bigint {
     if (!allocation.live) throw new InvalidArgumentError("allocation was freed");

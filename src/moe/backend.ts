@@ -18,6 +18,7 @@ import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
+import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
 
@@ -182,6 +183,11 @@ export class MoeBackend implements Disposable {
 
   get mode(): "gpu" | "cpu" {
     return this.gpu ? "gpu" : "cpu";
+  }
+
+  /** The GPU's GEMV path ("float", or "integer-dot": x quantized to int8 for gate+up), undefined on the CPU path. */
+  get gemvPath(): MoeGemvPath | undefined {
+    return this.gpu?.layer.pipelines.path;
   }
 
   get why(): string {

@@ -2,7 +2,11 @@ import { describe, expect, test } from "bun:test";
 import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Buffer, CommandPool, ComputePipeline, DescriptorPool, Fence, NoDeviceError, ShaderFileError, Submission } from "../src/vk/index.ts";
+import {
+  Buffer, CommandPool, ComputePipeline, DescriptorPool, Fence, NoDeviceError, ShaderFileError, Submission,
+  VK_ACCESS_SHADER_READ_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+} from "../src/vk/index.ts";
+import { VkMemoryBarrier } from "../src/vk/structs.ts";
 import { finish, openTestContext, ValidationFailure } from "./support/gpu.ts";
 import { repoRoot, shaderPath } from "./support/paths.ts";
 import { runProcess, runtimeExecutable } from "./support/proc.ts";
@@ -94,13 +98,23 @@ describe("the validation gate", () => {
     new Buffer(ctx.device, { size: 256n, memory: "device" }); // deliberately never disposed
     expect(() => finish(ctx)).toThrow(ValidationFailure);
   });
-  test("negative control: invalid usage (dispatch without a bound pipeline) is reported", () => {
+  // The invalid call still reaches the driver after the layer reports it, so it must be one drivers
+  // shrug off: a dispatch without a bound pipeline (the control used before) crashed NVIDIA 580 while
+  // recording; an access mask that the barrier's source stage cannot perform is ignored by drivers.
+  test("negative control: invalid usage (a barrier whose source stage cannot do its access) is reported", () => {
     const ctx = openTestContext();
-    try {
+    {
       using pool = new CommandPool(ctx.device);
-      pool.allocate().begin().dispatch(1).end();
-    } catch {}
-    expect(() => finish(ctx)).toThrow(ValidationFailure);
+      const cb = pool.allocate().begin();
+      const a = ctx.device.arena;
+      using _ = a.scope();
+      const mb = a.alloc(VkMemoryBarrier.size);
+      VkMemoryBarrier.write(a.view, mb, { srcAccessMask: VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask: VK_ACCESS_SHADER_READ_BIT });
+      // TRANSFER cannot perform SHADER_WRITE (VUID-vkCmdPipelineBarrier-srcAccessMask-02815)
+      ctx.device.vk.vkCmdPipelineBarrier(cb.handle, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, a.address(mb), 0, 0n, 0, 0n);
+      cb.end();
+    }
+    expect(() => finish(ctx)).toThrow(/srcAccessMask/);
   });
 });
 

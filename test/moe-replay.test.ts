@@ -4,7 +4,7 @@
  * would show as one call returning (part of) another call's answer. 1,000 consecutive calls with
  * changing S (1..64), k (1..topK), layer, routing, shared weights and x, each against a fresh f64
  * reference: with forward() on one addressing path and with issue()/take() two tickets in flight on
- * the other. Negative control: each output is also compared with the previous call's reference
+ * the other, and on the integer-dot path (against its emulation). Negative control: each output is also compared with the previous call's reference
  * (when S matches), which the per-case bound must reject every time.
  *
  * Synchronization validation: MoeBackend.open builds its VulkanContext from the env config only
@@ -20,7 +20,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ExpertShape } from "../src/pool/expert-layout.ts";
 import { mulberry32 } from "../src/quant/index.ts";
-import { BankOracle, CASE_BOUND, MoeHarness, NMSE_BOUND, PooledError, makeExperts, randomRouting, runReplay } from "./cases/moe.ts";
+import type { MoePath } from "../src/moe/reference.ts";
+import { BankOracle, CASE_BOUND, MoeHarness, NMSE_BOUND, PooledError, makeExperts, randomRouting, runReplay, validationEnv } from "./cases/moe.ts";
 import { repoRoot } from "./support/paths.ts";
 import { runProcess, runtimeExecutable } from "./support/proc.ts";
 
@@ -28,21 +29,24 @@ const SHAPE: ExpertShape = { format: "q4", groupSize: 32, scaleType: "f16", hidd
 const E = 16, TOPK = 4, LAYERS = 2;
 const experts = makeExperts(SHAPE, E, LAYERS, 31);
 const oracle = new BankOracle(experts, E, SHAPE.hidden, 64, 500);
+const idpOracle = new BankOracle(experts, E, SHAPE.hidden, 64, 500, undefined, "integer-dot");
 const CALLS = 1000;
 
-function open(addressing: "bda" | "descriptor", tickets = 2): MoeHarness {
-  return new MoeHarness({ shape: SHAPE, experts: E, topK: TOPK, layers: LAYERS, shared: true, tickets, weights: (l, e) => experts[l]![e]!, addressing, budgetMB: 64 });
+function open(addressing: "bda" | "descriptor", tickets = 2, path: MoePath = "float"): MoeHarness {
+  return new MoeHarness({ shape: SHAPE, experts: E, topK: TOPK, layers: LAYERS, shared: true, tickets, weights: (l, e) => experts[l]![e]!, addressing, budgetMB: 64 },
+    validationEnv({ VKMOE_IDP: path === "integer-dot" ? "on" : "off" }));
 }
 
 describe("replay: 1,000 consecutive calls, each against a fresh reference", () => {
-  const modes = [["bda", 1], ["descriptor", 2]] as const;
-  for (const [addressing, inFlight] of modes) {
-    test(`${addressing}, ${inFlight === 1 ? "forward()" : "issue()/take() with 2 tickets in flight"}`, () => {
+  const modes = [["bda", 1, "float"], ["descriptor", 2, "float"], ["bda", 2, "integer-dot"]] as const;
+  for (const [addressing, inFlight, path] of modes) {
+    test(`${addressing}, ${path} path, ${inFlight === 1 ? "forward()" : "issue()/take() with 2 tickets in flight"}`, () => {
       const t0 = performance.now();
-      const h = open(addressing);
+      const h = open(addressing, 2, path);
       try {
         expect(h.moe.mode, h.moe.why).toBe("gpu");
-        const r = runReplay({ moe: h.moe, oracle, E, topK: TOPK, layers: LAYERS, shared: true, calls: CALLS, inFlight, seed: inFlight * 10 + 1, label: addressing });
+        expect(h.moe.gemvPath).toBe(path);
+        const r = runReplay({ moe: h.moe, oracle: path === "float" ? oracle : idpOracle, E, topK: TOPK, layers: LAYERS, shared: true, calls: CALLS, inFlight, seed: inFlight * 10 + 1, label: `${addressing} ${path}` });
         const s = h.moe.stats();
         console.log(`  ${addressing} inFlight=${inFlight}: ${r.pooled.cases} calls, ${r.distinctS} distinct S (max ${r.maxS}), pooled NMSE ${r.pooled.nmse.toExponential(2)}, worst ${r.pooled.worst.toExponential(2)}; stale-output control rejected ${r.staleDetected}/${r.staleChecks}; ${((performance.now() - t0) / 1000).toFixed(1)} s`);
         expect(r.pooled.cases).toBe(CALLS);
@@ -85,7 +89,7 @@ describe("replay: 1,000 consecutive calls, each against a fresh reference", () =
   });
 });
 
-/** The child: hazard control, then replays on both paths (forward and 2 in flight), staged uploads too. */
+/** The child: hazard control, then replays on both addressing paths (forward and 2 in flight), staged uploads, hybrid, and the integer-dot path. */
 const CHILD = `
 import { BankOracle, MoeHarness, makeExperts, runReplay, validationEnv, formatMessages } from ${JSON.stringify(join(repoRoot, "test/cases/moe.ts"))};
 import { expertLayout } from ${JSON.stringify(join(repoRoot, "src/pool/expert-layout.ts"))};
@@ -112,21 +116,24 @@ const out = { hazard: [], runs: [] };
 const shape = ${JSON.stringify(SHAPE)};
 const E = ${E}, topK = ${TOPK}, layers = ${LAYERS};
 const experts = makeExperts(shape, E, layers, 31);
-const oracle = new BankOracle(experts, E, shape.hidden, 64, 500);
+const oracles = { float: new BankOracle(experts, E, shape.hidden, 64, 500), "integer-dot": new BankOracle(experts, E, shape.hidden, 64, 500, undefined, "integer-dot") };
 const calls = Number(process.argv[2]);
-// budgetExperts: 0 = every expert resident; else room for about that many (hybrid: the rest run on the CPU)
-for (const [addressing, inFlight, staged, budgetExperts] of [["bda", 1, "auto", 0], ["descriptor", 2, "auto", 0], ["bda", 2, "on", 0], ["descriptor", 1, "on", 6]]) {
-  const h = new MoeHarness({ shape, experts: E, topK, layers, shared: true, weights: (l, e) => experts[l][e], addressing, budgetMB: budgetExperts ? (budgetExperts * expertLayout(shape).bytes) / 2 ** 20 : 64 }, validationEnv({ VKMOE_STAGED: staged }));
+// budgetExperts: 0 = every expert resident; else room for about that many (hybrid: the rest run on the CPU).
+// path "integer-dot" (VKMOE_IDP=on) adds the activation-quantize dispatch and its barrier (not hybrid:
+// pairs the CPU runs use float x, so a hybrid call mixes the two paths and no single oracle fits it).
+for (const [addressing, inFlight, staged, budgetExperts, path] of [["bda", 1, "auto", 0, "float"], ["descriptor", 2, "auto", 0, "float"], ["bda", 2, "on", 0, "float"], ["descriptor", 1, "on", 6, "float"], ["bda", 2, "auto", 0, "integer-dot"], ["descriptor", 1, "on", 0, "integer-dot"]]) {
+  const h = new MoeHarness({ shape, experts: E, topK, layers, shared: true, weights: (l, e) => experts[l][e], addressing, budgetMB: budgetExperts ? (budgetExperts * expertLayout(shape).bytes) / 2 ** 20 : 64 },
+    validationEnv({ VKMOE_STAGED: staged, VKMOE_IDP: path === "integer-dot" ? "on" : "off" }));
   let result;
   try {
-    result = runReplay({ moe: h.moe, oracle, E, topK, layers, shared: true, calls, inFlight, seed: 7, label: addressing });
+    result = runReplay({ moe: h.moe, oracle: oracles[path], E, topK, layers, shared: true, calls, inFlight, seed: 7, label: addressing + " " + path });
   } catch (e) {
     result = { error: String(e) };
   }
   const stats = h.moe.stats();
   const memory = h.moe.context?.device.memory.model;
   const messages = h.close();
-  out.runs.push({ addressing, inFlight, staged, budgetExperts, memory, mode: stats.mode, why: stats.why, gpuPairs: stats.gpuPairs, cpuPairs: stats.cpuPairs,
+  out.runs.push({ addressing, inFlight, staged, budgetExperts, path, memory, mode: stats.mode, why: stats.why, gpuPairs: stats.gpuPairs, cpuPairs: stats.cpuPairs,
     nmse: result.pooled?.nmse, cases: result.pooled?.cases, error: result.error, messages: formatMessages(messages), count: messages.length });
 }
 console.log(JSON.stringify(out));
@@ -151,9 +158,10 @@ describe("synchronization validation (child process, VK_LAYER_ENABLES)", () => {
     console.log(`  sync validation child: ${calls} calls × ${out.runs.length} runs in ${((performance.now() - t0) / 1000).toFixed(1)} s; control reported ${out.hazard.join(", ")}`);
     expect(out.hazard).toContain("SYNC-HAZARD-READ-AFTER-WRITE");
     for (const run of out.runs) {
-      const label = `${run.addressing} inFlight=${run.inFlight} staged=${run.staged} budgetExperts=${run.budgetExperts}`;
+      const label = `${run.addressing} ${run.path} inFlight=${run.inFlight} staged=${run.staged} budgetExperts=${run.budgetExperts}`;
       expect(run.error, label).toBeUndefined();
       expect(run.mode, label).toBe("gpu");
+      expect(run.why, label).toContain(`${run.path} path`);
       expect(run.cases, label).toBe(calls);
       expect(run.nmse, label).toBeLessThanOrEqual(NMSE_BOUND);
       expect(run.messages, label).toBe("");

@@ -23,17 +23,8 @@ export type MoePath = "float" | "integer-dot";
 export function moeReference(x: Float32Array, r: Routing, expert: (id: number) => ExpertWeights, shared?: ExpertWeights, limit?: number, path: MoePath = "float"): Float64Array {
   const D = expert(r.ids[0]!).gate.cols;
   const y = new Float64Array(r.S * D);
-  const gateUp = (e: ExpertWeights, xs: Float32Array): Float64Array => {
-    if (path === "float") return gateUpReference(e.gate, e.up, xs, 1, limit);
-    const act = quantizeActivations(xs, 1, D, e.gate.groupSize);
-    const g = gemvIntDotEmulated(e.gate, act, 1);
-    const u = gemvIntDotEmulated(e.up, act, 1);
-    for (let i = 0; i < g.length; i++) g[i] = swiglu(g[i]!, u[i]!, limit);
-    return g;
-  };
   const one = (e: ExpertWeights, xs: Float32Array, w: number, s: number) => {
-    const h = gateUp(e, xs);
-    const out = gemvReference(e.down, Float32Array.from(h), 1);
+    const out = expertReference(e, xs, limit, path);
     for (let d = 0; d < D; d++) y[s * D + d]! += w * out[d]!;
   };
   for (let s = 0; s < r.S; s++) {
@@ -42,6 +33,19 @@ export function moeReference(x: Float32Array, r: Routing, expert: (id: number) =
     if (shared) one(shared, xs, r.sharedWeights?.[s] ?? 1, s);
   }
   return y;
+}
+
+/** One expert on one token row: down(silu(gate x) ⊙ up x) in f64, h rounded to f32 as the GPU stores it. */
+export function expertReference(e: ExpertWeights, xs: Float32Array, limit?: number, path: MoePath = "float"): Float64Array {
+  let h: Float64Array;
+  if (path === "float") h = gateUpReference(e.gate, e.up, xs, 1, limit);
+  else {
+    const act = quantizeActivations(xs, 1, e.gate.cols, e.gate.groupSize);
+    h = gemvIntDotEmulated(e.gate, act, 1);
+    const u = gemvIntDotEmulated(e.up, act, 1);
+    for (let i = 0; i < h.length; i++) h[i] = swiglu(h[i]!, u[i]!, limit);
+  }
+  return gemvReference(e.down, Float32Array.from(h), 1);
 }
 
 /** The same in f32 with the fast CPU GEMV; scratch buffers are the caller's so a call allocates nothing. */

@@ -12,7 +12,7 @@
  */
 import { readConfig, type VkmoeEnv } from "../../src/config.ts";
 import { MoeBackend, type MoeOptions, type MoeStats, type MoeTicket } from "../../src/moe/backend.ts";
-import { moeReference, type ExpertWeights, type MoePath } from "../../src/moe/reference.ts";
+import { expertReference, moeReference, type ExpertWeights, type MoePath } from "../../src/moe/reference.ts";
 import type { Routing } from "../../src/moe/routing.ts";
 import type { ExpertShape } from "../../src/pool/expert-layout.ts";
 import { gateUpReference, gemvReference, mulberry32, quantize, randomGaussianF32 } from "../../src/quant/index.ts";
@@ -219,7 +219,7 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
 export class BankOracle {
   readonly rows: Float32Array[];
   private readonly outs = new Map<number, Float64Array>();
-  constructor(readonly experts: ExpertWeights[][], readonly E: number, readonly D: number, rows: number, seed: number, readonly limit?: number) {
+  constructor(readonly experts: ExpertWeights[][], readonly E: number, readonly D: number, rows: number, seed: number, readonly limit?: number, readonly path: MoePath = "float") {
     this.rows = Array.from({ length: rows }, (_, i) => randomGaussianF32(D, seed + i));
   }
 
@@ -227,9 +227,7 @@ export class BankOracle {
     const key = (layer * (this.E + 1) + e) * this.rows.length + row;
     let o = this.outs.get(key);
     if (!o) {
-      const w = this.experts[layer]![e]!;
-      const h = gateUpReference(w.gate, w.up, this.rows[row]!, 1, this.limit);
-      o = gemvReference(w.down, Float32Array.from(h), 1);
+      o = expertReference(this.experts[layer]![e]!, this.rows[row]!, this.limit, this.path);
       this.outs.set(key, o);
     }
     return o;
@@ -321,7 +319,7 @@ export function runReplay(spec: ReplaySpec): ReplayResult {
     const x = oracle.x(rows);
     const ref = oracle.reference(layer, rows, r, shared);
     if (call < 3) {
-      const direct = reference(x, r, oracle.experts[layer]!, E, shared, oracle.limit);
+      const direct = reference(x, r, oracle.experts[layer]!, E, shared, oracle.limit, oracle.path);
       for (let i = 0; i < ref.length; i++) if (!Object.is(ref[i], direct[i])) throw new Error(`bank oracle differs from moeReference at call ${call}, output ${i}`);
     }
     if (spec.inFlight === 1) pending.push({ take: (y) => moe.forward(layer, x, r, y), ref, S, call });

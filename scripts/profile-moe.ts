@@ -103,6 +103,22 @@ for (const S of sizes) {
       }
       console.log(`submit+poll with ${label}: ${fmt(median(us))} µs`);
     }
+    // The layer's own command buffer with every indirect group count 0: its fixed cost (indirect
+    // reads, barriers) without work. The next forward() rewrites the counts.
+    {
+      const saved = t0.views.indirect.slice();
+      t0.views.indirect.fill(0);
+      const us: number[] = [];
+      for (let i = 0; i < 300; i++) {
+        const a = performance.now();
+        t0.submission.submit();
+        while (!t0.fence.signaled()) { /* poll */ }
+        t0.fence.reset();
+        if (i >= 20) us.push((performance.now() - a) * 1e3);
+      }
+      t0.views.indirect.set(saved);
+      console.log(`submit+poll of the layer's command buffer with zero workgroups: ${fmt(median(us))} µs`);
+    }
   }
   // The ticket now holds the last call's inputs (work list, indirect counts). Stage timestamps:
   {

@@ -1,8 +1,9 @@
 /**
  * One MoE layer call on the GPU: every (token, expert) pair in three dispatches (grouped
- * gate+up with SiLU, grouped down with the router weight folded in, sum over the slots), plus one
- * activation-quantize dispatch first on the integer-dot path; recorded once per ticket and replayed. A call writes x, the work list and the indirect group counts
- * into mapped memory and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
+ * gate+up with SiLU, grouped down with the router weight folded in, sum over the slots), plus an
+ * activation-quantize dispatch first on the integer-dot path; recorded once per ticket and
+ * replayed. A call writes x, the work list and the indirect group counts into mapped memory and
+ * submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";

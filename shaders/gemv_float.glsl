@@ -96,8 +96,9 @@ const uint XM_VEC4 = 0u;    // full step, x rows 16-byte aligned: vec4 loads
 const uint XM_SCALAR = 1u;  // full step, unaligned x: scalar loads
 const uint XM_TAIL = 2u;    // last, partial step: scalar loads guarded by col < I
 
-uint wRow[NV];   // first uvec4 of each owned row: [mat*RPT + r]
-uint sRow[RPT];  // first scale index of each owned row
+#define GATE_WEIGHT_OFFSET pc.gateWeightOffset
+#define UP_WEIGHT_OFFSET pc.upWeightOffset
+#include "rows.glsl"
 
 // ---- loads -------------------------------------------------------------------------------
 // 4 x values of token `tok` starting at column col (a multiple of 4).
@@ -202,21 +203,6 @@ void colStep(uint c, uint mode) {
     }
 }
 
-// ---- output -------------------------------------------------------------------------------
-// rv holds the reduced sums for row group rgo, token tok.
-void storeRows(uint rowBase, uint rgo, uint tok) {
-    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        const uint row = rowBase + r * ROW_LANES + rgo;
-        if (row < pc.O) {
-#ifdef GATEUP
-            storeOut(tok, row, siluGate(rv[r], rv[RPT + r], pc.limit));
-#else
-            storeOut(tok, row, rv[r]);
-#endif
-        }
-    }
-}
-
 void main() {
 #ifdef MOE
     if (!moeBegin()) return;  // a work item past the end of this call's list: uniform
@@ -230,16 +216,7 @@ void main() {
     const uint ks = t / (COL_THREADS * ROW_LANES);
     const uint c0 = ks * COL_THREADS + cl;
 
-    const uint rowVec = pc.rowWords >> 2u;
-    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        // rows past O are clamped for loads (results discarded) to keep the loop branch-free
-        const uint row = min(rowBase + r * ROW_LANES + rg, pc.O - 1u);
-        wRow[r] = pc.gateWeightOffset + row * rowVec;
-        sRow[r] = row * pc.groupsPerRow;
-#ifdef GATEUP
-        wRow[RPT + r] = pc.upWeightOffset + row * rowVec;
-#endif
-    }
+    initRows(rowBase, rg);
 
     const uint nFull = pc.I / COLS_PER_VEC;                  // steps with every column < I
     const bool hasTail = nFull * COLS_PER_VEC < pc.I;

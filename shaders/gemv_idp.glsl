@@ -73,8 +73,7 @@ void storeOut(uint tok, uint row, float v) { yb[pc.yOffset + tok * pc.O + row] =
 #endif
 
 float acc[NV][NT];  // [mat*RPT + r][token in chunk]
-uint wRow[NV];      // first uvec4 of each owned row: [mat*RPT + r]
-uint sRow[RPT];
+#include "rows.glsl"
 uint tok0;
 uint nt;
 
@@ -150,15 +149,7 @@ void main() {
     const uint ks = t / (COL_THREADS * ROW_LANES);
     const uint c0 = ks * COL_THREADS + cl;
 
-    const uint rowVec = pc.rowWords >> 2u;
-    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        const uint row = min(rowBase + r * ROW_LANES + rg, pc.O - 1u);
-        wRow[r] = GATE_WEIGHT_OFFSET + row * rowVec;
-        sRow[r] = row * pc.groupsPerRow;
-#ifdef GATEUP
-        wRow[RPT + r] = UP_WEIGHT_OFFSET + row * rowVec;
-#endif
-    }
+    initRows(rowBase, rg);
 
     // xq padding columns (>= I, inside the row) are 0, so every step but q4's second half of
     // the last one is safe without a guard
@@ -178,16 +169,7 @@ void main() {
             if (j < nt) {  // uniform
                 [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = acc[i][j];
                 uint rgo;
-                if (reduceRows(t, rgo)) {
-                    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-                        const uint row = rowBase + r * ROW_LANES + rgo;
-#ifdef GATEUP
-                        if (row < pc.O) storeOut(tok0 + j, row, siluGate(rv[r], rv[RPT + r], pc.limit));
-#else
-                        if (row < pc.O) storeOut(tok0 + j, row, rv[r]);
-#endif
-                    }
-                }
+                if (reduceRows(t, rgo)) storeRows(rowBase, rgo, tok0 + j);
             }
         }
     }

@@ -1,0 +1,34 @@
+// rows.glsl: the rows a thread owns and their output, shared by gemv_float.glsl and gemv_idp.glsl.
+// Included after the body's bindings and hooks: pc (O, rowWords, groupsPerRow, limit with GATEUP),
+// storeOut(tok, row, v), GATE_WEIGHT_OFFSET / UP_WEIGHT_OFFSET (uvec4 units), rv (common.glsl).
+
+uint wRow[NV];   // first uvec4 of each owned row: [mat*RPT + r]
+uint sRow[RPT];  // first scale index of each owned row
+
+// Rows rowBase + r*ROW_LANES + rg of row group rg; rows past O are clamped for loads (results
+// discarded) to keep the column loop branch-free.
+void initRows(uint rowBase, uint rg) {
+    const uint rowVec = pc.rowWords >> 2u;
+    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
+        const uint row = min(rowBase + r * ROW_LANES + rg, pc.O - 1u);
+        wRow[r] = GATE_WEIGHT_OFFSET + row * rowVec;
+        sRow[r] = row * pc.groupsPerRow;
+#ifdef GATEUP
+        wRow[RPT + r] = UP_WEIGHT_OFFSET + row * rowVec;
+#endif
+    }
+}
+
+// rv holds the reduced sums for row group rgo, token tok.
+void storeRows(uint rowBase, uint rgo, uint tok) {
+    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
+        const uint row = rowBase + r * ROW_LANES + rgo;
+        if (row < pc.O) {
+#ifdef GATEUP
+            storeOut(tok, row, siluGate(rv[r], rv[RPT + r], pc.limit));
+#else
+            storeOut(tok, row, rv[r]);
+#endif
+        }
+    }
+}

@@ -7,6 +7,7 @@ import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
 import { CommandPool, Fence, QueryPool, Submission, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, type CommandBuffer } from "../src/vk/index.ts";
 import { args, runtimeName } from "./lib/cli.ts";
+import { emptyRoundTrip, readBandwidth, submitPollUs, timeOnGpu } from "./lib/gpu-time.ts";
 import { preloadExperts } from "./lib/moe-setup.ts";
 import { expertShapeOf, QWEN3_30B_A3B, randomActivations, randomExpert, RoutingGenerator } from "./lib/synthetic.ts";
 import { fmt, median } from "./lib/table.ts";
@@ -30,7 +31,6 @@ preloadExperts(moe, layers, model.experts, weights);
 const device = ctx.device;
 if (argv.includes("--warm")) {
   // Keeps the GPU busy ~1 s (streaming reads) right before measuring: tells clock ramp-up apart from kernel cost.
-  const { readBandwidth } = await import("./lib/gpu-time.ts");
   const t = performance.now();
   const bw = readBandwidth(device, 1 << 30, 300);
   console.log(`warm-up: streaming reads for ${fmt(performance.now() - t)} ms (${fmt(bw.gbs)} GB/s)`);
@@ -76,7 +76,6 @@ for (const S of sizes) {
   }
   L.waitStyle = "block";
   {
-    const { emptyRoundTrip } = await import("./lib/gpu-time.ts");
     const rt = emptyRoundTrip(device, 300);
     console.log(`empty submit+wait: vkWaitForFences ${fmt(median(rt.wait))} µs, polling vkGetFenceStatus ${fmt(median(rt.spin))} µs`);
     // The same with one tiny dispatch (the sum kernel, one workgroup: writes y in host memory), then
@@ -93,29 +92,14 @@ for (const S of sizes) {
       record(cb);
       cb.end();
       using sub = new Submission(device, [cb], { fence });
-      const us: number[] = [];
-      for (let i = 0; i < 300; i++) {
-        const a = performance.now();
-        sub.submit();
-        while (!fence.signaled()) { /* poll */ }
-        fence.reset();
-        if (i >= 20) us.push((performance.now() - a) * 1e3);
-      }
-      console.log(`submit+poll with ${label}: ${fmt(median(us))} µs`);
+      console.log(`submit+poll with ${label}: ${fmt(median(submitPollUs(sub, fence, 280)))} µs`);
     }
     // The layer's own command buffer with every indirect group count 0: its fixed cost (indirect
     // reads, barriers) without work. The next forward() rewrites the counts.
     {
       const saved = t0.views.indirect.slice();
       t0.views.indirect.fill(0);
-      const us: number[] = [];
-      for (let i = 0; i < 300; i++) {
-        const a = performance.now();
-        t0.submission.submit();
-        while (!t0.fence.signaled()) { /* poll */ }
-        t0.fence.reset();
-        if (i >= 20) us.push((performance.now() - a) * 1e3);
-      }
+      const us = submitPollUs(t0.submission, t0.fence, 280);
       t0.views.indirect.set(saved);
       console.log(`submit+poll of the layer's command buffer with zero workgroups: ${fmt(median(us))} µs`);
     }
@@ -137,25 +121,15 @@ for (const S of sizes) {
     console.log(`S=${S} one call per submit, GPU µs: ${p.quantize ? "quantize + " : ""}gate+up ${fmt(median(parts[0]!))}, down ${fmt(median(parts[1]!))}, sum ${fmt(median(parts[2]!))}, total ${fmt(median(parts[3]!))}`);
   }
   for (const reps of [10, 100]) {
-    using q = new QueryPool(device, 2);
-    const cb = pool.allocate().begin().resetQueries(q).timestamp(q, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT);
-    for (let i = 0; i < reps; i++) stages(cb);
-    cb.timestamp(q, 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).end();
-    using sub = new Submission(device, [cb], { fence });
-    const per: number[] = [];
-    for (let i = 0; i < 10; i++) {
-      sub.submit(); fence.wait(); fence.reset();
-      const ts = q.results();
-      per.push(Number(ts[1]! - ts[0]!) * period / 1e3 / reps);
-    }
-    console.log(`S=${S} ${reps} calls back to back in one submit: ${fmt(median(per))} µs per call (same experts)`);
+    const perCall = timeOnGpu(device, (cb) => { for (let i = 0; i < reps; i++) stages(cb); }, 10) / reps / 1e3;
+    console.log(`S=${S} ${reps} calls back to back in one submit: ${fmt(perCall)} µs per call (same experts, best of 10 submits)`);
   }
 }
 
 // --sweep: GPU µs of each grouped kernel alone for several workgroup shapes, on the last call's
 // work list (same descriptor sets: the pipelines' set layouts are identically defined). Each
-// kernel runs REPS times back to back (barriers between) after warm-up submissions, so the GPU
-// clocks are up: these are kernel costs, not the single-call latency above.
+// kernel runs REPS times back to back (barriers between) in one submission, best of 13, so the
+// GPU clocks are up: these are kernel costs, not the single-call latency above.
 if (argv.includes("--sweep")) {
   const { createMoePipelines } = await import("../src/moe/shaders.ts");
   const { chooseMoeKernelConfig } = await import("../src/kernels/tuning.ts");
@@ -166,20 +140,8 @@ if (argv.includes("--sweep")) {
     [32, 2, 0, 1], [32, 4, 0, 1], [32, 8, 0, 1], [32, 4, 16, 2], [32, 8, 16, 2], [32, 8, 8, 4], [32, 16, 8, 4],
     [64, 4, 0, 1], [64, 8, 32, 2], [64, 16, 8, 8], [128, 16, 16, 8], [128, 8, 32, 4],
   ];
-  const timeReps = (record: (cb: CommandBuffer) => void): number => {
-    using q = new QueryPool(device, 2);
-    const cb = pool.allocate().begin().resetQueries(q).timestamp(q, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT);
-    for (let i = 0; i < REPS; i++) { record(cb); cb.barrier("computeToCompute"); }
-    cb.timestamp(q, 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).end();
-    using sub = new Submission(device, [cb], { fence });
-    const per: number[] = [];
-    for (let i = 0; i < 13; i++) {
-      sub.submit(); fence.wait(); fence.reset();
-      const ts = q.results();
-      if (i >= 3) per.push(Number(ts[1]! - ts[0]!) * period / 1e3 / REPS);
-    }
-    return median(per);
-  };
+  const timeReps = (record: (cb: CommandBuffer) => void): number =>
+    timeOnGpu(device, (cb) => { for (let i = 0; i < REPS; i++) { record(cb); cb.barrier("computeToCompute"); } }, 13) / REPS / 1e3;
   const pathName = p.path;
   if (p.quantize) console.log(`sweep quantize_act: ${fmt(timeReps((cb) => cb.bind(p.quantize, t0.sets.quantize).pushConstants(p.quantize, L.pushQuantize).dispatchIndirect(t0.indirect, 36n)))} µs`);
   console.log(`sweep sum: ${fmt(timeReps((cb) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatchIndirect(t0.indirect, 24n)))} µs`);

@@ -49,8 +49,24 @@ export function emptyRoundTrip(device: Device, reps: number): RoundTrip {
   return out;
 }
 
+/**
+ * Host µs of `reps` submissions of `submission`, each polled with vkGetFenceStatus until its fence
+ * (the submission's own) signals, after `warm` untimed ones.
+ */
+export function submitPollUs(submission: Submission, fence: Fence, reps: number, warm = 20): number[] {
+  const us: number[] = [];
+  for (let i = 0; i < warm + reps; i++) {
+    const t0 = performance.now();
+    submission.submit();
+    while (!fence.signaled()) { /* poll */ }
+    fence.reset();
+    if (i >= warm) us.push((performance.now() - t0) * 1e3);
+  }
+  return us;
+}
+
 /** Records `body` between two timestamps and runs it `reps` times; the best GPU ns. */
-function timeOnGpu(device: Device, body: (cb: CommandBuffer) => void, reps: number): number {
+export function timeOnGpu(device: Device, body: (cb: CommandBuffer) => void, reps: number): number {
   using queries = new QueryPool(device, 2);
   using pool = new CommandPool(device);
   using fence = new Fence(device);

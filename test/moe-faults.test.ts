@@ -257,14 +257,13 @@ describe("no GPU path: CPU mode with one line, same results", () => {
 
     const backendChild = (addressing: string) => `
       import { MoeBackend } from "./src/moe/backend.ts";
-      import { readConfig } from "./src/config.ts";
-      import { makeExperts, randomRouting, reference, PooledError } from ${CASES};
+      import { makeExperts, randomRouting, reference, PooledError, validationEnv } from ${CASES};
       import { randomGaussianF32, mulberry32 } from "./src/quant/index.ts";
       const shape = ${JSON.stringify(SHAPE)}, E = ${E};
       const experts = makeExperts(shape, E, 1, 41);
       const logs = [];
       const moe = MoeBackend.open({ shape, experts: E, topK: 8, layers: 1, shared: true, addressing: ${JSON.stringify(addressing)}, weights: (l, e) => experts[l][e], log: (l) => logs.push(l) },
-        { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" }); // the float path's files (the integer-dot ones are the probe's to vet)
+        validationEnv()); // the float path's files (the integer-dot ones are the probe's to vet)
       const rnd = mulberry32(7), pooled = new PooledError();
       for (const S of [1, 7]) {
         const r = randomRouting(rnd, S, 8, E), x = randomGaussianF32(S * shape.hidden, S);

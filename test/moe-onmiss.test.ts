@@ -1,6 +1,6 @@
 /** The miss policy: "cpu" runs non-resident experts on the CPU (no upload); "upload" makes them resident. */
 import { expect, test } from "bun:test";
-import { readConfig } from "../src/config.ts";
+import { validationEnv } from "./cases/moe.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
 import { moeReference, type ExpertWeights } from "../src/moe/reference.ts";
 import { nmse, quantize, randomGaussianF32 } from "../src/quant/index.ts";
@@ -17,7 +17,7 @@ const reference = moeReference(x, routing, (e) => experts[e]!);
 
 for (const onMiss of ["cpu", "upload"] as const) {
   test(`onMiss=${onMiss}: right answers; ${onMiss === "cpu" ? "nothing uploaded, every pair on the CPU" : "every expert uploaded, every pair on the GPU"}`, () => {
-    const moe = MoeBackend.open({ shape, experts: E, topK: k, layers: 1, weights: (_l, e) => experts[e]!, onMiss, log: () => {} }, { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" }); // float path: checked against the f64 reference
+    const moe = MoeBackend.open({ shape, experts: E, topK: k, layers: 1, weights: (_l, e) => experts[e]!, onMiss, log: () => {} }, validationEnv()); // float path: checked against the f64 reference
     const instance = moe.context!.instance;
     try {
       const y = new Float32Array(S * D);

@@ -5,7 +5,7 @@
  * 32-39 silently read layers 0-7.
  */
 import { describe, expect, test } from "bun:test";
-import { readConfig } from "../src/config.ts";
+import { validationEnv } from "./cases/moe.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
 import type { ExpertWeights } from "../src/moe/reference.ts";
 import { moeReference } from "../src/moe/reference.ts";
@@ -34,7 +34,7 @@ for (let s = 0; s < S; s++) {
 }
 const routing = { S, k, ids, weights };
 const x = randomGaussianF32(S * D, 99);
-const env = { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" as const }; // float path: checked against the f64 reference
+const env = validationEnv(); // float path: checked against the f64 reference
 
 /** Byte offset of an allocation from the start of the pool: the sizes of all earlier slabs plus its offset. */
 function poolOffset(pool: ExpertPool, a: SlabAllocation<DeviceSlab>): bigint {

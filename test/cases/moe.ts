@@ -15,7 +15,7 @@ import { MoeBackend, type MoeOptions, type MoeStats, type MoeTicket } from "../.
 import { expertReference, moeReference, type ExpertWeights, type MoePath } from "../../src/moe/reference.ts";
 import type { Routing } from "../../src/moe/routing.ts";
 import type { ExpertShape } from "../../src/pool/expert-layout.ts";
-import { gateUpReference, gemvReference, mulberry32, quantize, randomGaussianF32 } from "../../src/quant/index.ts";
+import { mulberry32, quantize, randomGaussianF32 } from "../../src/quant/index.ts";
 import type { Instance, ValidationMessage } from "../../src/vk/index.ts";
 
 /** Pooled NMSE bound of a test (float path) and the loose per-case bound that any real bug breaks. */

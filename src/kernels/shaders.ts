@@ -25,10 +25,19 @@ export function pipelineSpec(s: ShaderInterface, specialization: Record<number, 
   return { spirv: shaderFile(s.name), storageBuffers: s.storageBuffers, pushConstantBytes: s.pushConstantBytes, specialization };
 }
 
-/** The MoE layer's integer-dot gate+up (src/moe/shaders.ts): 7 bindings + the slab array on the descriptor path, 36 B push. */
+/** Grouped MoE kernels (shaders/moe.glsl): x/h, work, pairs, out, slot weights (+ the slab array on the descriptor path). */
+export const MOE_BINDINGS = 5;
+/** The integer-dot gate+up adds xscale and xsum (bindings 5, 6); its slab array is binding 7. */
+export const MOE_IDP_BINDINGS = 7;
+export const MOE_PUSH_BYTES = 36;
+
+/** The MoE layer's integer-dot gate+up as the probe creates it (8 slabs on the descriptor path). */
 const moeIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number): PipelineSpec => addressing === "bda"
-  ? { spirv: shaderFile(`moe_gateup_${format}_idp_bda`), storageBuffers: 7, pushConstantBytes: 36, specialization: { 4: groupSize } }
-  : { spirv: shaderFile(`moe_gateup_${format}_idp_desc`), storageBuffers: 8, pushConstantBytes: 36, descriptorCounts: [1, 1, 1, 1, 1, 1, 1, 8], specialization: { 4: groupSize, 8: 8 } };
+  ? { spirv: shaderFile(`moe_gateup_${format}_idp_bda`), storageBuffers: MOE_IDP_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES, specialization: { 4: groupSize } }
+  : {
+    spirv: shaderFile(`moe_gateup_${format}_idp_desc`), storageBuffers: MOE_IDP_BINDINGS + 1, pushConstantBytes: MOE_PUSH_BYTES,
+    descriptorCounts: [...Array.from({ length: MOE_IDP_BINDINGS }, () => 1), 8], specialization: { 4: groupSize, 8: 8 },
+  };
 
 /** Every integer dot-product pipeline; the child-process probe creates each before the path is enabled. */
 export const IDP_PIPELINES: PipelineSpec[] = [

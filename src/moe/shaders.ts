@@ -1,16 +1,11 @@
 /** The grouped MoE pipelines (see shaders/moe.glsl): interface and creation per device, expert shape and GEMV path. */
 import type { Device } from "../vk/device.ts";
 import { ComputePipeline } from "../vk/pipeline.ts";
-import { QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
+import { MOE_BINDINGS, MOE_IDP_BINDINGS, MOE_PUSH_BYTES, QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
 import { specialization, type KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertShape } from "../pool/expert-layout.ts";
 import type { Addressing } from "../pool/expert-pool.ts";
 
-/** x/h, work, pairs, out, slotWeight (+ the slab array on the descriptor path). */
-export const MOE_BINDINGS = 5;
-/** The integer-dot gate+up adds xscale and xsum (bindings 5, 6); its slab array is binding 7. */
-export const MOE_IDP_BINDINGS = 7;
-export const MOE_PUSH_BYTES = 36;
 export const SUM_WORKGROUP = 256;
 /** quantize_act's workgroup: a multiple of GROUP_SIZE / 4 for every group size (8..32). */
 export const QUANTIZE_WORKGROUP = 64;

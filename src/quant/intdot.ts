@@ -82,6 +82,81 @@ export function quantizeActivations(x: Float32Array, S: number, cols: number, gr
   return { S, cols, groupSize, groupsPerRow, paddedCols, q, scale, sum };
 }
 
+/** 2^52 + 2^51: (v + ROUND_MAGIC) - ROUND_MAGIC rounds v half to even in f64, for |v| < 2^51. */
+const ROUND_MAGIC = 6755399441055744;
+/** POW2[k + 160] = 2^k for |k| <= 160 (a table: Math.pow per group was a third of the time). */
+const POW2 = Float64Array.from({ length: 321 }, (_, i) => 2 ** (i - 160));
+const f32Word = new Float32Array(1);
+const u32Word = new Uint32Array(f32Word.buffer);
+
+/**
+ * quantizeActivations written straight into a kernel's layout, allocating nothing (the MoE layer
+ * quantizes x on the host for calls of few tokens): xq[s*xqRowWords + w] packs columns 4w..4w+3
+ * (byte j = column 4w+j, two's complement; words past the row's columns 0), scale and sum per
+ * [s*groupsPerRow + g]. Bit-identical to quantizeActivations and to quantize_act.comp. x must be
+ * finite and hold S*cols values; xqRowWords >= ceil(cols/4). Returns nothing: the outputs are the
+ * arrays given.
+ */
+export function quantizeActivationsInto(x: Float32Array, S: number, cols: number, groupSize: number, xq: Uint32Array, xqRowWords: number, scale: Float32Array, sum: Int32Array): void {
+  const groupsPerRow = Math.ceil(cols / groupSize);
+  const M = ROUND_MAGIC;
+  for (let s = 0; s < S; s++) {
+    const row = s * cols, qRow = s * xqRowWords;
+    xq.fill(0, qRow + (cols >>> 2), qRow + xqRowWords); // padding; a partial last word is rewritten below
+    for (let g = 0; g < groupsPerRow; g++) {
+      const start = row + g * groupSize;
+      const end = row + Math.min((g + 1) * groupSize, cols);
+      const end4 = start + ((end - start) & ~3); // groups start on a word: groupSize is a multiple of 4
+      let amax = 0;
+      for (let i = start; i < end; i++) {
+        const a = Math.abs(x[i]!);
+        if (a > amax) amax = a;
+      }
+      let w = qRow + ((start - row) >>> 2);
+      if (amax === 0) {
+        for (let i = start; i < end; i += 4) xq[w++] = 0;
+        scale[s * groupsPerRow + g] = 0;
+        sum[s * groupsPerRow + g] = 0;
+        continue;
+      }
+      f32Word[0] = amax;
+      const biased = (u32Word[0]! >>> 23) & 0xff;
+      const e = biased !== 0 ? biased - 126 : 32 - Math.clz32(u32Word[0]! & 0x7fffff) - 149;
+      const up = POW2[167 - e]!; // 2^(7-e): x * up is exact in f64 (x is f32, up a power of two), |x * up| < 128
+      let groupSum = 0;
+      let i = start;
+      if (amax * up < 127.5) {
+        // round half to even; nothing reaches ±127.5, so no clamp
+        for (; i < end4; i += 4) {
+          const q0 = (x[i]! * up + M) - M, q1 = (x[i + 1]! * up + M) - M, q2 = (x[i + 2]! * up + M) - M, q3 = (x[i + 3]! * up + M) - M;
+          groupSum += (q0 + q1) + (q2 + q3);
+          xq[w++] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | (q3 << 24);
+        }
+      } else {
+        for (; i < end4; i += 4) {
+          const q0 = Math.max(-127, Math.min(127, (x[i]! * up + M) - M));
+          const q1 = Math.max(-127, Math.min(127, (x[i + 1]! * up + M) - M));
+          const q2 = Math.max(-127, Math.min(127, (x[i + 2]! * up + M) - M));
+          const q3 = Math.max(-127, Math.min(127, (x[i + 3]! * up + M) - M));
+          groupSum += (q0 + q1) + (q2 + q3);
+          xq[w++] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | (q3 << 24);
+        }
+      }
+      if (i < end) { // the row's last, partial word
+        let word = 0;
+        for (let b = 0; i < end; i++, b++) {
+          const q = Math.max(-127, Math.min(127, (x[i]! * up + M) - M));
+          groupSum += q;
+          word |= (q & 0xff) << (8 * b);
+        }
+        xq[w] = word;
+      }
+      scale[s * groupsPerRow + g] = POW2[153 + e]!; // 2^(e-7), 0 in f32 below 2^-149
+      sum[s * groupsPerRow + g] = groupSum;
+    }
+  }
+}
+
 /** y[s*rows + o] = sum_g scale_x(s,g) * scale_w(o,g) * sum_{i in g} qx * qw, integer sums exact, in f64. */
 export function gemvIntDotEmulated(m: QuantMatrix, act: QuantizedActivations, S: number): Float64Array {
   validateQuantMatrix(m);

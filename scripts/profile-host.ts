@@ -62,7 +62,9 @@ const waitStyle: string = layer.waitStyle;
  * (false). While stubbed the layer waits "block" (straight to the stubbed fence): "spin" would
  * poll for a completion word that no GPU writes.
  */
-const realGpu = gpuTickets.map((t) => ({ submit: t.submission.submit, wait: t.fence.wait, waitSpin: t.fence.waitSpin, reset: t.fence.reset }));
+// Each ticket has one submission per call mode (grouped, fused): both are stubbed and wrapped.
+const MODES = ["grouped", "fused"] as const;
+const realGpu = gpuTickets.map((t) => ({ submit: t.submissions.grouped.submit, wait: t.fence.wait, waitSpin: t.fence.waitSpin, reset: t.fence.reset }));
 const noop = () => {};
 const yes = () => true;
 function stubGpu(on: boolean): void {
@@ -70,7 +72,7 @@ function stubGpu(on: boolean): void {
   gpuTickets.forEach((t, i) => {
     // Assigned back rather than deleted: a delete would leave these objects slow (dictionary mode).
     const r = realGpu[i]!;
-    t.submission.submit = on ? noop : r.submit;
+    for (const m of MODES) t.submissions[m].submit = on ? noop : r.submit;
     t.fence.wait = on ? yes : r.wait;
     t.fence.waitSpin = on ? yes : r.waitSpin;
     t.fence.reset = on ? noop : r.reset;
@@ -235,16 +237,19 @@ if (realCalls > 0) {
     const submitUs: number[] = [];
     gpuTickets.forEach((t, i) => {
       const submit = realGpu[i]!.submit;
-      t.submission.submit = () => {
-        const a = now();
-        submit.call(t.submission);
-        submitUs.push((now() - a) * 1e3);
-      };
+      for (const m of MODES) {
+        const sub = t.submissions[m];
+        sub.submit = () => {
+          const a = now();
+          submit.call(sub);
+          submitUs.push((now() - a) * 1e3);
+        };
+      }
     });
     run(inp, Math.min(realCalls, 3));
     submitUs.length = 0;
     const real = run(inp, realCalls);
-    gpuTickets.forEach((t, i) => (t.submission.submit = realGpu[i]!.submit));
+    gpuTickets.forEach((t, i) => MODES.forEach((m) => (t.submissions[m].submit = realGpu[i]!.submit)));
     put(col, "vkQueueSubmit (real, alone)", fmt(median(submitUs)));
     put(col, "issue() with the real submit", fmt(median(real.issue)));
     put(col, "take() with the real wait", fmt(median(real.take)));

@@ -1,8 +1,9 @@
-// Where the time of one MoE layer call goes on this device (Qwen3-30B-A3B shape): GPU time of each
-// stage (timestamps between the recorded dispatches), the same commands replayed back to back in
-// one submission (the GPU busy, no launch gaps), and the host side of forward() (issue, wait, take).
+// Where the time of one MoE layer call goes on this device (Qwen3-30B-A3B shape), for each call
+// mode (grouped, fused): GPU time of each stage (timestamps between the layer's own recorded
+// dispatches), the same commands replayed back to back in one submission (the GPU busy, no launch
+// gaps), and the host side of forward() (issue, wait, take, and the phases of a spin wait).
 // It reaches GpuLayer internals (tickets, pipelines, push constants) like scripts/lib/gpu-time.ts.
-//   bun scripts/profile-moe.ts [--layers N] [--tokens S] [--kernel WG,ROWS,COLT,LANES]
+//   bun scripts/profile-moe.ts [--layers N] [--tokens S,...] [--calls N] [--warm] [--sweep] [--kernel WG,ROWS,COLT,LANES]
 import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
 import { CommandPool, Fence, QueryPool, Submission, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, type CommandBuffer } from "../src/vk/index.ts";
@@ -10,11 +11,13 @@ import { args, runtimeName } from "./lib/cli.ts";
 import { emptyRoundTrip, readBandwidth, submitPollUs, timeOnGpu } from "./lib/gpu-time.ts";
 import { preloadExperts } from "./lib/moe-setup.ts";
 import { expertShapeOf, QWEN3_30B_A3B, randomActivations, randomExpert, RoutingGenerator } from "./lib/synthetic.ts";
-import { fmt, median } from "./lib/table.ts";
+import { fmt, median, percentile } from "./lib/table.ts";
 
 const argv = args();
 const opt = (name: string, dflt: string) => (argv.includes(name) ? argv[argv.indexOf(name) + 1]! : dflt);
 const layers = Number(opt("--layers", "4"));
+/** Timed forward() calls per (mode, wait style); fewer for a quick check on a slow device. */
+const calls = Number(opt("--calls", "300"));
 const sizes = opt("--tokens", "1,16").split(",").map(Number);
 const kernelArg = argv.includes("--kernel") ? opt("--kernel", "").split(",").map(Number) : undefined;
 const kernel = kernelArg ? { workgroupSize: kernelArg[0]!, rowsPerWorkgroup: kernelArg[1]!, colThreads: kernelArg[2]!, rowLanes: kernelArg[3]! } : undefined;
@@ -43,49 +46,91 @@ console.log(`profile-moe (${runtimeName}) ${device.info.name}, ${layers} layers,
 
 using pool = new CommandPool(device);
 using fence = new Fence(device);
-const stages = (cb: CommandBuffer, q?: QueryPool, base = 0) => {
+type Mode = "grouped" | "fused";
+const MODES: Mode[] = ["grouped", "fused"];
+const fusedDefault: number = L.fusedTokens;
+/** One call's dispatches of `mode` on ticket 0 (the layer's own recording), `mark(i)` after dispatch i. */
+const stages = (cb: CommandBuffer, mode: Mode, mark?: (i: number) => void) => {
   cb.barrier("transferToCompute");
-  if (p.quantize) cb.bind(p.quantize, t0.sets.quantize).pushConstants(p.quantize, L.pushQuantize).dispatchIndirect(t0.indirect, 36n).barrier("computeToCompute");
-  cb.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatchIndirect(t0.indirect, 0n);
-  if (q) cb.timestamp(q, base + 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT);
-  cb.barrier("computeToCompute").bind(p.down, t0.sets.down).pushConstants(p.down, L.pushDown).dispatchIndirect(t0.indirect, 12n);
-  if (q) cb.timestamp(q, base + 2, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT);
-  cb.barrier("computeToCompute").bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatchIndirect(t0.indirect, 24n);
-  if (q) cb.timestamp(q, base + 3, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT);
+  L.recordCall(cb, t0, mode, mark);
   cb.barrier("computeToCompute");
 };
+const stageNames = (mode: Mode) => mode === "fused" ? ["gate+up", "down_sum"] : [...(p.quantize ? ["quantize"] : []), "gate+up", "down", "sum"];
+
+/** Wraps `obj[name]` with a timer adding µs to `into[key]` (host phases of forward()). */
+function timePhase(obj: any, name: string, into: Record<string, number[]>, key: string): () => void {
+  const original = obj[name];
+  into[key] = [];
+  obj[name] = function (this: unknown, ...a: unknown[]) {
+    const t = performance.now();
+    const r = original.apply(this, a);
+    into[key]!.push((performance.now() - t) * 1e3);
+    return r;
+  };
+  return () => { obj[name] = original; };
+}
 
 for (const S of sizes) {
+  if (argv.includes("--warm")) readBandwidth(device, 1 << 30, 150); // clocks up again before each S
   const gen = new RoutingGenerator(model, 11 + S);
   const x = randomActivations(S, shape.hidden, 5);
   const y = new Float32Array(S * shape.hidden);
-  // Host side of forward(): issue (JS + submit), take (wait + read y), for each wait style.
-  for (const style of ["block", "spin"] as const) {
-    L.waitStyle = style;
-    const issueUs: number[] = [], takeUs: number[] = [], totalUs: number[] = [];
-    for (let i = 0; i < 300 + layers; i++) {
-      const r = gen.next(S);
-      const a = performance.now();
-      const t = moe.issue(i % layers, x, r);
-      const b = performance.now();
-      t.take(y);
-      const c = performance.now();
-      if (i >= layers) { issueUs.push((b - a) * 1e3); takeUs.push((c - b) * 1e3); totalUs.push((c - a) * 1e3); }
+  // Host side of forward(): issue (JS + submit), take (wait + read y), per call mode and wait style;
+  // for "spin", the phases: vkQueueSubmit, the poll until the completion word, vkWaitForFences, vkResetFences.
+  for (const mode of MODES) {
+    L.fusedTokens = mode === "fused" ? 64 : 0;
+    for (const style of ["block", "spin"] as const) {
+      L.waitStyle = style;
+      const phases: Record<string, number[]> = {};
+      const undo = style === "spin" ? [
+        timePhase(t0.submissions[mode], "submit", phases, "submit"), timePhase(L, "spinOnCompletionWord", phases, "poll"),
+        timePhase(L, "pollFence", phases, "fence polls"), timePhase(t0.fence, "wait", phases, "fence wait"), timePhase(t0.fence, "reset", phases, "fence reset"),
+      ] : [];
+      const issueUs: number[] = [], takeUs: number[] = [], totalUs: number[] = [];
+      for (let i = 0; i < calls + layers; i++) {
+        const r = gen.next(S);
+        const a = performance.now();
+        const t = moe.issue(i % layers, x, r);
+        const b = performance.now();
+        t.take(y);
+        const c = performance.now();
+        if (i >= layers) { issueUs.push((b - a) * 1e3); takeUs.push((c - b) * 1e3); totalUs.push((c - a) * 1e3); }
+      }
+      undo.forEach((f) => f());
+      const phaseText = Object.entries(phases).map(([k, v]) => `${k} ${fmt(median(v.slice(layers)))}`).join(", ");
+      console.log(`S=${S} ${mode} host, ${style} wait: forward ${fmt(median(totalUs))} µs = issue ${fmt(median(issueUs))} + take ${fmt(median(takeUs))}${phaseText ? ` (${phaseText})` : ""}`);
     }
-    console.log(`S=${S} host, ${style} wait: forward ${fmt(median(totalUs))} µs = issue ${fmt(median(issueUs))} + take ${fmt(median(takeUs))}`);
+  }
+  // From the completion word to the fence: vkGetFenceStatus polled without pause after the word.
+  for (const mode of MODES) {
+    L.fusedTokens = mode === "fused" ? 64 : 0;
+    const gapUs: number[] = [], polls: number[] = [];
+    for (let i = 0; i < 200; i++) {
+      const t = moe.issue(i % layers, x, gen.next(S));
+      const word = t0.views.done;
+      while (Atomics.load(word, 0) !== t0.seq) { /* the GPU writes it */ }
+      const a = performance.now();
+      let n = 1;
+      while (!t0.fence.signaled()) n++;
+      gapUs.push((performance.now() - a) * 1e3);
+      polls.push(n);
+      t.take(y);
+    }
+    console.log(`S=${S} ${mode}: completion word to fence signaled ${fmt(median(gapUs))} µs (p90 ${fmt(percentile(gapUs, 90))}), ${fmt(median(polls))} vkGetFenceStatus polls (p90 ${fmt(percentile(polls, 90))})`);
   }
   L.waitStyle = "block";
+  L.fusedTokens = fusedDefault;
   {
     const rt = emptyRoundTrip(device, 300);
     console.log(`empty submit+wait: vkWaitForFences ${fmt(median(rt.wait))} µs, polling vkGetFenceStatus ${fmt(median(rt.spin))} µs`);
     // The same with one tiny dispatch (the sum kernel, one workgroup: writes y in host memory), then
     // with three dispatches of one workgroup and barriers between them: the fixed cost of real work.
     for (const [label, record] of [
-      ["1 dispatch of 1 workgroup", (cb: CommandBuffer) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatch(1)],
+      ["1 dispatch of 1 workgroup", (cb: CommandBuffer) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, L.pushSum).dispatch(1)],
       ["3 dispatches of 1 workgroup + barriers", (cb: CommandBuffer) => {
         cb.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatch(1).barrier("computeToCompute");
         cb.bind(p.down, t0.sets.down).pushConstants(p.down, L.pushDown).dispatch(1).barrier("computeToCompute");
-        cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatch(1).barrier("computeToHost");
+        cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, L.pushSum).dispatch(1).barrier("computeToHost");
       }],
     ] as const) {
       const cb = pool.allocate().begin();
@@ -94,35 +139,70 @@ for (const S of sizes) {
       using sub = new Submission(device, [cb], { fence });
       console.log(`submit+poll with ${label}: ${fmt(median(submitPollUs(sub, fence, 280)))} µs`);
     }
-    // The layer's own command buffer with every indirect group count 0: its fixed cost (indirect
+    // The layer's own command buffers with every indirect group count 0: their fixed cost (indirect
     // reads, barriers) without work. The next forward() rewrites the counts.
-    {
+    for (const mode of MODES) {
       const saved = t0.views.indirect.slice();
       t0.views.indirect.fill(0);
-      const us = submitPollUs(t0.submission, t0.fence, 280);
+      const us = submitPollUs(t0.submissions[mode], t0.fence, 280);
       t0.views.indirect.set(saved);
-      console.log(`submit+poll of the layer's command buffer with zero workgroups: ${fmt(median(us))} µs`);
+      console.log(`submit+poll of the layer's ${mode} command buffer with zero workgroups: ${fmt(median(us))} µs`);
     }
   }
-  // The ticket now holds the last call's inputs (work list, indirect counts). Stage timestamps:
+  // The ticket now holds the last call's inputs (work list, slot tables, indirect counts), whose
+  // mode was the default's. Fill both modes' counts for this S, then time each stage.
   {
-    using q = new QueryPool(device, 4);
-    const cb = pool.allocate().begin().resetQueries(q).timestamp(q, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT);
-    stages(cb, q);
-    cb.end();
-    using sub = new Submission(device, [cb], { fence });
-    const parts: number[][] = [[], [], [], []];
-    for (let i = 0; i < 100; i++) {
-      sub.submit(); fence.wait(); fence.reset();
-      const ts = q.results();
-      for (let k = 1; k < 4; k++) parts[k - 1]!.push(Number(ts[k]! - ts[k - 1]!) * period / 1e3);
-      parts[3]!.push(Number(ts[3]! - ts[0]!) * period / 1e3);
+    const items = t0.views.work[2];
+    L.submit(t0, x, S, items); L.wait(t0);
+    for (const mode of MODES) {
+      using q = new QueryPool(device, stageNames(mode).length + 1); // every query written: results() waits for all
+      const names = stageNames(mode);
+      const cb = pool.allocate().begin().resetQueries(q).timestamp(q, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT);
+      stages(cb, mode, (i) => cb.timestamp(q, i + 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT));
+      cb.end();
+      using sub = new Submission(device, [cb], { fence });
+      const parts: number[][] = names.map(() => []);
+      const total: number[] = [];
+      for (let i = 0; i < 100; i++) {
+        sub.submit(); fence.wait(); fence.reset();
+        const ts = q.results();
+        names.forEach((_, k) => parts[k]!.push(Number(ts[k + 1]! - ts[k]!) * period / 1e3));
+        total.push(Number(ts[names.length]! - ts[0]!) * period / 1e3);
+      }
+      console.log(`S=${S} ${mode}, one call per submit, GPU µs: ${names.map((n, k) => `${n} ${fmt(median(parts[k]!))}`).join(", ")}, total ${fmt(median(total))}`);
+      // The integer-dot fused call with quantize_act as a dispatch instead of the host's quantization.
+      if (mode === "fused" && p.quantize) {
+        using q3 = new QueryPool(device, 4);
+        const cb3 = pool.allocate().begin().resetQueries(q3).timestamp(q3, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT).barrier("transferToCompute");
+        cb3.bind(p.quantize, t0.sets.quantize).pushConstants(p.quantize, L.pushQuantize).dispatchIndirect(t0.indirect, 36n).timestamp(q3, 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).barrier("computeToCompute");
+        cb3.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatchIndirect(t0.indirect, 0n).timestamp(q3, 2, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).barrier("computeToCompute");
+        cb3.bind(p.downSum, t0.sets.downSum).pushConstants(p.downSum, L.pushDown).dispatchIndirect(t0.indirect, 48n).timestamp(q3, 3, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).end();
+        using sub3 = new Submission(device, [cb3], { fence });
+        const parts3: number[][] = [[], [], [], []];
+        for (let i = 0; i < 100; i++) {
+          sub3.submit(); fence.wait(); fence.reset();
+          const ts = q3.results();
+          for (let k = 0; k < 3; k++) parts3[k]!.push(Number(ts[k + 1]! - ts[k]!) * period / 1e3);
+          parts3[3]!.push(Number(ts[3]! - ts[0]!) * period / 1e3);
+        }
+        console.log(`S=${S} quantize + grouped gate+up + down_sum, GPU µs: ${["quantize", "gate+up", "down_sum", "total"].map((n, k) => `${n} ${fmt(median(parts3[k]!))}`).join(", ")}`);
+      }
+      // The same call with direct dispatches (group counts recorded): what the indirect reads cost.
+      if (mode === "fused") {
+        const direct = pool.allocate().begin();
+        direct.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(shape.intermediate / L.rows), items)
+          .barrier("computeToCompute").bind(p.downSum, t0.sets.downSum).pushConstants(p.downSum, L.pushDown).dispatch(Math.ceil(shape.hidden / L.rows), S)
+          .barrier("computeToHost").end();
+        using dsub = new Submission(device, [direct], { fence });
+        const a = median(submitPollUs(dsub, fence, 280));
+        const b = median(submitPollUs(t0.submissions.fused, t0.fence, 280));
+        console.log(`S=${S} fused submit+poll: direct dispatches ${fmt(a)} µs, indirect (the layer's) ${fmt(b)} µs`);
+      }
     }
-    console.log(`S=${S} one call per submit, GPU µs: ${p.quantize ? "quantize + " : ""}gate+up ${fmt(median(parts[0]!))}, down ${fmt(median(parts[1]!))}, sum ${fmt(median(parts[2]!))}, total ${fmt(median(parts[3]!))}`);
   }
-  for (const reps of [10, 100]) {
-    const perCall = timeOnGpu(device, (cb) => { for (let i = 0; i < reps; i++) stages(cb); }, 10) / reps / 1e3;
-    console.log(`S=${S} ${reps} calls back to back in one submit: ${fmt(perCall)} µs per call (same experts, best of 10 submits)`);
+  for (const mode of MODES) for (const reps of [10, 100]) {
+    const perCall = timeOnGpu(device, (cb) => { for (let i = 0; i < reps; i++) stages(cb, mode); }, 10) / reps / 1e3;
+    console.log(`S=${S} ${mode} ${reps} calls back to back in one submit: ${fmt(perCall)} µs per call (same experts, best of 10 submits)`);
   }
 }
 
@@ -144,8 +224,8 @@ if (argv.includes("--sweep")) {
     timeOnGpu(device, (cb) => { for (let i = 0; i < REPS; i++) { record(cb); cb.barrier("computeToCompute"); } }, 13) / REPS / 1e3;
   const pathName = p.path;
   if (p.quantize) console.log(`sweep quantize_act: ${fmt(timeReps((cb) => cb.bind(p.quantize, t0.sets.quantize).pushConstants(p.quantize, L.pushQuantize).dispatchIndirect(t0.indirect, 36n)))} µs`);
-  console.log(`sweep sum: ${fmt(timeReps((cb) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatchIndirect(t0.indirect, 24n)))} µs`);
-  console.log(`sweep empty dispatch (sum with 1 workgroup): ${fmt(timeReps((cb) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, new Uint32Array([shape.hidden])).dispatch(1)))} µs`);
+  console.log(`sweep sum: ${fmt(timeReps((cb) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, L.pushSum).dispatchIndirect(t0.indirect, 24n)))} µs`);
+  console.log(`sweep empty dispatch (sum with 1 workgroup): ${fmt(timeReps((cb) => cb.bind(p.sum, t0.sets.sum).pushConstants(p.sum, L.pushSum).dispatch(1)))} µs`);
   for (const [wg, rows, colThreads, rowLanes] of shapes) {
     const config = { ...base, workgroupSize: wg, rowsPerWorkgroup: rows, colThreads, rowLanes };
     using pl = createMoePipelines(device, config, shape, moe.pool!.addressing, pathName);

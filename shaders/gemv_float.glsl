@@ -5,6 +5,7 @@
 //   MOE    (optional) grouped MoE variant (moe.glsl): one expert per workgroup row (y), tokens
 //          gathered through a pair list, weights located by the work list; with ADDR_BDA
 //          through a 64-bit buffer device address, else (slab index, offset) into a slab array
+//   DOWN_SUM (optional, with MOE) down rows of every slot of one token, summed (moe.glsl)
 //
 // Tokens are processed in chunks of TOKENS (registers: TOKENS accumulators per owned row);
 // each weight uvec4 is read once per chunk and used for every token of it.
@@ -33,7 +34,11 @@ const uint COLS_PER_WORD = 4u;
 // so the accumulators take about 16 registers.  1 = leanest for S == 1.
 layout(constant_id = 7) const uint TOKENS_ = 0u;
 const uint TOKENS_AUTO = (NV >= 16u) ? 1u : ((NV >= 2u) ? (16u / NV) : 8u);
+#ifdef DOWN_SUM
+const uint TOKENS = 1u;  // each slot has its own expert: one h row per weight load
+#else
 const uint TOKENS = (TOKENS_ == 0u) ? TOKENS_AUTO : TOKENS_;
+#endif
 
 #ifdef MOE
 #include "moe.glsl"
@@ -203,6 +208,52 @@ void colStep(uint c, uint mode) {
     }
 }
 
+// Column steps c0, c0 + step, ... of the owned rows for the current token chunk (acc += ...).
+void columnLoop(uint c0, uint step) {
+    const uint nFull = pc.I / COLS_PER_VEC;  // steps with every column < I
+    const bool hasTail = nFull * COLS_PER_VEC < pc.I;
+    if (xAligned()) {
+        for (uint c = c0; c < nFull; c += step) colStep(c, XM_VEC4);
+    } else {
+        for (uint c = c0; c < nFull; c += step) colStep(c, XM_SCALAR);
+    }
+    if (hasTail && (nFull % step) == c0) colStep(nFull, XM_TAIL);  // the step c == nFull is mine
+}
+
+#ifdef DOWN_SUM
+// The KSPLIT blocks of COL_THREADS*ROW_LANES threads split the token's slots (block ks takes slots
+// ks, ks + KSPLIT, ...), not the columns: the slots' weights are then read in parallel, and the
+// row reduction over every thread sums the slots too.
+void main() {
+    const uvec4 header = work[0];
+    const uint s = gl_WorkGroupID.y;
+    const uint K = header.y;
+    const uint rowBase = gl_WorkGroupID.x * ROWS_PER_WG;
+    const uint t = logicalThread();
+    const uint cl = t % COL_THREADS;
+    const uint rg = (t / COL_THREADS) % ROW_LANES;
+    const uint ks = t / (COL_THREADS * ROW_LANES);
+    if (rowBase < pc.O && s < header.x) {  // uniform; no return: every thread reaches arrive()
+        initRows(rowBase, rg);  // blob-relative: the same rows for every slot's expert
+        float total[NV];
+        [[unroll]] for (uint i = 0u; i < NV; ++i) total[i] = 0.0;
+        nt = 1u;
+        for (uint j = ks; j < K; j += KSPLIT) {
+            tok0 = s * K + j;
+            const float w = slotWeight[tok0];
+            if (w == 0.0) continue;  // uniform in the block: its expert ran on the CPU (or the router gave it 0)
+            setBlob(slotExpert[tok0]);
+            [[unroll]] for (uint i = 0u; i < NV; ++i) acc[i][0] = 0.0;
+            columnLoop(cl, COL_THREADS);
+            [[unroll]] for (uint i = 0u; i < NV; ++i) total[i] = fma(w, acc[i][0], total[i]);
+        }
+        [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = total[i];
+        uint rgo;
+        if (reduceRows(t, rgo)) storeRows(rowBase, rgo, s);
+    }
+    arrive(header.w);
+}
+#else
 void main() {
 #ifdef MOE
     if (!moeBegin()) return;  // a work item past the end of this call's list: uniform
@@ -218,23 +269,13 @@ void main() {
 
     initRows(rowBase, rg);
 
-    const uint nFull = pc.I / COLS_PER_VEC;                  // steps with every column < I
-    const bool hasTail = nFull * COLS_PER_VEC < pc.I;
-    const bool tailMine = hasTail && (nFull % CSTEP) == c0;  // the step c == nFull
-    const bool aligned = xAligned();
     const uint S = tokenCount();
-
     for (tok0 = 0u; tok0 < S; tok0 += TOKENS) {
         nt = min(TOKENS, S - tok0);
         [[unroll]] for (uint i = 0u; i < NV; ++i)
             [[unroll]] for (uint j = 0u; j < TOKENS; ++j) acc[i][j] = 0.0;
 
-        if (aligned) {
-            for (uint c = c0; c < nFull; c += CSTEP) colStep(c, XM_VEC4);
-        } else {
-            for (uint c = c0; c < nFull; c += CSTEP) colStep(c, XM_SCALAR);
-        }
-        if (tailMine) colStep(nFull, XM_TAIL);
+        columnLoop(c0, CSTEP);
 
         [[unroll]] for (uint j = 0u; j < TOKENS; ++j) {
             if (j < nt) {  // uniform
@@ -245,3 +286,4 @@ void main() {
         }
     }
 }
+#endif

@@ -1,28 +1,44 @@
-// moe.glsl: bindings and addressing of the grouped MoE GEMVs, included by gemv_float.glsl when
-// MOE is defined. One dispatch covers every (token, expert) pair of a layer call:
+// moe.glsl: bindings and addressing of the grouped MoE GEMVs, included by gemv_float.glsl and
+// gemv_idp.glsl when MOE is defined. One dispatch covers every (token, expert) pair of a layer call:
 //   workgroup (x, y) = (block of ROWS_PER_WG rows, work item u = one distinct expert);
 //   the item's tokens are gathered through `pairs`, so each expert's weights are read once.
 // GATEUP: h[slot][row] = silu(x[token]·gate) * (x[token]·up), token = slot / slotsPerToken.
+// DOWN_SUM (calls of few tokens): workgroup (x, y) = (row block, token s) runs the down rows of
+//   every slot of token s and sums them: y[s][row] = sum_j slotWeight[s*K+j] * (h[s*K+j]·down_j),
+//   each slot's expert located through slotExpert; the last workgroup writes the completion word.
 // else (down): ypair[slot][row] = slotWeight[slot] * (h[slot]·down).
-// Work list (binding 1, uvec4): [0] = (S, slotsPerToken, items, 0);
+// Work list (binding 1, uvec4): [0] = (S, slotsPerToken, items, call sequence number);
 //   [1 + u] = (a, b, pairStart, pairCount) with (a, b) = the expert blob's device address
 //   (lo, hi) under ADDR_BDA, else (slab index, blob offset in uvec4 units).
 // Blob-relative offsets of the matrices come as push constants (same for every expert).
 #extension GL_EXT_control_flow_attributes : require
 
 #ifndef MOE_IDP
-// Float path: x (gate+up) or h (down). The integer-dot gate+up declares its own binding 0 (xq)
-// and 5, 6 (xscale, xsum); its slab array then moves to binding 7.
+// x (gate+up, also the integer-dot gate+up that quantizes in the workgroup) or h (down). The
+// grouped integer-dot gate+up declares its own binding 0 (xq) and 5, 6 (xscale, xsum).
 layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
-#define MOE_SLAB_BINDING 5
-#else
-#define MOE_SLAB_BINDING 7
 #endif
 layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
+#ifdef DOWN_SUM
+layout(std430, binding = 2) readonly restrict buffer SE { uvec2 slotExpert[]; };
+#else
 layout(std430, binding = 2) readonly restrict buffer PR { uint pairs[]; };
+#endif
 layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
 layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
+#ifdef DOWN_SUM
+// The call's sequence number (work header .w), written by the last workgroup to finish: a hint
+// the host may poll instead of sleeping in the driver; it still waits on the fence before reading y.
+layout(std430, binding = 5) writeonly restrict buffer DN { uint done[]; };
+// Workgroups finished this call; the last one sets it back to 0 for the next call.
+layout(std430, binding = 6) coherent restrict buffer AR { uint arrived[]; };
+#endif
+#if defined(MOE_IDP) || defined(DOWN_SUM)
+#define MOE_SLAB_BINDING 7
+#else
+#define MOE_SLAB_BINDING 5
+#endif
 layout(push_constant, std430) uniform PC {
     uint O;                 // rows: I for gate+up, D for down
     uint I;                 // cols: D for gate+up, I for down
@@ -64,6 +80,17 @@ uint pairStart;
 uint pairCount;
 uint slotsPerToken;
 
+// Points the blob macros at one expert: (lo, hi) device address, or (slab index, offset).
+void setBlob(uvec2 e) {
+#ifdef ADDR_BDA
+    blobV = BlobV(e);
+    blobW = BlobW(e);
+#else
+    slabIndex = e.x;
+    blobBase = e.y;
+#endif
+}
+
 // Reads this workgroup's work item; false when the item is past the end of the list.
 bool moeBegin() {
     const uvec4 header = work[0];
@@ -73,13 +100,7 @@ bool moeBegin() {
     slotsPerToken = header.y;
     pairStart = item.z;
     pairCount = item.w;
-#ifdef ADDR_BDA
-    blobV = BlobV(item.xy);
-    blobW = BlobW(item.xy);
-#else
-    slabIndex = item.x;
-    blobBase = item.y;
-#endif
+    setBlob(item.xy);
     return true;
 }
 
@@ -88,19 +109,38 @@ uint tokenCount() { return pairCount; }
 bool xAligned() { return (pc.I & 3u) == 0u; }
 // The input row of the item's tok-th pair: the token (gate+up reads x) or the slot (down reads h).
 uint tokenOf(uint tok) {
-    const uint slot = pairs[pairStart + tok];
-#ifdef GATEUP
-    return slot / slotsPerToken;
+#if defined(DOWN_SUM)
+    return tok;  // already the slot: its h row
+#elif defined(GATEUP)
+    return pairs[pairStart + tok] / slotsPerToken;
 #else
-    return slot;
+    return pairs[pairStart + tok];
 #endif
 }
 uint xRow(uint tok) { return tokenOf(tok) * pc.I; }
 void storeOut(uint tok, uint row, float v) {
-    const uint slot = pairs[pairStart + tok];
-#ifdef GATEUP
-    yb[slot * pc.O + row] = v;
+#if defined(DOWN_SUM)
+    yb[tok * pc.O + row] = v;  // tok = the token; the sum is already weighted
+#elif defined(GATEUP)
+    yb[pairs[pairStart + tok] * pc.O + row] = v;
 #else
+    const uint slot = pairs[pairStart + tok];
     yb[slot * pc.O + row] = slotWeight[slot] * v;
 #endif
 }
+
+#ifdef DOWN_SUM
+// Called by every thread once its workgroup's stores are issued: the last workgroup of the grid
+// to arrive writes the completion word `seq` and resets the arrival count for the next call.
+void arrive(uint seq) {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+        const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+        if (atomicAdd(arrived[0], 1u) == groups - 1u) {
+            arrived[0] = 0u;
+            done[0] = seq;
+        }
+    }
+}
+#endif

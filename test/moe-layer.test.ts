@@ -40,6 +40,7 @@ function sweep(spec: Omit<SweepSpec, "shared" | "seed">, seed: number, sharedVal
     expect(r.stats.gpuPairs).toBe(r.pairs);
     expect(r.stats.cpuPairs).toBe(0);
     expect(r.stats.calls).toBe(spec.cases.length);
+    expect(r.stats.fusedCalls).toBe(spec.cases.filter(([S]) => S <= r.fusedTokens).length);
   }
   console.log(`  ${spec.label} ${spec.addressing} E=${spec.E}: ${pooled.cases} cases, pooled NMSE ${pooled.nmse.toExponential(2)}, worst ${pooled.worst.toExponential(2)} (${pooled.worstLabel}), ${((performance.now() - t0) / 1000).toFixed(1)} s`);
   expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
@@ -81,6 +82,27 @@ describe("the NVIDIA MoE kernel shape (32 threads × 4 rows, chooseMoeKernelConf
       const cases: [number, number][] = [[1, 16], [7, 8], [64, 16], [2, 1]];
       sweep({ label: "q4/g32/f16 32x4", shape: MAIN, E: 256, experts: firstE(256), addressing, cases, kernel: { workgroupSize: 32, rowsPerWorkgroup: 4, colThreads: 0, rowLanes: 1 } },
         9100 + (addressing === "bda" ? 0 : 1), [addressing === "bda"]);
+    });
+  }
+});
+
+describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTokens 64, two dispatches)", () => {
+  // By default calls of S <= 4 run fused and larger ones grouped; here each mode runs every S, on
+  // both paths and both addressing paths, with a shared expert.
+  const E = 32;
+  const cases: [number, number][] = [[1, 8], [2, 16], [7, 1], [64, 8]];
+  for (const path of ["float", "integer-dot"] as const) for (const addressing of ADDRESSING) for (const fusedTokens of [0, 64]) {
+    test(`${path}, ${addressing}, ${fusedTokens ? "fused" : "grouped"}`, () => {
+      const t0 = performance.now();
+      const pooled = new PooledError();
+      const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases, shared: true, seed: 8300 + fusedTokens, path, fusedTokens }, pooled);
+      expect(r.mode, r.why).toBe("gpu");
+      expect(r.why).toContain(`${path} path`);
+      expect(r.stats.gpuPairs).toBe(r.pairs);
+      expect(r.fusedTokens).toBe(fusedTokens);
+      expect(r.stats.fusedCalls).toBe(fusedTokens ? cases.length : 0);
+      console.log(`  ${path} ${addressing} ${fusedTokens ? "fused" : "grouped"}: ${pooled.cases} cases, NMSE ${pooled.nmse.toExponential(2)} vs ${path === "float" ? "f64 reference" : "emulation"}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+      expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
     });
   }
 });

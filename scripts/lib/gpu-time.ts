@@ -124,10 +124,12 @@ export function readBandwidth(device: Device, wantBytes: number, reps: number): 
 }
 
 /** The parts of the backend's private GPU state this file reaches (scripts/bench-moe.ts documents why). */
+type CallMode = "grouped" | "fused";
+const MODES: CallMode[] = ["grouped", "fused"];
 interface TicketInternals {
-  submission: Submission;
+  submissions: Record<CallMode, Submission>;
   fence: Fence;
-  commands: CommandBuffer;
+  commands: Record<CallMode, CommandBuffer>;
 }
 interface LayerInternals {
   tickets: TicketInternals[];
@@ -135,11 +137,11 @@ interface LayerInternals {
 }
 
 /**
- * GPU time of each MoE layer call, measured on the layer's own recorded command buffer: each
- * ticket's submission is swapped for one submitting [reset + timestamp, the ticket's command
- * buffer, timestamp] with the same fence, still one vkQueueSubmit. No replica runs, so caches are
- * exactly as the real call left them. `off()` restores the original submissions (call it before
- * the backend is disposed; dispose does it too).
+ * GPU time of each MoE layer call, measured on the layer's own recorded command buffers: each
+ * ticket's submissions (one per call mode) are swapped for ones submitting [reset + timestamp, the
+ * ticket's command buffer, timestamp] with the same fence, still one vkQueueSubmit. No replica
+ * runs, so caches are exactly as the real call left them. `off()` restores the original
+ * submissions (call it before the backend is disposed; dispose does it too).
  *
  * This reaches private fields of MoeBackend and GpuLayer (gpu.layer.tickets, next); it checks
  * their shape and throws a clear error if they change. The proposed public replacement is an
@@ -150,7 +152,7 @@ export class LayerTimer implements Disposable {
   private readonly device: Device;
   private readonly period: number;
   private readonly pool: CommandPool;
-  private readonly parts: { ticket: TicketInternals; original: Submission; timed: Submission; queries: QueryPool }[] = [];
+  private readonly parts: { ticket: TicketInternals; original: Record<CallMode, Submission>; timed: Record<CallMode, Submission>; queries: QueryPool }[] = [];
   private active = false;
 
   constructor(backend: MoeBackend) {
@@ -158,8 +160,8 @@ export class LayerTimer implements Disposable {
     const layer = (backend as unknown as { gpu?: { layer?: LayerInternals } }).gpu?.layer;
     if (!ctx || !layer) throw new Error("LayerTimer needs a MoE backend on the GPU");
     const ok = Array.isArray(layer.tickets) && typeof layer.next === "number" &&
-      layer.tickets.every((t) => t && typeof t.submission?.submit === "function" && t.fence && typeof t.commands?.handle === "bigint");
-    if (!ok) throw new Error("LayerTimer: GpuLayer internals changed (tickets[].submission/fence/commands, next); update scripts/lib/gpu-time.ts");
+      layer.tickets.every((t) => t && t.fence && MODES.every((m) => typeof t.submissions?.[m]?.submit === "function" && typeof t.commands?.[m]?.handle === "bigint"));
+    if (!ok) throw new Error("LayerTimer: GpuLayer internals changed (tickets[].submissions/fence/commands, next); update scripts/lib/gpu-time.ts");
     this.layer = layer;
     this.device = ctx.device;
     this.period = ctx.device.info.limits.timestampPeriod;
@@ -168,18 +170,21 @@ export class LayerTimer implements Disposable {
       const queries = new QueryPool(this.device, 2);
       const begin = this.pool.allocate().begin().resetQueries(queries).timestamp(queries, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT).end();
       const end = this.pool.allocate().begin().timestamp(queries, 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).end();
-      const timed = new Submission(this.device, [begin, ticket.commands, end], { fence: ticket.fence });
-      this.parts.push({ ticket, original: ticket.submission, timed, queries });
+      const timed = {
+        grouped: new Submission(this.device, [begin, ticket.commands.grouped, end], { fence: ticket.fence }),
+        fused: new Submission(this.device, [begin, ticket.commands.fused, end], { fence: ticket.fence }),
+      };
+      this.parts.push({ ticket, original: { ...ticket.submissions }, timed, queries });
     }
   }
 
   on(): void {
-    for (const p of this.parts) p.ticket.submission = p.timed;
+    for (const p of this.parts) Object.assign(p.ticket.submissions, p.timed);
     this.active = true;
   }
 
   off(): void {
-    for (const p of this.parts) p.ticket.submission = p.original;
+    for (const p of this.parts) Object.assign(p.ticket.submissions, p.original);
     this.active = false;
   }
 
@@ -195,7 +200,7 @@ export class LayerTimer implements Disposable {
   [Symbol.dispose](): void {
     this.off();
     for (const p of this.parts) {
-      p.timed[Symbol.dispose]();
+      for (const m of MODES) p.timed[m][Symbol.dispose]();
       p.queries[Symbol.dispose]();
     }
     this.pool[Symbol.dispose]();

@@ -22,6 +22,9 @@ import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
 
+/** Defaults of the fusedTokens option per GEMV path. */
+const FUSED_TOKENS_DEFAULT: Record<MoeGemvPath, number> = { float: 4, "integer-dot": 1 };
+
 /** Weights of (layer, expert); expert === experts (E) asks for the shared expert. */
 export type ExpertProvider = (layer: number, expert: number) => ExpertWeights;
 
@@ -57,6 +60,15 @@ const optionsSchema = z.strictObject({
    * against 75.0 µs blocking at S=1, and 273 µs against 323 µs at S=16 (scripts/profile-moe.ts).
    */
   wait: z.enum(["block", "spin"]).default("spin"),
+  /**
+   * Calls of at most this many tokens run in two dispatches: gate+up (on the integer-dot path with x
+   * quantized on the host), then down with each token's experts summed in the workgroup. Larger
+   * calls run [quantize] + gate+up + down + sum, which reads each expert's weights once whatever S
+   * is. 0: always the latter. Default, measured on the H200 (scripts/profile-moe.ts): 4 on the
+   * float path (down_sum beat down + sum up to S=4 and lost from S=8), 1 on the integer-dot path
+   * (the host quantizes ~3 µs per token, the quantize dispatch it saves costs ~7 µs).
+   */
+  fusedTokens: z.number().int().min(0).max(MAX_TOKENS).optional(),
   /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */
   kernel: z.strictObject({
     workgroupSize: z.number().int().positive(),
@@ -81,6 +93,8 @@ export interface MoeStats {
   calls: number;
   gpuPairs: number;
   cpuPairs: number;
+  /** GPU calls that ran fused (two dispatches; see the fusedTokens option). */
+  fusedCalls: number;
   cache?: ReturnType<ExpertPool["stats"]>;
 }
 
@@ -110,7 +124,7 @@ export class MoeBackend implements Disposable {
   private readonly cpuItems: Int32Array;
   /** The reused call object of each GpuLayer ticket. */
   private readonly calls = new Map<Ticket, GpuCall>();
-  private counters = { calls: 0, gpuPairs: 0, cpuPairs: 0 };
+  private counters = { calls: 0, gpuPairs: 0, cpuPairs: 0, fusedCalls: 0 };
   /** The upload source of the expert being ensured: one object, reused, so a call allocates no closures (read only on a miss). */
   private readonly missing = {
     layer: 0,
@@ -164,7 +178,7 @@ export class MoeBackend implements Disposable {
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the gate+up path.
       const path = planKernels(device, env).integerDot.on ? "integer-dot" : "float";
-      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path }, this.options.limit);
+      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path, fusedTokens: this.options.fusedTokens ?? FUSED_TOKENS_DEFAULT[path] }, this.options.limit);
       layer.waitStyle = this.options.wait;
       this.missing.byteLength = pool.layout.bytes;
       this.missing.layout = pool.layout;
@@ -188,6 +202,11 @@ export class MoeBackend implements Disposable {
   /** The GPU's GEMV path ("float", or "integer-dot": x quantized to int8 for gate+up), undefined on the CPU path. */
   get gemvPath(): MoeGemvPath | undefined {
     return this.gpu?.layer.pipelines.path;
+  }
+
+  /** Calls of at most this many tokens run fused on the GPU (0 on the CPU path). */
+  get fusedTokens(): number {
+    return this.gpu?.layer.fusedTokens ?? 0;
   }
 
   get why(): string {
@@ -274,7 +293,7 @@ export class MoeBackend implements Disposable {
     const w = this.work;
     const t: Ticket = g.layer.acquire();
     const c = this.callOf(g, t);
-    const { work: item, pairs, slotWeight } = t.views;
+    const { work: item, pairs, slotWeight, slotExpert } = t.views;
     const S = r.S, K = w.slotsPerToken;
     const bda = g.pool.addressing === "bda";
     const cpuOnMiss = this.options.onMiss === "cpu";
@@ -307,24 +326,22 @@ export class MoeBackend implements Disposable {
           continue;
         }
         const at = 4 * (1 + gpuItems);
-        if (bda) {
-          item[at] = res.addressLo;
-          item[at + 1] = res.addressHi;
-        } else {
-          item[at] = slot;
-          item[at + 1] = res.allocation.offset / 16;
-        }
+        const a = bda ? res.addressLo : slot, b = bda ? res.addressHi : res.allocation.offset / 16;
+        item[at] = a;
+        item[at + 1] = b;
         item[at + 2] = gpuPairCount;
         item[at + 3] = count;
-        for (let i = 0; i < count; i++) pairs[gpuPairCount++] = w.pairs[start + i]!;
+        for (let i = 0; i < count; i++) {
+          const p = w.pairs[start + i]!;
+          pairs[gpuPairCount++] = p;
+          slotExpert[2 * p] = a;
+          slotExpert[2 * p + 1] = b;
+        }
         gpuItems++;
       }
       g.pool.flush();
       item[0] = S; item[1] = K; item[2] = gpuItems; item[3] = 0;
-      if (gpuItems > 0) {
-        t.views.x.set(x);
-        g.layer.submit(t, S, gpuItems);
-      }
+      if (gpuItems > 0 && g.layer.submit(t, x, S, gpuItems) === "fused") this.counters.fusedCalls++;
     } catch (e) {
       batch?.release();
       g.layer.releaseTicket(t);

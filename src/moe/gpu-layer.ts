@@ -1,9 +1,11 @@
 /**
- * One MoE layer call on the GPU: every (token, expert) pair in three dispatches (grouped
- * gate+up with SiLU, grouped down with the router weight folded in, sum over the slots), plus an
- * activation-quantize dispatch first on the integer-dot path; recorded once per ticket and
- * replayed. A call writes x, the work list and the indirect group counts into mapped memory and
- * submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
+ * One MoE layer call on the GPU: every (token, expert) pair in a constant number of dispatches,
+ * recorded once per ticket and replayed. Two recorded command buffers per ticket (see MoePipelines):
+ *   grouped: [quantize_act] -> grouped gate+up (SiLU) -> grouped down (router weight folded in) -> sum
+ *   fused (S <= fusedTokens): grouped gate+up -> down_sum (each token's slots summed per workgroup);
+ *     on the integer-dot path the host writes x already quantized, so no quantize dispatch
+ * A call writes x (or its int8 form), the work list, the slot tables and the indirect group counts
+ * into mapped memory and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
@@ -15,20 +17,33 @@ import { DeviceLostError } from "../vk/errors.ts";
 import type { KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
+import type { ComputePipeline } from "../vk/pipeline.ts";
+import { quantizeActivationsInto } from "../quant/intdot.ts";
 import { createMoePipelines, QUANTIZE_WORKGROUP, SUM_WORKGROUP, type MoeGemvPath, type MoePipelines } from "./shaders.ts";
 import { MAX_TOKENS } from "./routing.ts";
 
 const WORKING_SET_PRIORITY = 1.0;
 /** How long the "spin" wait polls the completion word before sleeping in the driver. */
 const SPIN_NS = 200_000;
+/**
+ * Once the completion word is seen the fence signals within a few µs: the spin wait then checks
+ * it with vkGetFenceStatus up to FENCE_POLLS times, FENCE_POLL_GAP_US apart (no FFI call in
+ * between), before sleeping in vkWaitForFences, which on NVIDIA costs ~12 µs more to wake up than
+ * a poll (empty submission: 22.6 µs waited, 10.9 µs polled). At most 6 FFI calls per call.
+ */
+const FENCE_POLLS = 3;
+const FENCE_POLL_GAP_US = 1;
 
 /**
  * "block": vkWaitForFences (3 FFI calls per layer call: submit, wait, reset). "spin": first poll
- * the completion word the sum kernel writes into host memory (no FFI call) for up to SPIN_NS,
+ * the completion word the last kernel writes into host memory (no FFI call) for up to SPIN_NS,
  * then vkWaitForFences, which then has little or nothing left to wait for (still 3 FFI calls).
  * scripts/profile-moe.ts and bench-moe.ts measure both.
  */
 export type WaitStyle = "block" | "spin";
+
+/** Which recorded command buffer a call runs (see MoePipelines). */
+export type CallMode = "grouped" | "fused";
 
 export interface GpuLayerOptions {
   /** Distinct experts per call at most (S*k plus a shared expert, capped by E + 1). */
@@ -36,8 +51,10 @@ export interface GpuLayerOptions {
   /** Slots per call at most: S * slotsPerToken. */
   maxSlots: number;
   tickets?: number;
-  /** "integer-dot": quantize x, then the integer-dot gate+up; down and sum stay float. Default "float". */
+  /** "integer-dot": int8 x and packed dot products for gate+up; down and sum stay float. Default "float". */
   path?: MoeGemvPath;
+  /** Calls of at most this many tokens run fused (two dispatches); 0: every call grouped. */
+  fusedTokens?: number;
 }
 
 /** Rows of xq in words and groups per row for the integer-dot gate+up (quantize_act's layout). */
@@ -45,25 +62,37 @@ function quantizeShape(D: number, groupSize: number): { xqRowWords: number; grou
   return { xqRowWords: Math.ceil(D / 16) * 4, groupsPerRow: Math.ceil(D / groupSize) };
 }
 
+/** Indirect group counts (uvec3 each, byte offsets) in a ticket's indirect buffer. */
+const INDIRECT = { gateUp: 0n, down: 12n, sum: 24n, quantize: 36n, downSum: 48n } as const;
+
 /** Everything one in-flight call owns. */
 class Ticket {
   readonly x: Buffer;
   readonly work: Buffer;
   readonly pairs: Buffer;
   readonly slotWeight: Buffer;
+  /** Fused calls: each slot's expert blob (as in the work list), so down_sum needs no pair list. */
+  readonly slotExpert: Buffer;
   readonly h: Buffer;
   readonly ypair: Buffer;
   readonly y: Buffer;
   readonly indirect: Buffer;
-  /** Completion word: the sum kernel writes the call's sequence number here (host memory). */
+  /** Completion word: the last kernel writes the call's sequence number here (host memory). */
   readonly done: Buffer;
-  /** Integer-dot path: x quantized per group (int8 words, scales, sums). */
-  readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
+  /** down_sum's count of finished workgroups (0 between calls). */
+  readonly arrived: Buffer;
+  /**
+   * Integer-dot path: x quantized per group (int8 words, scales, sums), by quantize_act in grouped
+   * calls, by the host in fused ones (so host-visible).
+   */
+  readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer; views: { xq: Uint32Array; xscale: Float32Array; xsum: Int32Array } } | undefined;
   readonly fence: Fence;
-  readonly commands: CommandBuffer;
-  readonly submission: Submission;
-  readonly sets: { quantize: bigint | undefined; gateUp: bigint; down: bigint; sum: bigint };
-  readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array; indirect: Uint32Array; done: Int32Array };
+  readonly commands: Record<CallMode, CommandBuffer>;
+  readonly submissions: Record<CallMode, Submission>;
+  readonly sets: { quantize: bigint | undefined; gateUp: bigint; down: bigint; sum: bigint; downSum: bigint };
+  readonly views: {
+    x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; slotExpert: Uint32Array; y: Float32Array; indirect: Uint32Array; done: Int32Array;
+  };
   /** Sequence number of the call this ticket holds (work header .w). */
   seq = 0;
   busy = false;
@@ -78,54 +107,72 @@ class Ticket {
     this.work = buf(16 * (1 + opts.maxItems), "upload");
     this.pairs = buf(4 * opts.maxSlots, "upload");
     this.slotWeight = buf(4 * opts.maxSlots, "upload");
+    this.slotExpert = buf(8 * opts.maxSlots, "upload");
     this.h = buf(4 * opts.maxSlots * I, "device");
     this.ypair = buf(4 * opts.maxSlots * D, "device");
     this.y = buf(4 * MAX_TOKENS * D, "readback");
-    this.indirect = buf(4 * 12, "upload");
+    this.indirect = buf(4 * 15, "upload");
     this.done = buf(16, "readback");
+    this.arrived = buf(16, "upload");
+    new Uint32Array(this.arrived.host()).fill(0);
     if (p.quantize) {
       const q = quantizeShape(D, groupSize);
-      this.quantized = { xq: buf(4 * MAX_TOKENS * q.xqRowWords, "device"), xscale: buf(4 * MAX_TOKENS * q.groupsPerRow, "device"), xsum: buf(4 * MAX_TOKENS * q.groupsPerRow, "device") };
+      const xq = buf(4 * MAX_TOKENS * q.xqRowWords, "upload"), xscale = buf(4 * MAX_TOKENS * q.groupsPerRow, "upload"), xsum = buf(4 * MAX_TOKENS * q.groupsPerRow, "upload");
+      this.quantized = { xq, xscale, xsum, views: { xq: new Uint32Array(xq.host()), xscale: new Float32Array(xscale.host()), xsum: new Int32Array(xsum.host()) } };
     }
     this.views = {
       x: new Float32Array(this.x.host()), work: new Uint32Array(this.work.host()), pairs: new Uint32Array(this.pairs.host()),
-      slotWeight: new Float32Array(this.slotWeight.host()), y: new Float32Array(this.y.host()), indirect: new Uint32Array(this.indirect.host()),
-      done: new Int32Array(this.done.host()),
+      slotWeight: new Float32Array(this.slotWeight.host()), slotExpert: new Uint32Array(this.slotExpert.host()), y: new Float32Array(this.y.host()),
+      indirect: new Uint32Array(this.indirect.host()), done: new Int32Array(this.done.host()),
     };
     this.cpuY = new Float32Array(MAX_TOKENS * D);
     this.fence = new Fence(device);
-    this.commands = pool.allocate();
-    this.submission = new Submission(device, [this.commands], { fence: this.fence });
+    this.commands = { grouped: pool.allocate(), fused: pool.allocate() };
+    this.submissions = {
+      grouped: new Submission(device, [this.commands.grouped], { fence: this.fence }),
+      fused: new Submission(device, [this.commands.fused], { fence: this.fence }),
+    };
     // Unbound slab slots hold a small placeholder buffer (no partially-bound descriptors needed).
     const slabs = Array.from({ length: p.maxSlabs }, () => undefined);
     const q = this.quantized;
+    const gateUp = descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs));
     this.sets = {
       quantize: p.quantize && q ? descriptors.allocate(p.quantize, [{ buffer: this.x }, { buffer: q.xq }, { buffer: q.xscale }, { buffer: q.xsum }]) : undefined,
-      gateUp: descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs)),
+      gateUp,
       down: descriptors.allocate(p.down, this.stageBindings("down", slabs)),
       sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }, { buffer: this.done }]),
+      downSum: descriptors.allocate(p.downSum, this.stageBindings("downSum", slabs)),
     };
   }
 
   /**
-   * Bindings of the gate+up or down set: input (x, h, or the integer-dot path's xq), work, pairs,
-   * output, slot weights (+ xscale, xsum on the integer-dot gate+up) (+ the slab array on the
-   * descriptor path).
+   * Bindings of a GEMV stage's set (+ the slab array on the descriptor path):
+   *   gateUp, down: input (x, h, or the integer-dot gate+up's xq), work, pairs, output, slot
+   *     weights (+ xscale, xsum on the integer-dot gate+up);
+   *   downSum: h, work, slot experts, y, slot weights, completion word, arrival count.
    */
-  stageBindings(stage: "gateUp" | "down", slabs: readonly (DeviceSlab | undefined)[]): (BufferBinding | BufferBinding[])[] {
-    const q = stage === "gateUp" ? this.quantized : undefined;
-    const [input, out] = stage === "gateUp" ? [q ? q.xq : this.x, this.h] : [this.h, this.ypair];
-    const bindings: (BufferBinding | BufferBinding[])[] = [{ buffer: input }, { buffer: this.work }, { buffer: this.pairs }, { buffer: out }, { buffer: this.slotWeight }];
-    if (q) bindings.push({ buffer: q.xscale }, { buffer: q.xsum });
+  stageBindings(stage: "gateUp" | "down" | "downSum", slabs: readonly (DeviceSlab | undefined)[]): (BufferBinding | BufferBinding[])[] {
+    const bindings: (BufferBinding | BufferBinding[])[] = [];
+    if (stage === "downSum") {
+      bindings.push(...[this.h, this.work, this.slotExpert, this.y, this.slotWeight, this.done, this.arrived].map((buffer) => ({ buffer })));
+    } else {
+      const q = stage === "gateUp" ? this.quantized : undefined;
+      const [input, out] = stage === "down" ? [this.h, this.ypair] : [q ? q.xq : this.x, this.h];
+      bindings.push({ buffer: input }, { buffer: this.work }, { buffer: this.pairs }, { buffer: out }, { buffer: this.slotWeight });
+      if (q) bindings.push({ buffer: q.xscale }, { buffer: q.xsum });
+    }
     if (slabs.length) bindings.push(slabs.map((b) => ({ buffer: b ? b.buffer : this.indirect })));
     return bindings;
   }
 
   dispose(): void {
-    this.submission[Symbol.dispose]();
+    this.submissions.fused[Symbol.dispose]();
+    this.submissions.grouped[Symbol.dispose]();
     this.fence[Symbol.dispose]();
     const q = this.quantized;
-    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), this.done, this.indirect, this.y, this.ypair, this.h, this.slotWeight, this.pairs, this.work, this.x]) b[Symbol.dispose]();
+    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), this.arrived, this.done, this.indirect, this.y, this.ypair, this.h, this.slotExpert, this.slotWeight, this.pairs, this.work, this.x]) {
+      b[Symbol.dispose]();
+    }
   }
 }
 
@@ -167,9 +214,13 @@ export class GpuLayer implements Disposable {
   private seq = 0;
   private readonly pushGateUp = new Uint32Array(9);
   private readonly pushDown = new Uint32Array(9);
+  private readonly pushSum: Uint32Array;
   /** quantize_act: I = D, S = MAX_TOKENS (the indirect group count bounds the real S), groupsPerRow, xOffset, xqRowWords. */
   private readonly pushQuantize: Uint32Array;
   private readonly quantizeThreadsPerToken: number;
+  /** Calls of at most this many tokens run the fused command buffer. */
+  readonly fusedTokens: number;
+  private readonly groupSize: number;
 
   constructor(device: Device, pool: ExpertPool, config: KernelConfig, opts: GpuLayerOptions, limit?: number) {
     this.device = device;
@@ -181,8 +232,11 @@ export class GpuLayer implements Disposable {
     this.rows = config.rowsPerWorkgroup;
     const n = opts.tickets ?? 2;
     this.commandPool = new CommandPool(device);
+    this.fusedTokens = Math.min(MAX_TOKENS, opts.fusedTokens ?? 0);
+    this.groupSize = L.shape.groupSize;
     const perSet = 8 + this.pipelines.maxSlabs;
-    this.descriptors = new DescriptorPool(device, 4 * n, 4 * n * perSet);
+    this.descriptors = new DescriptorPool(device, 6 * n, 6 * n * perSet);
+    this.pushSum = new Uint32Array([this.D]);
     const q = quantizeShape(this.D, L.shape.groupSize);
     this.pushQuantize = new Uint32Array([this.D, MAX_TOKENS, q.groupsPerRow, 0, q.xqRowWords]);
     this.quantizeThreadsPerToken = q.groupsPerRow * (L.shape.groupSize / 4);
@@ -198,20 +252,32 @@ export class GpuLayer implements Disposable {
   }
 
   private record(t: Ticket): void {
-    const p = this.pipelines;
-    // No leading barrier: staged expert uploads end with their own transfer-to-compute barrier.
-    t.commands.begin();
-    if (p.quantize && t.sets.quantize) {
-      t.commands.bind(p.quantize, t.sets.quantize).pushConstants(p.quantize, this.pushQuantize).dispatchIndirect(t.indirect, 36n).barrier("computeToCompute");
+    for (const mode of ["grouped", "fused"] as const) {
+      const cb = t.commands[mode].begin();
+      this.recordCall(cb, t, mode);
+      cb.barrier("computeToHost").end();
     }
-    t.commands
-      .bind(p.gateUp, t.sets.gateUp).pushConstants(p.gateUp, this.pushGateUp).dispatchIndirect(t.indirect, 0n)
-      .barrier("computeToCompute")
-      .bind(p.down, t.sets.down).pushConstants(p.down, this.pushDown).dispatchIndirect(t.indirect, 12n)
-      .barrier("computeToCompute")
-      .bind(p.sum, t.sets.sum).pushConstants(p.sum, new Uint32Array([this.D])).dispatchIndirect(t.indirect, 24n)
-      .barrier("computeToHost")
-      .end();
+  }
+
+  /**
+   * The dispatches of one call of `mode` on ticket t's buffers, with barriers between them;
+   * `mark(i)` after dispatch i (profiling: timestamps). No leading barrier: staged expert uploads
+   * end with their own transfer-to-compute barrier. A mode without pipelines records nothing.
+   */
+  recordCall(cb: CommandBuffer, t: Ticket, mode: CallMode, mark?: (stage: number) => void): void {
+    const p = this.pipelines;
+    const steps: [ComputePipeline, bigint | undefined, Uint32Array, bigint][] = [];
+    if (mode === "grouped") {
+      if (p.quantize && t.sets.quantize) steps.push([p.quantize, t.sets.quantize, this.pushQuantize, INDIRECT.quantize]);
+      steps.push([p.gateUp, t.sets.gateUp, this.pushGateUp, INDIRECT.gateUp], [p.down, t.sets.down, this.pushDown, INDIRECT.down], [p.sum, t.sets.sum, this.pushSum, INDIRECT.sum]);
+    } else {
+      steps.push([p.gateUp, t.sets.gateUp, this.pushGateUp, INDIRECT.gateUp], [p.downSum, t.sets.downSum, this.pushDown, INDIRECT.downSum]);
+    }
+    steps.forEach(([pipeline, set, push, offset], i) => {
+      if (i > 0) cb.barrier("computeToCompute");
+      cb.bind(pipeline, set!).pushConstants(pipeline, push).dispatchIndirect(t.indirect, offset);
+      mark?.(i);
+    });
   }
 
   /** A ticket no call holds; TicketsExhaustedError when every one is issued and not yet taken. */
@@ -256,20 +322,39 @@ export class GpuLayer implements Disposable {
   private writeSlabArray(t: Ticket): void {
     writeStorageBuffers(this.device, t.sets.gateUp, t.stageBindings("gateUp", this.boundSlabs));
     writeStorageBuffers(this.device, t.sets.down, t.stageBindings("down", this.boundSlabs));
+    writeStorageBuffers(this.device, t.sets.downSum, t.stageBindings("downSum", this.boundSlabs));
   }
 
-  /** Writes the indirect group counts for S tokens and `items` work items and submits (one vkQueueSubmit). */
-  submit(t: Ticket, S: number, items: number): void {
+  /** The command buffer a call of S tokens runs. */
+  modeFor(S: number): CallMode {
+    return S <= this.fusedTokens ? "fused" : "grouped";
+  }
+
+  /**
+   * Writes x (quantized on the host for a fused integer-dot call) and the indirect group counts for
+   * S tokens and `items` work items, and submits the mode's command buffer (one vkQueueSubmit).
+   * Fused calls also read the slot tables (slotExpert, slotWeight).
+   */
+  submit(t: Ticket, x: Float32Array, S: number, items: number): CallMode {
+    const mode = this.modeFor(S);
+    const q = t.quantized;
+    if (mode === "fused" && q) {
+      quantizeActivationsInto(x, S, this.D, this.groupSize, q.views.xq, this.pushQuantize[4]!, q.views.xscale, q.views.xsum);
+    } else {
+      t.views.x.set(x);
+    }
     const ind = t.views.indirect;
     ind[0] = Math.ceil(this.I / this.rows); ind[1] = items; ind[2] = 1;
     ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
     ind[9] = Math.ceil((S * this.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP); ind[10] = 1; ind[11] = 1;
+    ind[12] = Math.ceil(this.D / this.rows); ind[13] = S; ind[14] = 1; // (never read back: write-combined memory)
     this.seq = (this.seq + 1) | 0 || 1; // never 0: the word's initial value
     t.seq = this.seq;
     t.views.work[3] = this.seq;
-    t.submission.submit();
+    t.submissions[mode].submit();
     t.busy = true;
+    return mode;
   }
 
   /**
@@ -280,20 +365,32 @@ export class GpuLayer implements Disposable {
     if (!t.busy) return;
     t.busy = false;
     if (this.injectDeviceLost) return this.injectedLoss(t);
-    if (this.waitStyle === "spin") this.spinOnCompletionWord(t);
-    if (!t.fence.wait()) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    if (this.waitStyle !== "spin" || !this.spinOnCompletionWord(t) || !this.pollFence(t)) {
+      if (!t.fence.wait()) throw new Error("MoE layer: the GPU did not finish within the timeout");
+    }
     t.fence.reset();
   }
 
-  /** Polls the ticket's completion word for up to SPIN_NS; no FFI call. */
-  private spinOnCompletionWord(t: Ticket): void {
+  /** Polls the ticket's completion word for up to SPIN_NS; no FFI call. True once it is seen. */
+  private spinOnCompletionWord(t: Ticket): boolean {
     const word = t.views.done;
     const start = performance.now();
     const limitMs = SPIN_NS / 1e6;
     // Atomics.load: a fresh read every time (a plain load could be hoisted out of the loop).
     while (Atomics.load(word, 0) !== t.seq) {
-      if (performance.now() - start > limitMs) return;
+      if (performance.now() - start > limitMs) return false;
     }
+    return true;
+  }
+
+  /** After the completion word: up to FENCE_POLLS vkGetFenceStatus, FENCE_POLL_GAP_US apart. True once signaled. */
+  private pollFence(t: Ticket): boolean {
+    for (let i = 0; i < FENCE_POLLS; i++) {
+      if (t.fence.signaled()) return true;
+      const until = performance.now() + FENCE_POLL_GAP_US / 1e3;
+      while (performance.now() < until) { /* no FFI call */ }
+    }
+    return false;
   }
 
   /** The same without holding the event loop in Deno (the wait runs on a worker thread). */

@@ -169,12 +169,16 @@ export interface SweepSpec {
   path?: MoePath;
   /** Integer-dot path: also accumulate the error against the float reference here (no per-case bound). */
   vsFloat?: PooledError;
+  /** MoeOptions.fusedTokens (default: the backend's). */
+  fusedTokens?: number;
 }
 
 export interface SweepResult {
   mode: "gpu" | "cpu";
   why: string;
   stats: MoeStats;
+  /** The backend's fusedTokens: calls of at most this many tokens ran fused. */
+  fusedTokens: number;
   /** (token, expert) pairs of all cases, shared expert included. */
   pairs: number;
   messages: ValidationMessage[];
@@ -188,7 +192,7 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
   const topK = spec.topK ?? Math.max(...spec.cases.map(([, k]) => k));
   const path = spec.path ?? "float";
   const env = validationEnv(path === "integer-dot" ? { VKMOE_IDP: "on" } : {});
-  const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256, kernel: spec.kernel }, env);
+  const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256, kernel: spec.kernel, fusedTokens: spec.fusedTokens }, env);
   let pairs = 0;
   try {
     const rnd = mulberry32(spec.seed);
@@ -203,7 +207,7 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
       if (spec.vsFloat) spec.vsFloat.add(reference(x, r, experts[0]!, E, shared, limit), y, Infinity, label);
       pairs += S * (k + (shared ? 1 : 0));
     });
-    return { mode: h.moe.mode, why: h.moe.why, stats: h.moe.stats(), pairs, messages: [], logs: h.logs };
+    return { mode: h.moe.mode, why: h.moe.why, stats: h.moe.stats(), fusedTokens: h.moe.fusedTokens, pairs, messages: [], logs: h.logs };
   } finally {
     const messages = h.close();
     if (messages.length) throw new Error(`${spec.label}: ${messages.length} validation message(s):\n${formatMessages(messages)}`);

@@ -54,10 +54,11 @@ const optionsSchema = z.strictObject({
    */
   onMiss: z.enum(["upload", "cpu"]).default("upload"),
   /**
-   * How a synchronous wait waits, 3 FFI calls a call either way: "spin" polls the completion word
-   * the GPU writes into host memory (no FFI call) for up to 200 µs, then vkWaitForFences; "block"
-   * sleeps in vkWaitForFences at once. Default "spin": on the H200 a layer call took 71.5 µs
-   * against 75.0 µs blocking at S=1, and 273 µs against 323 µs at S=16 (scripts/profile-moe.ts).
+   * How a synchronous wait waits: "spin" polls the completion word the GPU writes into host
+   * memory (no FFI call) for up to 200 µs, then the fence (up to 3 vkGetFenceStatus), then
+   * vkWaitForFences: 3 to 6 FFI calls a call; "block" sleeps in vkWaitForFences at once (3 FFI
+   * calls). Default "spin": on the H200 an S=1 layer call took 44.6 µs against 66.9 µs blocking,
+   * and 217 µs against 258 µs at S=16 (scripts/profile-moe.ts, 4 layers).
    */
   wait: z.enum(["block", "spin"]).default("spin"),
   /**

@@ -37,7 +37,7 @@ const FENCE_POLL_GAP_US = 1;
 /**
  * "block": vkWaitForFences (3 FFI calls per layer call: submit, wait, reset). "spin": first poll
  * the completion word the last kernel writes into host memory (no FFI call) for up to SPIN_NS,
- * then vkWaitForFences, which then has little or nothing left to wait for (still 3 FFI calls).
+ * then the fence (pollFence), then vkWaitForFences if it is still unsignaled (3 to 6 FFI calls).
  * scripts/profile-moe.ts and bench-moe.ts measure both.
  */
 export type WaitStyle = "block" | "spin";

@@ -235,7 +235,7 @@ export class GpuLayer implements Disposable {
     this.fusedTokens = Math.min(MAX_TOKENS, opts.fusedTokens ?? 0);
     this.groupSize = L.shape.groupSize;
     const perSet = 8 + this.pipelines.maxSlabs;
-    this.descriptors = new DescriptorPool(device, 6 * n, 6 * n * perSet);
+    this.descriptors = new DescriptorPool(device, 5 * n, 5 * n * perSet); // quantize, gate+up, down, sum, down_sum
     this.pushSum = new Uint32Array([this.D]);
     const q = quantizeShape(this.D, L.shape.groupSize);
     this.pushQuantize = new Uint32Array([this.D, MAX_TOKENS, q.groupsPerRow, 0, q.xqRowWords]);
@@ -262,11 +262,11 @@ export class GpuLayer implements Disposable {
   /**
    * The dispatches of one call of `mode` on ticket t's buffers, with barriers between them;
    * `mark(i)` after dispatch i (profiling: timestamps). No leading barrier: staged expert uploads
-   * end with their own transfer-to-compute barrier. A mode without pipelines records nothing.
+   * end with their own transfer-to-compute barrier.
    */
   recordCall(cb: CommandBuffer, t: Ticket, mode: CallMode, mark?: (stage: number) => void): void {
     const p = this.pipelines;
-    const steps: [ComputePipeline, bigint | undefined, Uint32Array, bigint][] = [];
+    const steps: [ComputePipeline, bigint, Uint32Array, bigint][] = [];
     if (mode === "grouped") {
       if (p.quantize && t.sets.quantize) steps.push([p.quantize, t.sets.quantize, this.pushQuantize, INDIRECT.quantize]);
       steps.push([p.gateUp, t.sets.gateUp, this.pushGateUp, INDIRECT.gateUp], [p.down, t.sets.down, this.pushDown, INDIRECT.down], [p.sum, t.sets.sum, this.pushSum, INDIRECT.sum]);
@@ -275,7 +275,7 @@ export class GpuLayer implements Disposable {
     }
     steps.forEach(([pipeline, set, push, offset], i) => {
       if (i > 0) cb.barrier("computeToCompute");
-      cb.bind(pipeline, set!).pushConstants(pipeline, push).dispatchIndirect(t.indirect, offset);
+      cb.bind(pipeline, set).pushConstants(pipeline, push).dispatchIndirect(t.indirect, offset);
       mark?.(i);
     });
   }

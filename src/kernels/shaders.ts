@@ -48,5 +48,5 @@ export const IDP_PIPELINES: PipelineSpec[] = [
 ];
 /** The same, created by the probe only where bufferDeviceAddress is enabled. */
 export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "bda", g)));
-/** Part of the cached verdict's name: a new set of probed pipelines is probed again. */
-export const IDP_PROBE_VERSION = 2;
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl) is probed again. */
+export const IDP_PROBE_VERSION = 3;

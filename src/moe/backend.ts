@@ -67,7 +67,8 @@ const optionsSchema = z.strictObject({
    * calls run [quantize] + gate+up + down + sum, which reads each expert's weights once whatever S
    * is. 0: always the latter. Default, measured on the H200 (scripts/profile-moe.ts): 4 on the
    * float path (down_sum beat down + sum up to S=4 and lost from S=8), 1 on the integer-dot path
-   * (the host quantizes ~3 µs per token, the quantize dispatch it saves costs ~7 µs).
+   * (quantizing x on the host, ~3-6 µs a token, costs about what the ~7 µs quantize dispatch it
+   * saves does: at S=1 and S=2 the two modes tie).
    */
   fusedTokens: z.number().int().min(0).max(MAX_TOKENS).optional(),
   /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */

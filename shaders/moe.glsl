@@ -14,8 +14,8 @@
 #extension GL_EXT_control_flow_attributes : require
 
 #ifndef MOE_IDP
-// x (gate+up, also the integer-dot gate+up that quantizes in the workgroup) or h (down). The
-// grouped integer-dot gate+up declares its own binding 0 (xq) and 5, 6 (xscale, xsum).
+// x (gate+up) or h (down, down_sum). The integer-dot gate+up declares its own binding 0 (xq) and
+// 5, 6 (xscale, xsum).
 layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
 #endif
@@ -61,7 +61,8 @@ BlobW blobW;
 #define BLOB_V(i) blobV.v[i]
 #define BLOB_W(i) blobW.v[i]
 #else
-// Slabs bound as an array; the index is uniform across the workgroup (one expert per workgroup).
+// Slabs bound as an array; the index must be uniform across the workgroup (one expert per
+// workgroup; down_sum runs a token's slots one after another on this path).
 layout(constant_id = 8) const uint MAX_SLABS = 8u;
 layout(std430, binding = MOE_SLAB_BINDING) readonly restrict buffer Slab { uvec4 v[]; } slabs[MAX_SLABS];
 uint slabIndex;

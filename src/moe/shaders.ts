@@ -42,8 +42,8 @@ export interface MoePipelines extends Disposable {
 }
 
 /**
- * down_sum's shape: the MoE kernel shape's block of threads repeated once per slot it runs in
- * parallel (up to DOWN_SUM_SLOT_BLOCKS, within the device's workgroup size limit), so a token's
+ * down_sum's shape with BDA: the MoE kernel shape's block of threads repeated once per slot it runs
+ * in parallel (up to DOWN_SUM_SLOT_BLOCKS, within the device's workgroup size limit), so a token's
  * slots (k = 8 routed experts, + a shared one) are read at once rather than one after another.
  */
 export const DOWN_SUM_SLOT_BLOCKS = 8;
@@ -74,7 +74,10 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
     const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
-    const downSum = keep(make(`moe_down_sum_${shape.format}`, MOE_DOWN_SUM_BINDINGS, specialization(downSumConfig(device, config), shape.scaleType === "f16", shape.groupSize)));
+    // The descriptor path runs a token's slots one after another (a slab index must be uniform in
+    // the workgroup): the extra thread blocks would only split the columns further.
+    const downSumShape = addressing === "bda" ? downSumConfig(device, config) : config;
+    const downSum = keep(make(`moe_down_sum_${shape.format}`, MOE_DOWN_SUM_BINDINGS, specialization(downSumShape, shape.scaleType === "f16", shape.groupSize)));
     return {
       quantize, gateUp, down, sum, downSum, maxSlabs, path,
       [Symbol.dispose]() {

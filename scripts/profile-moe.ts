@@ -206,7 +206,7 @@ for (const S of sizes) {
   }
 }
 
-// --sweep: GPU µs of each grouped kernel alone for several workgroup shapes, on the last call's
+// --sweep: GPU µs of each MoE GEMV kernel alone for several workgroup shapes, on the last call's
 // work list (same descriptor sets: the pipelines' set layouts are identically defined). Each
 // kernel runs REPS times back to back (barriers between) in one submission, best of 13, so the
 // GPU clocks are up: these are kernel costs, not the single-call latency above.
@@ -231,6 +231,8 @@ if (argv.includes("--sweep")) {
     using pl = createMoePipelines(device, config, shape, moe.pool!.addressing, pathName);
     const g = timeReps((cb) => cb.bind(pl.gateUp, t0.sets.gateUp).pushConstants(pl.gateUp, L.pushGateUp).dispatch(Math.ceil(shape.intermediate / rows), items));
     const d = timeReps((cb) => cb.bind(pl.down, t0.sets.down).pushConstants(pl.down, L.pushDown).dispatch(Math.ceil(shape.hidden / rows), items));
-    console.log(`sweep ${pathName} WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${items} experts): gate+up ${fmt(g)} µs, down ${fmt(d)} µs`);
+    // down_sum: one workgroup row per token (the shape's block repeated per slot under BDA).
+    const ds = timeReps((cb) => cb.bind(pl.downSum, t0.sets.downSum).pushConstants(pl.downSum, L.pushDown).dispatch(Math.ceil(shape.hidden / rows), t0.views.work[0]));
+    console.log(`sweep ${pathName} WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${items} experts): gate+up ${fmt(g)} µs, down ${fmt(d)} µs, down_sum ${fmt(ds)} µs`);
   }
 }

@@ -221,11 +221,10 @@ void columnLoop(uint c0, uint step) {
 }
 
 #ifdef DOWN_SUM
-// Under ADDR_BDA the KSPLIT blocks of COL_THREADS*ROW_LANES threads split the token's slots (block
-// ks takes slots ks, ks + KSPLIT, ...), not the columns: the slots' weights are then read in
-// parallel, and the row reduction over every thread sums the slots too. On the descriptor path a
-// slab index must stay uniform across the workgroup (no nonuniformEXT), so every block runs every
-// slot and the blocks split the columns, as in the other kernels.
+// The workgroup runs the token's slots one after another, each with its own expert (on the
+// descriptor path a slab index must stay uniform across the workgroup: no nonuniformEXT). Splitting
+// the slots over thread blocks instead, so their weights load in parallel, measured the same on
+// the H200 (12.8 against 12.6 µs at S=1).
 void main() {
     const uvec4 header = work[0];
     const uint s = gl_WorkGroupID.y;
@@ -240,21 +239,13 @@ void main() {
         float total[NV];
         [[unroll]] for (uint i = 0u; i < NV; ++i) total[i] = 0.0;
         nt = 1u;
-#ifdef ADDR_BDA
-        for (uint j = ks; j < K; j += KSPLIT) {
-#else
         for (uint j = 0u; j < K; ++j) {
-#endif
             tok0 = s * K + j;
             const float w = slotWeight[tok0];
-            if (w == 0.0) continue;  // uniform in the block (descriptor path: the workgroup): its expert ran on the CPU, or got 0
+            if (w == 0.0) continue;  // uniform: its expert ran on the CPU (or the router gave it 0)
             setBlob(slotExpert[tok0]);
             [[unroll]] for (uint i = 0u; i < NV; ++i) acc[i][0] = 0.0;
-#ifdef ADDR_BDA
-            columnLoop(cl, COL_THREADS);
-#else
             columnLoop(ks * COL_THREADS + cl, CSTEP);
-#endif
             [[unroll]] for (uint i = 0u; i < NV; ++i) total[i] = fma(w, acc[i][0], total[i]);
         }
         [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = total[i];

@@ -41,27 +41,15 @@ export interface MoePipelines extends Disposable {
   path: MoeGemvPath;
 }
 
-/**
- * down_sum's shape with BDA: the MoE kernel shape's block of threads repeated once per slot it runs
- * in parallel (up to DOWN_SUM_SLOT_BLOCKS, within the device's workgroup size limit), so a token's
- * slots (k = 8 routed experts, + a shared one) are read at once rather than one after another.
- */
-export const DOWN_SUM_SLOT_BLOCKS = 8;
-export function downSumConfig(device: Device, config: KernelConfig): KernelConfig {
-  const blocks = Math.max(1, Math.min(DOWN_SUM_SLOT_BLOCKS, Math.floor(device.info.limits.maxComputeWorkGroupInvocations / config.workgroupSize)));
-  const colThreads = config.colThreads || config.workgroupSize / config.rowLanes;
-  return { ...config, workgroupSize: config.workgroupSize * blocks, colThreads };
-}
-
 export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float"): MoePipelines {
   const spec = specialization(config, shape.scaleType === "f16", shape.groupSize);
   const idp = path === "integer-dot";
   const maxSlabs = addressing === "descriptor" ? maxBoundSlabs(device) : 0;
-  const make = (name: string, bindings: number, base = spec) => {
-    if (addressing === "bda") return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: bindings, pushConstantBytes: MOE_PUSH_BYTES, specialization: base });
+  const make = (name: string, bindings: number) => {
+    if (addressing === "bda") return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: bindings, pushConstantBytes: MOE_PUSH_BYTES, specialization: spec });
     return new ComputePipeline(device, {
       spirv: shaderFile(`${name}_desc`), storageBuffers: bindings + 1, pushConstantBytes: MOE_PUSH_BYTES,
-      descriptorCounts: [...Array.from({ length: bindings }, () => 1), maxSlabs], specialization: { ...base, 8: maxSlabs },
+      descriptorCounts: [...Array.from({ length: bindings }, () => 1), maxSlabs], specialization: { ...spec, 8: maxSlabs },
     });
   };
   // A later pipeline can fail (missing or bad .spv): destroy the ones made before it.
@@ -74,10 +62,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
     const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
-    // The descriptor path runs a token's slots one after another (a slab index must be uniform in
-    // the workgroup): the extra thread blocks would only split the columns further.
-    const downSumShape = addressing === "bda" ? downSumConfig(device, config) : config;
-    const downSum = keep(make(`moe_down_sum_${shape.format}`, MOE_DOWN_SUM_BINDINGS, specialization(downSumShape, shape.scaleType === "f16", shape.groupSize)));
+    const downSum = keep(make(`moe_down_sum_${shape.format}`, MOE_DOWN_SUM_BINDINGS));
     return {
       quantize, gateUp, down, sum, downSum, maxSlabs, path,
       [Symbol.dispose]() {

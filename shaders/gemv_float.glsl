@@ -116,18 +116,6 @@ vec4 loadX4(uint mode, uint tok, uint col) {
     return v;
 }
 
-void loadW(uint c, out uvec4 wq[NV], out float sc[NV]) {
-    const uint g = (c * COLS_PER_VEC) / GROUP_SIZE;  // a uvec4 never straddles a group
-    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        wq[r] = W_GATE(wRow[r] + c);
-        sc[r] = S_GATE(sRow[r] + g);
-#ifdef GATEUP
-        wq[RPT + r] = W_UP(wRow[RPT + r] + c);
-        sc[RPT + r] = S_UP(sRow[r] + g);
-#endif
-    }
-}
-
 // ---- column step -------------------------------------------------------------------------
 // A weight becomes a float by OR-ing its bits into the mantissa of 1.0: no int->float
 // conversion, 3 instructions per weight including the FMA (shift, and-or, fma):

@@ -83,14 +83,7 @@ void colStep(uint c, bool tail) {
     const uint g = (c * COLS_PER_VEC) / GROUP_SIZE;  // a uvec4 never straddles a group
     uvec4 w[NV];
     float sc[NV];
-    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
-        w[r] = W_GATE(wRow[r] + c);
-        sc[r] = S_GATE(sRow[r] + g);
-#ifdef GATEUP
-        w[RPT + r] = W_UP(wRow[RPT + r] + c);
-        sc[RPT + r] = S_UP(sRow[r] + g);
-#endif
-    }
+    loadW(c, w, sc);
 #if QBITS == 4
     uvec4 lo[NV], hi[NV];
     [[unroll]] for (uint i = 0u; i < NV; ++i) {

@@ -1,6 +1,7 @@
 // rows.glsl: the rows a thread owns and their output, shared by gemv_float.glsl and gemv_idp.glsl.
 // Included after the body's bindings and hooks: pc (O, rowWords, groupsPerRow, limit with GATEUP),
-// storeOut(tok, row, v), GATE_WEIGHT_OFFSET / UP_WEIGHT_OFFSET (uvec4 units), rv (common.glsl).
+// storeOut(tok, row, v), GATE_WEIGHT_OFFSET / UP_WEIGHT_OFFSET (uvec4 units), W_GATE / S_GATE
+// (/ W_UP / S_UP) and COLS_PER_VEC, rv (common.glsl).
 
 uint wRow[NV];   // first uvec4 of each owned row: [mat*RPT + r]
 uint sRow[RPT];  // first scale index of each owned row
@@ -30,5 +31,19 @@ void storeRows(uint rowBase, uint rgo, uint tok) {
             storeOut(tok, row, rv[r]);
 #endif
         }
+    }
+}
+
+// Weights (uvec4 column c) and scales of every owned row, of every matrix: [mat*RPT + r]. (The
+// outputs are not named wq: the dense integer-dot body's weight buffer is, and W_GATE reads it.)
+void loadW(uint c, out uvec4 wOut[NV], out float scOut[NV]) {
+    const uint g = (c * COLS_PER_VEC) / GROUP_SIZE;  // a uvec4 never straddles a group
+    [[unroll]] for (uint r = 0u; r < RPT; ++r) {
+        wOut[r] = W_GATE(wRow[r] + c);
+        scOut[r] = S_GATE(sRow[r] + g);
+#ifdef GATEUP
+        wOut[RPT + r] = W_UP(wRow[RPT + r] + c);
+        scOut[RPT + r] = S_UP(sRow[r] + g);
+#endif
     }
 }

@@ -62,14 +62,8 @@ export function fillRandomWords(out: Uint32Array, seed: number): void {
  * kernel reading the wrong group's scale gives a visibly wrong answer.
  */
 export function fillRandomF16Scales(out: Uint32Array, seed: number): void {
-  let s = (seed ^ 0x85ebca6b) | 0 || 1;
-  const n = out.length;
-  for (let i = 0; i < n; i++) {
-    s ^= s << 13;
-    s = (s ^ (s >>> 17)) | 0;
-    s ^= s << 5;
-    out[i] = 0x20002000 | (s & 0x07ff07ff);
-  }
+  fillRandomWords(out, seed ^ 0x85ebca6b ^ 0x9e3779b9); // the same stream as before: seed ^ 0x85ebca6b
+  for (let i = 0; i < out.length; i++) out[i] = 0x20002000 | (out[i]! & 0x07ff07ff);
 }
 
 /** A q4/q8 matrix of random words and random f16 scales. Needs cols a multiple of 32 (no padding to keep at q = 0). */

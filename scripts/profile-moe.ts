@@ -47,7 +47,7 @@ console.log(`profile-moe (${runtimeName}) ${device.info.name}, ${layers} layers,
 using pool = new CommandPool(device);
 using fence = new Fence(device);
 type Mode = "grouped" | "fused";
-const MODES: Mode[] = ["grouped", "fused"];
+const MODES: Mode[] = p.fused ? ["grouped", "fused"] : ["grouped"];
 const fusedDefault: number = L.fusedTokens;
 /** One call's dispatches of `mode` on ticket 0 (the layer's own recording), `mark(i)` after dispatch i. */
 const stages = (cb: CommandBuffer, mode: Mode, mark?: (i: number) => void) => {
@@ -55,7 +55,7 @@ const stages = (cb: CommandBuffer, mode: Mode, mark?: (i: number) => void) => {
   L.recordCall(cb, t0, mode, mark);
   cb.barrier("computeToCompute");
 };
-const stageNames = (mode: Mode) => mode === "fused" ? ["gate+up", "down_sum"] : [...(p.quantize ? ["quantize"] : []), "gate+up", "down", "sum"];
+const stageNames = (mode: Mode) => mode === "fused" ? ["fused"] : [...(p.quantize ? ["quantize"] : []), "gate+up", "down", "sum"];
 
 /** Wraps `obj[name]` with a timer adding µs to `into[key]` (host phases of forward()). */
 function timePhase(obj: any, name: string, into: Record<string, number[]>, key: string): () => void {
@@ -170,34 +170,6 @@ for (const S of sizes) {
         total.push(Number(ts[names.length]! - ts[0]!) * period / 1e3);
       }
       console.log(`S=${S} ${mode}, one call per submit, GPU µs: ${names.map((n, k) => `${n} ${fmt(median(parts[k]!))}`).join(", ")}, total ${fmt(median(total))}`);
-      // The integer-dot fused call with quantize_act as a dispatch instead of the host's quantization.
-      if (mode === "fused" && p.quantize) {
-        using q3 = new QueryPool(device, 4);
-        const cb3 = pool.allocate().begin().resetQueries(q3).timestamp(q3, 0, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT).barrier("transferToCompute");
-        cb3.bind(p.quantize, t0.sets.quantize).pushConstants(p.quantize, L.pushQuantize).dispatchIndirect(t0.indirect, 36n).timestamp(q3, 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).barrier("computeToCompute");
-        cb3.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatchIndirect(t0.indirect, 0n).timestamp(q3, 2, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).barrier("computeToCompute");
-        cb3.bind(p.downSum, t0.sets.downSum).pushConstants(p.downSum, L.pushDown).dispatchIndirect(t0.indirect, 48n).timestamp(q3, 3, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT).end();
-        using sub3 = new Submission(device, [cb3], { fence });
-        const parts3: number[][] = [[], [], [], []];
-        for (let i = 0; i < 100; i++) {
-          sub3.submit(); fence.wait(); fence.reset();
-          const ts = q3.results();
-          for (let k = 0; k < 3; k++) parts3[k]!.push(Number(ts[k + 1]! - ts[k]!) * period / 1e3);
-          parts3[3]!.push(Number(ts[3]! - ts[0]!) * period / 1e3);
-        }
-        console.log(`S=${S} quantize + grouped gate+up + down_sum, GPU µs: ${["quantize", "gate+up", "down_sum", "total"].map((n, k) => `${n} ${fmt(median(parts3[k]!))}`).join(", ")}`);
-      }
-      // The same call with direct dispatches (group counts recorded): what the indirect reads cost.
-      if (mode === "fused") {
-        const direct = pool.allocate().begin();
-        direct.bind(p.gateUp, t0.sets.gateUp).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(shape.intermediate / L.rows), items)
-          .barrier("computeToCompute").bind(p.downSum, t0.sets.downSum).pushConstants(p.downSum, L.pushDown).dispatch(Math.ceil(shape.hidden / L.rows), S)
-          .barrier("computeToHost").end();
-        using dsub = new Submission(device, [direct], { fence });
-        const a = median(submitPollUs(dsub, fence, 280));
-        const b = median(submitPollUs(t0.submissions.fused, t0.fence, 280));
-        console.log(`S=${S} fused submit+poll: direct dispatches ${fmt(a)} µs, indirect (the layer's) ${fmt(b)} µs`);
-      }
     }
   }
   for (const mode of MODES) for (const reps of [10, 100]) {
@@ -231,8 +203,17 @@ if (argv.includes("--sweep")) {
     using pl = createMoePipelines(device, config, shape, moe.pool!.addressing, pathName);
     const g = timeReps((cb) => cb.bind(pl.gateUp, t0.sets.gateUp).pushConstants(pl.gateUp, L.pushGateUp).dispatch(Math.ceil(shape.intermediate / rows), items));
     const d = timeReps((cb) => cb.bind(pl.down, t0.sets.down).pushConstants(pl.down, L.pushDown).dispatch(Math.ceil(shape.hidden / rows), items));
-    // down_sum: one workgroup row per token (the shape's block repeated per slot under BDA).
-    const ds = timeReps((cb) => cb.bind(pl.downSum, t0.sets.downSum).pushConstants(pl.downSum, L.pushDown).dispatch(Math.ceil(shape.hidden / rows), t0.views.work[0]));
-    console.log(`sweep ${pathName} WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${items} experts): gate+up ${fmt(g)} µs, down ${fmt(d)} µs, down_sum ${fmt(ds)} µs`);
+    console.log(`sweep ${pathName} WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${items} experts): gate+up ${fmt(g)} µs, down ${fmt(d)} µs`);
+  }
+  // The one-dispatch fused kernel per shape (rows = the block of I each workgroup owns).
+  const fusedShapes: [number, number, number, number][] = [
+    [256, 32, 32, 8], [128, 32, 32, 4], [128, 32, 16, 8], [256, 64, 32, 8], [256, 64, 16, 16], [512, 64, 32, 16], [64, 32, 8, 8], [256, 32, 16, 8],
+  ];
+  if (p.fused) for (const [wg, rows, colThreads, rowLanes] of fusedShapes) {
+    if (wg > device.info.limits.maxComputeWorkGroupInvocations) continue;
+    using pl = createMoePipelines(device, base, shape, moe.pool!.addressing, pathName, { workgroupSize: wg, rowsPerWorkgroup: rows, colThreads, rowLanes });
+    const slots = t0.views.work[0] * t0.views.work[1];
+    const f = timeReps((cb) => cb.bind(pl.fused!, t0.sets.fused).pushConstants(pl.fused!, L.pushFused).dispatch(Math.ceil(shape.intermediate / rows), slots));
+    console.log(`sweep fused WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${slots} slots): ${fmt(f)} µs`);
   }
 }

@@ -3,9 +3,11 @@
 //   workgroup (x, y) = (block of ROWS_PER_WG rows, work item u = one distinct expert);
 //   the item's tokens are gathered through `pairs`, so each expert's weights are read once.
 // GATEUP: h[slot][row] = silu(x[token]·gate) * (x[token]·up), token = slot / slotsPerToken.
-// DOWN_SUM (calls of few tokens): workgroup (x, y) = (row block, token s) runs the down rows of
-//   every slot of token s and sums them: y[s][row] = sum_j slotWeight[s*K+j] * (h[s*K+j]·down_j),
-//   each slot's expert located through slotExpert; the last workgroup writes the completion word.
+// FUSED (calls of few tokens, one dispatch): workgroup (x, y) = (block of ROWS_PER_WG rows of I,
+//   slot): h of the block's rows for the slot's expert (gate+up, kept in shared memory), then the
+//   block's columns of down times h, added to yacc[token] with float atomics (split over I); the
+//   last workgroup moves yacc to y, zeroes it for the next call and writes the completion word.
+//   Each slot's expert is located through slotExpert (the work list's (a, b) of its item).
 // else (down): ypair[slot][row] = slotWeight[slot] * (h[slot]·down).
 // Work list (binding 1, uvec4): [0] = (S, slotsPerToken, items, call sequence number);
 //   [1 + u] = (a, b, pairStart, pairCount) with (a, b) = the expert blob's device address
@@ -14,27 +16,33 @@
 #extension GL_EXT_control_flow_attributes : require
 
 #ifndef MOE_IDP
-// x (gate+up) or h (down, down_sum). The integer-dot gate+up declares its own binding 0 (xq) and
+// x (gate+up, fused) or h (down). The integer-dot gate+up declares its own binding 0 (xq) and
 // 5, 6 (xscale, xsum).
 layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
 #endif
 layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
-#ifdef DOWN_SUM
+#ifdef FUSED
 layout(std430, binding = 2) readonly restrict buffer SE { uvec2 slotExpert[]; };
 #else
 layout(std430, binding = 2) readonly restrict buffer PR { uint pairs[]; };
 #endif
 layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
 layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
-#ifdef DOWN_SUM
+#ifdef FUSED
 // The call's sequence number (work header .w), written by the last workgroup to finish: a hint
 // the host may poll instead of sleeping in the driver; it still waits on the fence before reading y.
 layout(std430, binding = 5) writeonly restrict buffer DN { uint done[]; };
 // Workgroups finished this call; the last one sets it back to 0 for the next call.
 layout(std430, binding = 6) coherent restrict buffer AR { uint arrived[]; };
 #endif
-#if defined(MOE_IDP) || defined(DOWN_SUM)
+#ifdef FUSED
+#extension GL_EXT_shader_atomic_float : require
+// The call's per-token sums, added to with float atomics; 0 between calls (the last workgroup
+// moves them to y and zeroes them).
+layout(std430, binding = 7) coherent restrict buffer AC { float yacc[]; };
+#define MOE_SLAB_BINDING 8
+#elif defined(MOE_IDP)
 #define MOE_SLAB_BINDING 7
 #else
 #define MOE_SLAB_BINDING 5
@@ -49,6 +57,12 @@ layout(push_constant, std430) uniform PC {
     uint upWeightOffset;
     uint upScaleOffset;
     float limit;            // <= 0: none
+#ifdef FUSED
+    uint downRowWords;      // the down matrix (D rows of I columns): O above is I, I is D
+    uint downGroupsPerRow;
+    uint downWeightOffset;  // blob-relative, uvec4 units
+    uint downScaleOffset;   // blob-relative, words
+#endif
 } pc;
 
 #ifdef ADDR_BDA
@@ -62,7 +76,7 @@ BlobW blobW;
 #define BLOB_W(i) blobW.v[i]
 #else
 // Slabs bound as an array; the index must be uniform across the workgroup (one expert per
-// workgroup; down_sum runs a token's slots one after another on this path).
+// workgroup: one expert per workgroup in every kernel).
 layout(constant_id = 8) const uint MAX_SLABS = 8u;
 layout(std430, binding = MOE_SLAB_BINDING) readonly restrict buffer Slab { uvec4 v[]; } slabs[MAX_SLABS];
 uint slabIndex;
@@ -110,8 +124,8 @@ uint tokenCount() { return pairCount; }
 bool xAligned() { return (pc.I & 3u) == 0u; }
 // The input row of the item's tok-th pair: the token (gate+up reads x) or the slot (down reads h).
 uint tokenOf(uint tok) {
-#if defined(DOWN_SUM)
-    return tok;  // already the slot: its h row
+#if defined(FUSED)
+    return tok;  // already the token
 #elif defined(GATEUP)
     return pairs[pairStart + tok] / slotsPerToken;
 #else
@@ -119,9 +133,13 @@ uint tokenOf(uint tok) {
 #endif
 }
 uint xRow(uint tok) { return tokenOf(tok) * pc.I; }
+#ifdef FUSED
+shared float hs[ROWS_PER_WG];  // h of the workgroup's block of rows (0 past I)
+uint blockBase;                // first row of the block
+#endif
 void storeOut(uint tok, uint row, float v) {
-#if defined(DOWN_SUM)
-    yb[tok * pc.O + row] = v;  // tok = the token; the sum is already weighted
+#if defined(FUSED)
+    hs[row - blockBase] = v;
 #elif defined(GATEUP)
     yb[pairs[pairStart + tok] * pc.O + row] = v;
 #else
@@ -130,18 +148,38 @@ void storeOut(uint tok, uint row, float v) {
 #endif
 }
 
-#ifdef DOWN_SUM
-// Called by every thread once its workgroup's stores are issued: the last workgroup of the grid
-// to arrive writes the completion word `seq` and resets the arrival count for the next call.
-void arrive(uint seq) {
+#ifdef FUSED
+shared bool lastToArrive;
+// Called by every thread once its workgroup's atomics are issued: the last workgroup of the grid
+// moves the S tokens' sums from yacc to y (zeroing yacc), resets the arrival count and writes the
+// completion word `seq`.
+void arriveFused(uint seq, uint S) {
     memoryBarrierBuffer();
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
         const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
-        if (atomicAdd(arrived[0], 1u) == groups - 1u) {
-            arrived[0] = 0u;
-            done[0] = seq;
+        lastToArrive = atomicAdd(arrived[0], 1u) == groups - 1u;
+    }
+    barrier();
+    if (!lastToArrive) return;  // uniform
+    memoryBarrierBuffer();
+    const uint n = S * pc.I;
+    // Plain loads (coherent: from L2, where the atomics landed), all in flight at once; then y
+    // and the zeroes for the next call.
+    const uint WGS = gl_WorkGroupSize.x;
+    for (uint base = gl_LocalInvocationIndex; base < n; base += 8u * WGS) {
+        float v[8];
+        [[unroll]] for (uint k = 0u; k < 8u; ++k) { const uint i = base + k * WGS; v[k] = i < n ? yacc[i] : 0.0; }
+        [[unroll]] for (uint k = 0u; k < 8u; ++k) {
+            const uint i = base + k * WGS;
+            if (i < n) { yb[i] = v[k]; yacc[i] = 0.0; }
         }
+    }
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+        arrived[0] = 0u;
+        done[0] = seq;
     }
 }
 #endif

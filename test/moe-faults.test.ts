@@ -378,7 +378,7 @@ describe("budgets", () => {
 });
 
 describe("wait styles", () => {
-  // "spin" polls the completion word the last kernel (sum, or down_sum in a fused call) writes into
+  // "spin" polls the completion word the last kernel (sum, or the fused kernel) writes into
   // host memory, then polls the fence a few times (vkGetFenceStatus) before sleeping on it.
   test("spin: right results, 3 to 6 FFI calls per call, and the completion word carries each call's sequence number (grouped and fused calls)", () => {
     const h = new MoeHarness({ shape: SHAPE, experts: E, topK: TOPK, layers: LAYERS, shared: true, weights: (l, e) => experts[l]![e]!, budgetMB: 64, wait: "spin", tickets: 1 });
@@ -399,7 +399,7 @@ describe("wait styles", () => {
         expect(ticket.views.done[0]).toBe(ticket.seq); // written by the GPU, after the fence
         seen.push(ticket.seq);
       }
-      // S = 7, 64, 2, 5, 3: the two calls of S <= 4 ran fused (down_sum writes the word), the others grouped (sum does).
+      // S = 7, 64, 2, 5, 3: the two calls of S <= 4 ran fused (its last workgroup writes the word), the others grouped (sum does).
       expect(h.moe.stats().fusedCalls - fusedBefore).toBe(2);
       expect(new Set(seen).size).toBe(5); // a new number every call: a stale word cannot pass
       // Negative control: a word that does not match (as if the kernel had not written it) makes the

@@ -9,7 +9,8 @@
  * no validation message, leaks at teardown included.
  * The integer-dot path (VKMOE_IDP=on: quantize_act, integer-dot gate+up, float down) runs the same
  * way against the CPU emulation of that path (NMSE ≤ 1e-8) and against the float reference
- * (≤ 1e-3, the kernels issue's bound; and far above 1e-8, so the test tells the two paths apart).
+ * (≤ 1e-3, the kernels issue's bound; and far above 1e-8, so the test tells the two paths apart),
+ * every call grouped (fusedTokens 0): fused calls use float x on both paths and are checked below.
  * Shapes are small because Lavapipe runs these kernels slowly (~0.1 ms per workgroup on 2 cores,
  * and a cold pipeline compile takes seconds per variant): see the timings printed.
  */
@@ -86,9 +87,10 @@ describe("the NVIDIA MoE kernel shape (32 threads × 4 rows, chooseMoeKernelConf
   }
 });
 
-describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTokens 64, two dispatches)", () => {
-  // By default calls of S <= 4 run fused and larger ones grouped; here each mode runs every S, on
-  // both paths and both addressing paths, with a shared expert.
+describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTokens 64, one dispatch)", () => {
+  // By default calls of few tokens run fused and larger ones grouped; here each mode runs every S,
+  // on both paths and both addressing paths, with a shared expert. Fused calls use float x on both
+  // paths, so on the integer-dot path they are checked against the float reference.
   const E = 32;
   const cases: [number, number][] = [[1, 8], [2, 16], [7, 1], [64, 8]];
   for (const path of ["float", "integer-dot"] as const) for (const addressing of ADDRESSING) for (const fusedTokens of [0, 64]) {
@@ -101,10 +103,22 @@ describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTo
       expect(r.stats.gpuPairs).toBe(r.pairs);
       expect(r.fusedTokens).toBe(fusedTokens);
       expect(r.stats.fusedCalls).toBe(fusedTokens ? cases.length : 0);
-      console.log(`  ${path} ${addressing} ${fusedTokens ? "fused" : "grouped"}: ${pooled.cases} cases, NMSE ${pooled.nmse.toExponential(2)} vs ${path === "float" ? "f64 reference" : "emulation"}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+      console.log(`  ${path} ${addressing} ${fusedTokens ? "fused" : "grouped"}: ${pooled.cases} cases, NMSE ${pooled.nmse.toExponential(2)} vs ${path === "float" || fusedTokens ? "f64 reference" : "emulation"}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
       expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
     });
   }
+
+  // The fused kernel needs float atomics (VK_EXT_shader_atomic_float); without them, or with
+  // VKMOE_FLOAT_ATOMICS=off, every call runs grouped and the answer is the same.
+  test("VKMOE_FLOAT_ATOMICS=off: no fused calls at any S, same results", () => {
+    const pooled = new PooledError();
+    const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing: "bda", cases, shared: true, seed: 8400, env: { VKMOE_FLOAT_ATOMICS: "off" } }, pooled);
+    expect(r.mode, r.why).toBe("gpu");
+    expect(r.why).toContain("no fused calls (no float atomics)");
+    expect(r.fusedTokens).toBe(0);
+    expect(r.stats.fusedCalls).toBe(0);
+    expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+  });
 });
 
 describe("negative control: the NMSE gate rejects a result that is slightly wrong", () => {
@@ -155,7 +169,7 @@ describe("integer-dot path (VKMOE_IDP=on): quantize_act + integer-dot gate+up, f
         const t0 = performance.now();
         const pooled = new PooledError();
         const vsFloat = new PooledError();
-        const r = runSweep({ label, shape, E, experts, addressing, cases, limit, shared, seed: 8100 + 10 * c + a, path: "integer-dot", vsFloat }, pooled);
+        const r = runSweep({ label, shape, E, experts, addressing, cases, limit, shared, seed: 8100 + 10 * c + a, path: "integer-dot", vsFloat, fusedTokens: 0 }, pooled);
         expect(r.mode, r.why).toBe("gpu");
         expect(r.why).toContain("integer-dot path");
         expect(r.stats.gpuPairs).toBe(r.pairs);
@@ -172,7 +186,7 @@ describe("integer-dot path (VKMOE_IDP=on): quantize_act + integer-dot gate+up, f
     test(`q4/g32/f16, E=${E}, ${addressing}, every S × k ≤ E, with a shared expert`, () => {
       const pooled = new PooledError();
       const cases = [1, 2, 7, 64].flatMap((S) => [1, 8, 16].filter((k) => k <= E).map((k) => [S, k] as [number, number]));
-      const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases, shared: true, seed: 8200 + E, path: "integer-dot" }, pooled);
+      const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases, shared: true, seed: 8200 + E, path: "integer-dot", fusedTokens: 0 }, pooled);
       expect(r.why).toContain("integer-dot path");
       expect(r.stats.gpuPairs).toBe(r.pairs);
       console.log(`  idp q4/g32/f16 E=${E} ${addressing}: ${pooled.cases} cases, NMSE vs emulation ${pooled.nmse.toExponential(2)}`);

@@ -29,9 +29,14 @@ export function pipelineSpec(s: ShaderInterface, specialization: Record<number, 
 export const MOE_BINDINGS = 5;
 /** The integer-dot gate+up adds xscale and xsum (bindings 5, 6); its slab array is binding 7. */
 export const MOE_IDP_BINDINGS = 7;
-/** The down+sum of calls of few tokens: h, work, slot experts, y, slot weights, completion word, arrival count (+ slabs at 7). */
-export const MOE_DOWN_SUM_BINDINGS = 7;
 export const MOE_PUSH_BYTES = 36;
+/**
+ * The one-dispatch call of few tokens: x, work, slot experts, y, slot weights, completion word,
+ * arrival count, per-token accumulators (+ slabs at 8); push constants: gate+up's 9 words, then the
+ * down matrix's rowWords, groupsPerRow, weight offset (uvec4), scale offset (words).
+ */
+export const MOE_FUSED_BINDINGS = 8;
+export const MOE_FUSED_PUSH_BYTES = 52;
 
 /** The MoE layer's integer-dot gate+up as the probe creates it (8 slabs on the descriptor path). */
 const moeIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number): PipelineSpec => addressing === "bda"

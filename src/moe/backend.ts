@@ -23,7 +23,7 @@ import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
 
 /** Defaults of the fusedTokens option per GEMV path. */
-const FUSED_TOKENS_DEFAULT: Record<MoeGemvPath, number> = { float: 4, "integer-dot": 1 };
+const FUSED_TOKENS_DEFAULT: Record<MoeGemvPath, number> = { float: 4, "integer-dot": 2 };
 
 /** Weights of (layer, expert); expert === experts (E) asks for the shared expert. */
 export type ExpertProvider = (layer: number, expert: number) => ExpertWeights;
@@ -62,13 +62,13 @@ const optionsSchema = z.strictObject({
    */
   wait: z.enum(["block", "spin"]).default("spin"),
   /**
-   * Calls of at most this many tokens run in two dispatches: gate+up (on the integer-dot path with x
-   * quantized on the host), then down with each token's experts summed in the workgroup. Larger
-   * calls run [quantize] + gate+up + down + sum, which reads each expert's weights once whatever S
-   * is. 0: always the latter. Default, measured on the H200 (scripts/profile-moe.ts): 4 on the
-   * float path (down_sum beat down + sum up to S=4 and lost from S=8), 1 on the integer-dot path
-   * (quantizing x on the host, ~3-6 µs a token, costs about what the ~7 µs quantize dispatch it
-   * saves does: at S=1 and S=2 the two modes tie).
+   * Calls of at most this many tokens run in one dispatch (gate+up, SiLU, and down added up per
+   * token with float atomics; float x on both paths); larger calls run [quantize] + gate+up + down
+   * + sum, which reads each expert's weights once whatever S is. 0: always the latter; devices
+   * without float atomics (or VKMOE_FLOAT_ATOMICS=off) too. Default, measured on the H200
+   * (scripts/profile-moe.ts, 2 layers, host µs fused against grouped): 4 on the float path
+   * (S=1 40.1 / 50.4, S=2 54.2 / 66.2, S=4 92.1 / 100), 2 on the integer-dot path (S=1 43.0 / 52.6,
+   * S=2 58.5 / 63.6, S=4 84.9 / 83.9).
    */
   fusedTokens: z.number().int().min(0).max(MAX_TOKENS).optional(),
   /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */
@@ -95,7 +95,7 @@ export interface MoeStats {
   calls: number;
   gpuPairs: number;
   cpuPairs: number;
-  /** GPU calls that ran fused (two dispatches; see the fusedTokens option). */
+  /** GPU calls that ran fused (one dispatch; see the fusedTokens option). */
   fusedCalls: number;
   cache?: ReturnType<ExpertPool["stats"]>;
 }
@@ -212,7 +212,10 @@ export class MoeBackend implements Disposable {
   }
 
   get why(): string {
-    return this.gpu ? `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing, ${this.gpu.layer.pipelines.path} path` : this.whyCpu;
+    if (!this.gpu) return this.whyCpu;
+    const { layer } = this.gpu;
+    const fused = layer.pipelines.fused ? `fused calls of S <= ${layer.fusedTokens}` : "no fused calls (no float atomics)";
+    return `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing, ${layer.pipelines.path} path, ${fused}`;
   }
 
   /** The Vulkan context when the GPU path is active (banner, benchmarks). */

@@ -2,10 +2,9 @@
  * One MoE layer call on the GPU: every (token, expert) pair in a constant number of dispatches,
  * recorded once per ticket and replayed. Two recorded command buffers per ticket (see MoePipelines):
  *   grouped: [quantize_act] -> grouped gate+up (SiLU) -> grouped down (router weight folded in) -> sum
- *   fused (S <= fusedTokens): grouped gate+up -> down_sum (each token's slots summed per workgroup);
- *     on the integer-dot path the host writes x already quantized, so no quantize dispatch
- * A call writes x (or its int8 form), the work list, the slot tables and the indirect group counts
- * into mapped memory and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
+ *   fused (S <= fusedTokens, where the device has float atomics): the whole call in one dispatch
+ * A call writes x, the work list, the slot tables and the indirect group counts into mapped memory
+ * and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
@@ -18,7 +17,6 @@ import type { KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import type { ComputePipeline } from "../vk/pipeline.ts";
-import { quantizeActivationsInto } from "../quant/intdot.ts";
 import { createMoePipelines, QUANTIZE_WORKGROUP, SUM_WORKGROUP, type MoeGemvPath, type MoePipelines } from "./shaders.ts";
 import { MAX_TOKENS } from "./routing.ts";
 
@@ -53,7 +51,7 @@ export interface GpuLayerOptions {
   tickets?: number;
   /** "integer-dot": int8 x and packed dot products for gate+up; down and sum stay float. Default "float". */
   path?: MoeGemvPath;
-  /** Calls of at most this many tokens run fused (two dispatches); 0: every call grouped. */
+  /** Calls of at most this many tokens run fused (one dispatch); 0: every call grouped. Forced to 0 without float atomics. */
   fusedTokens?: number;
 }
 
@@ -63,7 +61,7 @@ function quantizeShape(D: number, groupSize: number): { xqRowWords: number; grou
 }
 
 /** Indirect group counts (uvec3 each, byte offsets) in a ticket's indirect buffer. */
-const INDIRECT = { gateUp: 0n, down: 12n, sum: 24n, quantize: 36n, downSum: 48n } as const;
+const INDIRECT = { gateUp: 0n, down: 12n, sum: 24n, quantize: 36n, fused: 48n } as const;
 
 /** Everything one in-flight call owns. */
 class Ticket {
@@ -71,7 +69,7 @@ class Ticket {
   readonly work: Buffer;
   readonly pairs: Buffer;
   readonly slotWeight: Buffer;
-  /** Fused calls: each slot's expert blob (as in the work list), so down_sum needs no pair list. */
+  /** Each slot's expert blob (as in the work list), so the fused kernel needs no pair list. */
   readonly slotExpert: Buffer;
   readonly h: Buffer;
   readonly ypair: Buffer;
@@ -79,17 +77,16 @@ class Ticket {
   readonly indirect: Buffer;
   /** Completion word: the last kernel writes the call's sequence number here (host memory). */
   readonly done: Buffer;
-  /** down_sum's count of finished workgroups (0 between calls). */
+  /** The fused kernel's count of finished workgroups (0 between calls). */
   readonly arrived: Buffer;
-  /**
-   * Integer-dot path: x quantized per group (int8 words, scales, sums), by quantize_act in grouped
-   * calls, by the host in fused ones (so host-visible).
-   */
-  readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer; views: { xq: Uint32Array; xscale: Float32Array; xsum: Int32Array } } | undefined;
+  /** The fused kernel's per-token sums (float atomics; 0 between calls), when it exists. */
+  readonly yacc: Buffer | undefined;
+  /** Integer-dot path: x quantized per group by quantize_act (int8 words, scales, sums). */
+  readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
   readonly fence: Fence;
   readonly commands: Record<CallMode, CommandBuffer>;
   readonly submissions: Record<CallMode, Submission>;
-  readonly sets: { quantize: bigint | undefined; gateUp: bigint; down: bigint; sum: bigint; downSum: bigint };
+  readonly sets: { quantize: bigint | undefined; gateUp: bigint; down: bigint; sum: bigint; fused: bigint | undefined };
   readonly views: {
     x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; slotExpert: Uint32Array; y: Float32Array; indirect: Uint32Array; done: Int32Array;
   };
@@ -115,10 +112,10 @@ class Ticket {
     this.done = buf(16, "readback");
     this.arrived = buf(16, "upload");
     new Uint32Array(this.arrived.host()).fill(0);
+    this.yacc = p.fused ? buf(4 * MAX_TOKENS * D, "device") : undefined;
     if (p.quantize) {
       const q = quantizeShape(D, groupSize);
-      const xq = buf(4 * MAX_TOKENS * q.xqRowWords, "upload"), xscale = buf(4 * MAX_TOKENS * q.groupsPerRow, "upload"), xsum = buf(4 * MAX_TOKENS * q.groupsPerRow, "upload");
-      this.quantized = { xq, xscale, xsum, views: { xq: new Uint32Array(xq.host()), xscale: new Float32Array(xscale.host()), xsum: new Int32Array(xsum.host()) } };
+      this.quantized = { xq: buf(4 * MAX_TOKENS * q.xqRowWords, "device"), xscale: buf(4 * MAX_TOKENS * q.groupsPerRow, "device"), xsum: buf(4 * MAX_TOKENS * q.groupsPerRow, "device") };
     }
     this.views = {
       x: new Float32Array(this.x.host()), work: new Uint32Array(this.work.host()), pairs: new Uint32Array(this.pairs.host()),
@@ -141,7 +138,7 @@ class Ticket {
       gateUp,
       down: descriptors.allocate(p.down, this.stageBindings("down", slabs)),
       sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }, { buffer: this.done }]),
-      downSum: descriptors.allocate(p.downSum, this.stageBindings("downSum", slabs)),
+      fused: p.fused ? descriptors.allocate(p.fused, this.stageBindings("fused", slabs)) : undefined,
     };
   }
 
@@ -149,12 +146,12 @@ class Ticket {
    * Bindings of a GEMV stage's set (+ the slab array on the descriptor path):
    *   gateUp, down: input (x, h, or the integer-dot gate+up's xq), work, pairs, output, slot
    *     weights (+ xscale, xsum on the integer-dot gate+up);
-   *   downSum: h, work, slot experts, y, slot weights, completion word, arrival count.
+   *   fused: x, work, slot experts, y, slot weights, completion word, arrival count, accumulators.
    */
-  stageBindings(stage: "gateUp" | "down" | "downSum", slabs: readonly (DeviceSlab | undefined)[]): (BufferBinding | BufferBinding[])[] {
+  stageBindings(stage: "gateUp" | "down" | "fused", slabs: readonly (DeviceSlab | undefined)[]): (BufferBinding | BufferBinding[])[] {
     const bindings: (BufferBinding | BufferBinding[])[] = [];
-    if (stage === "downSum") {
-      bindings.push(...[this.h, this.work, this.slotExpert, this.y, this.slotWeight, this.done, this.arrived].map((buffer) => ({ buffer })));
+    if (stage === "fused") {
+      bindings.push(...[this.x, this.work, this.slotExpert, this.y, this.slotWeight, this.done, this.arrived, this.yacc!].map((buffer) => ({ buffer })));
     } else {
       const q = stage === "gateUp" ? this.quantized : undefined;
       const [input, out] = stage === "down" ? [this.h, this.ypair] : [q ? q.xq : this.x, this.h];
@@ -170,7 +167,7 @@ class Ticket {
     this.submissions.grouped[Symbol.dispose]();
     this.fence[Symbol.dispose]();
     const q = this.quantized;
-    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), this.arrived, this.done, this.indirect, this.y, this.ypair, this.h, this.slotExpert, this.slotWeight, this.pairs, this.work, this.x]) {
+    for (const b of [...(q ? [q.xsum, q.xscale, q.xq] : []), ...(this.yacc ? [this.yacc] : []), this.arrived, this.done, this.indirect, this.y, this.ypair, this.h, this.slotExpert, this.slotWeight, this.pairs, this.work, this.x]) {
       b[Symbol.dispose]();
     }
   }
@@ -214,13 +211,14 @@ export class GpuLayer implements Disposable {
   private seq = 0;
   private readonly pushGateUp = new Uint32Array(9);
   private readonly pushDown = new Uint32Array(9);
+  /** The fused kernel: gate+up's push constants, then the down matrix's rowWords, groupsPerRow, weight and scale offsets. */
+  private readonly pushFused = new Uint32Array(13);
   private readonly pushSum: Uint32Array;
   /** quantize_act: I = D, S = MAX_TOKENS (the indirect group count bounds the real S), groupsPerRow, xOffset, xqRowWords. */
   private readonly pushQuantize: Uint32Array;
   private readonly quantizeThreadsPerToken: number;
   /** Calls of at most this many tokens run the fused command buffer. */
   readonly fusedTokens: number;
-  private readonly groupSize: number;
 
   constructor(device: Device, pool: ExpertPool, config: KernelConfig, opts: GpuLayerOptions, limit?: number) {
     this.device = device;
@@ -232,10 +230,9 @@ export class GpuLayer implements Disposable {
     this.rows = config.rowsPerWorkgroup;
     const n = opts.tickets ?? 2;
     this.commandPool = new CommandPool(device);
-    this.fusedTokens = Math.min(MAX_TOKENS, opts.fusedTokens ?? 0);
-    this.groupSize = L.shape.groupSize;
+    this.fusedTokens = this.pipelines.fused ? Math.min(MAX_TOKENS, opts.fusedTokens ?? 0) : 0;
     const perSet = 8 + this.pipelines.maxSlabs;
-    this.descriptors = new DescriptorPool(device, 5 * n, 5 * n * perSet); // quantize, gate+up, down, sum, down_sum
+    this.descriptors = new DescriptorPool(device, 5 * n, 5 * n * perSet); // quantize, gate+up, down, sum, fused
     this.pushSum = new Uint32Array([this.D]);
     const q = quantizeShape(this.D, L.shape.groupSize);
     this.pushQuantize = new Uint32Array([this.D, MAX_TOKENS, q.groupsPerRow, 0, q.xqRowWords]);
@@ -243,12 +240,28 @@ export class GpuLayer implements Disposable {
     this.pushGateUp.set([L.gate.rows, L.gate.cols, L.gate.rowWords, L.gate.groupsPerRow, L.gate.weightOffset / 16, L.gate.scaleOffset / 4, L.up.weightOffset / 16, L.up.scaleOffset / 4]);
     new Float32Array(this.pushGateUp.buffer)[8] = limit ?? 0;
     this.pushDown.set([L.down.rows, L.down.cols, L.down.rowWords, L.down.groupsPerRow, L.down.weightOffset / 16, L.down.scaleOffset / 4, 0, 0, 0]);
+    this.pushFused.set(this.pushGateUp);
+    this.pushFused.set([L.down.rowWords, L.down.groupsPerRow, L.down.weightOffset / 16, L.down.scaleOffset / 4], 9);
     for (let i = 0; i < n; i++) {
       const t = new Ticket(device, this.commandPool, this.descriptors, this.pipelines, this.D, this.I, L.shape.groupSize, opts);
       this.tickets.push(t);
       this.record(t);
     }
+    this.zeroAccumulators();
     this.boundSlabs = Array.from({ length: this.pipelines.maxSlabs }, () => undefined);
+  }
+
+  /** The fused kernel's accumulators start at 0 (each call's last workgroup zeroes them again). */
+  private zeroAccumulators(): void {
+    const withAcc = this.tickets.filter((t) => t.yacc);
+    if (withAcc.length === 0) return;
+    const cb = this.commandPool.allocate().begin();
+    for (const t of withAcc) cb.fillBuffer(t.yacc!, 0);
+    cb.barrier("transferToCompute").end();
+    using fence = new Fence(this.device);
+    using sub = new Submission(this.device, [cb], { fence });
+    sub.submit();
+    if (!fence.wait()) throw new Error("MoE layer: zeroing the accumulators did not finish within the timeout");
   }
 
   private record(t: Ticket): void {
@@ -270,8 +283,8 @@ export class GpuLayer implements Disposable {
     if (mode === "grouped") {
       if (p.quantize && t.sets.quantize) steps.push([p.quantize, t.sets.quantize, this.pushQuantize, INDIRECT.quantize]);
       steps.push([p.gateUp, t.sets.gateUp, this.pushGateUp, INDIRECT.gateUp], [p.down, t.sets.down, this.pushDown, INDIRECT.down], [p.sum, t.sets.sum, this.pushSum, INDIRECT.sum]);
-    } else {
-      steps.push([p.gateUp, t.sets.gateUp, this.pushGateUp, INDIRECT.gateUp], [p.downSum, t.sets.downSum, this.pushDown, INDIRECT.downSum]);
+    } else if (p.fused && t.sets.fused) {
+      steps.push([p.fused, t.sets.fused, this.pushFused, INDIRECT.fused]);
     }
     steps.forEach(([pipeline, set, push, offset], i) => {
       if (i > 0) cb.barrier("computeToCompute");
@@ -322,7 +335,7 @@ export class GpuLayer implements Disposable {
   private writeSlabArray(t: Ticket): void {
     writeStorageBuffers(this.device, t.sets.gateUp, t.stageBindings("gateUp", this.boundSlabs));
     writeStorageBuffers(this.device, t.sets.down, t.stageBindings("down", this.boundSlabs));
-    writeStorageBuffers(this.device, t.sets.downSum, t.stageBindings("downSum", this.boundSlabs));
+    if (t.sets.fused) writeStorageBuffers(this.device, t.sets.fused, t.stageBindings("fused", this.boundSlabs));
   }
 
   /** The command buffer a call of S tokens runs. */
@@ -331,24 +344,19 @@ export class GpuLayer implements Disposable {
   }
 
   /**
-   * Writes x (quantized on the host for a fused integer-dot call) and the indirect group counts for
-   * S tokens and `items` work items, and submits the mode's command buffer (one vkQueueSubmit).
-   * Fused calls also read the slot tables (slotExpert, slotWeight).
+   * Writes x and the indirect group counts for S tokens and `items` work items, and submits the
+   * mode's command buffer (one vkQueueSubmit). Fused calls read the slot tables (slotExpert,
+   * slotWeight) instead of the work list's items and pairs.
    */
   submit(t: Ticket, x: Float32Array, S: number, items: number): CallMode {
     const mode = this.modeFor(S);
-    const q = t.quantized;
-    if (mode === "fused" && q) {
-      quantizeActivationsInto(x, S, this.D, this.groupSize, q.views.xq, this.pushQuantize[4]!, q.views.xscale, q.views.xsum);
-    } else {
-      t.views.x.set(x);
-    }
+    t.views.x.set(x);
     const ind = t.views.indirect;
     ind[0] = Math.ceil(this.I / this.rows); ind[1] = items; ind[2] = 1;
     ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
     ind[9] = Math.ceil((S * this.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP); ind[10] = 1; ind[11] = 1;
-    ind[12] = Math.ceil(this.D / this.rows); ind[13] = S; ind[14] = 1; // (never read back: write-combined memory)
+    ind[12] = Math.ceil(this.I / this.pipelines.fusedBlockRows); ind[13] = S * t.views.work[1]!; ind[14] = 1; // (never read back: write-combined memory)
     this.seq = (this.seq + 1) | 0 || 1; // never 0: the word's initial value
     t.seq = this.seq;
     t.views.work[3] = this.seq;

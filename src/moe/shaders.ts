@@ -1,7 +1,7 @@
 /** The grouped MoE pipelines (see shaders/moe.glsl): interface and creation per device, expert shape and GEMV path. */
 import type { Device } from "../vk/device.ts";
 import { ComputePipeline } from "../vk/pipeline.ts";
-import { MOE_BINDINGS, MOE_DOWN_SUM_BINDINGS, MOE_IDP_BINDINGS, MOE_PUSH_BYTES, QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
+import { MOE_BINDINGS, MOE_FUSED_BINDINGS, MOE_FUSED_PUSH_BYTES, MOE_IDP_BINDINGS, MOE_PUSH_BYTES, QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
 import { specialization, type KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertShape } from "../pool/expert-layout.ts";
 import type { Addressing } from "../pool/expert-pool.ts";
@@ -15,7 +15,7 @@ export const QUANTIZE_WORKGROUP = 64;
  * other bindings of the widest of the layer's kernels (every set binds the same slab array).
  */
 export function maxBoundSlabs(device: Device): number {
-  const others = Math.max(MOE_BINDINGS, MOE_IDP_BINDINGS, MOE_DOWN_SUM_BINDINGS);
+  const others = Math.max(MOE_BINDINGS, MOE_IDP_BINDINGS, MOE_FUSED_BINDINGS);
   return Math.max(1, Math.min(64, device.info.limits.maxPerStageDescriptorStorageBuffers - others));
 }
 
@@ -26,9 +26,11 @@ export type MoeGemvPath = "float" | "integer-dot";
  * A layer call runs one of two recorded command buffers:
  *   "grouped" (any S): [quantize_act] -> gate+up -> down -> sum, each expert's weights read once
  *             whatever S is;
- *   "fused" (S <= the layer's fusedTokens): gate+up -> down_sum (each token's slots summed in one
- *             workgroup); on the integer-dot path the host quantizes x. One or two dispatches
- *             fewer, but a token's down weights are read per token, so it only pays for few tokens.
+ *   "fused" (S <= the layer's fusedTokens): one dispatch, workgroup = (32 rows of I, slot): gate+up
+ *             of its rows with float x on both paths, then its share of down added to the token's
+ *             sums with float atomics; the last workgroup to finish writes y. Two to three dispatches
+ *             fewer, but each slot reads its expert again, so it only pays for few tokens. Needs
+ *             VK_EXT_shader_atomic_float (atomicAdd on float32 in storage buffers).
  */
 export interface MoePipelines extends Disposable {
   /** Integer-dot path only: x -> int8 per group (xq, xscale, xsum). */
@@ -36,22 +38,34 @@ export interface MoePipelines extends Disposable {
   gateUp: ComputePipeline;
   down: ComputePipeline;
   sum: ComputePipeline;
-  downSum: ComputePipeline;
+  /** The one-dispatch call of few tokens (float x on both paths); undefined without float atomics. */
+  fused: ComputePipeline | undefined;
+  /** Rows of I per workgroup of `fused` (a multiple of 32). */
+  fusedBlockRows: number;
   maxSlabs: number;
   path: MoeGemvPath;
 }
 
-export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float"): MoePipelines {
+/**
+ * Workgroup shape of the fused kernel: 256 threads, 32 rows of I per workgroup (8 row groups of 32
+ * column threads, 4 rows each), so each workgroup owns one 32-column block of every down row.
+ */
+export interface FusedKernelShape { workgroupSize: number; rowsPerWorkgroup: number; colThreads: number; rowLanes: number }
+export const FUSED_KERNEL: Readonly<FusedKernelShape> = { workgroupSize: 256, rowsPerWorkgroup: 32, colThreads: 32, rowLanes: 8 };
+
+export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float", fusedKernel: Partial<FusedKernelShape> = {}): MoePipelines {
   const spec = specialization(config, shape.scaleType === "f16", shape.groupSize);
   const idp = path === "integer-dot";
   const maxSlabs = addressing === "descriptor" ? maxBoundSlabs(device) : 0;
-  const make = (name: string, bindings: number) => {
-    if (addressing === "bda") return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: bindings, pushConstantBytes: MOE_PUSH_BYTES, specialization: spec });
+  const make = (name: string, bindings: number, specs = spec, pushBytes = MOE_PUSH_BYTES) => {
+    if (addressing === "bda") return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: bindings, pushConstantBytes: pushBytes, specialization: specs });
     return new ComputePipeline(device, {
-      spirv: shaderFile(`${name}_desc`), storageBuffers: bindings + 1, pushConstantBytes: MOE_PUSH_BYTES,
-      descriptorCounts: [...Array.from({ length: bindings }, () => 1), maxSlabs], specialization: { ...spec, 8: maxSlabs },
+      spirv: shaderFile(`${name}_desc`), storageBuffers: bindings + 1, pushConstantBytes: pushBytes,
+      descriptorCounts: [...Array.from({ length: bindings }, () => 1), maxSlabs], specialization: { ...specs, 8: maxSlabs },
     });
   };
+  const fk = { ...FUSED_KERNEL, ...fusedKernel };
+  if (fk.rowsPerWorkgroup % 32 !== 0) throw new Error(`fused kernel: rowsPerWorkgroup must be a multiple of 32, got ${fk.rowsPerWorkgroup}`);
   // A later pipeline can fail (missing or bad .spv): destroy the ones made before it.
   const made: ComputePipeline[] = [];
   const keep = (p: ComputePipeline) => (made.push(p), p);
@@ -62,9 +76,11 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
     const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
-    const downSum = keep(make(`moe_down_sum_${shape.format}`, MOE_DOWN_SUM_BINDINGS));
+    const fused = device.enabled.bufferFloat32AtomicAdd
+      ? keep(make(`moe_fused_${shape.format}`, MOE_FUSED_BINDINGS, specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), MOE_FUSED_PUSH_BYTES))
+      : undefined;
     return {
-      quantize, gateUp, down, sum, downSum, maxSlabs, path,
+      quantize, gateUp, down, sum, fused, fusedBlockRows: fk.rowsPerWorkgroup, maxSlabs, path,
       [Symbol.dispose]() {
         for (const p of made.reverse()) p[Symbol.dispose]();
       },

@@ -40,6 +40,6 @@ export { dequantize } from "./dequantize.ts";
 export { fromGgufQ4_0, fromGgufQ8_0 } from "./gguf.ts";
 export { gateUpReference, gemvReference } from "./gemv-reference.ts";
 export { gateUpCpu, gemvCpu } from "./gemv-cpu.ts";
-export { frexpExponent, gemvIntDotEmulated, quantizeActivations, quantizeActivationsInto, type QuantizedActivations } from "./intdot.ts";
+export { frexpExponent, gemvIntDotEmulated, quantizeActivations, type QuantizedActivations } from "./intdot.ts";
 export { maxAbsDiff, nmse } from "./metrics.ts";
 export { gaussian, mulberry32, randomGaussianF32, randomWords } from "./random.ts";

@@ -54,6 +54,7 @@ export class VulkanContext implements Disposable {
       this.device = new Device(this.instance, chosen, {
         bufferDeviceAddress: options.bufferDeviceAddress ?? env.VKMOE_BDA,
         integerDotProduct: options.integerDotProduct ?? env.VKMOE_IDP,
+        floatAtomics: env.VKMOE_FLOAT_ATOMICS,
         staged: options.staged ?? env.VKMOE_STAGED,
       });
     } catch (e) {

@@ -10,7 +10,7 @@ import type { PhysicalDeviceInfo } from "./physical.ts";
 import { computeQueueFamily, planMemory, type MemoryPlan } from "./select.ts";
 import {
   VkDeviceCreateInfo, VkDeviceQueueCreateInfo, VkPhysicalDeviceFeatures2, VkPhysicalDeviceMemoryPriorityFeaturesEXT,
-  VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceSubgroupSizeControlFeatures,
+  VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceSubgroupSizeControlFeatures,
   VkPhysicalDeviceVulkan11Features, VkPhysicalDeviceVulkan12Features,
 } from "./structs.ts";
 
@@ -19,6 +19,8 @@ export interface DeviceOptions {
   bufferDeviceAddress?: "auto" | "off";
   /** "off" never enables integer dot product (VKMOE_IDP). */
   integerDotProduct?: "auto" | "on" | "off";
+  /** "off" never enables VK_EXT_shader_atomic_float (VKMOE_FLOAT_ATOMICS): MoE calls of few tokens then run grouped. */
+  floatAtomics?: "auto" | "off";
   /** Memory model override (VKMOE_STAGED). */
   staged?: "auto" | "on" | "off";
 }
@@ -40,6 +42,8 @@ export interface EnabledFeatures {
   memoryPriority: boolean;
   memoryBudget: boolean;
   storageBufferArrayDynamicIndexing: boolean;
+  /** atomicAdd on float32 in storage buffers (VK_EXT_shader_atomic_float): the one-dispatch MoE call. */
+  bufferFloat32AtomicAdd: boolean;
 }
 
 export class Device implements Disposable {
@@ -95,11 +99,14 @@ export class Device implements Disposable {
     if (prio) extensions.push("VK_EXT_memory_priority");
     const budget = decide("VK_EXT_memory_budget", has("VK_EXT_memory_budget"), "extension not offered");
     if (budget) extensions.push("VK_EXT_memory_budget");
+    const atomicFloat = decide("shaderBufferFloat32AtomicAdd", has("VK_EXT_shader_atomic_float") && f.bufferFloat32AtomicAdd, "not supported by the driver (MoE calls of few tokens run grouped)",
+      options.floatAtomics === "off" ? "VKMOE_FLOAT_ATOMICS=off" : undefined);
+    if (atomicFloat) extensions.push("VK_EXT_shader_atomic_float");
     this.decisions = decisions;
     this.enabled = {
       bufferDeviceAddress: bda, shaderInt64: int64, shaderInt8: int8, storageBuffer8BitAccess: s8,
       storageBuffer16BitAccess: s16, integerDotProduct: idp, subgroupSizeControl: ssc, memoryPriority: prio, memoryBudget: budget,
-      storageBufferArrayDynamicIndexing: dyn,
+      storageBufferArrayDynamicIndexing: dyn, bufferFloat32AtomicAdd: atomicFloat,
     };
 
     const a = this.arena;
@@ -112,6 +119,7 @@ export class Device implements Disposable {
     let next = 0n;
     if (prio) next = link(VkPhysicalDeviceMemoryPriorityFeaturesEXT, { memoryPriority: 1 }, next);
     if (ssc) next = link(VkPhysicalDeviceSubgroupSizeControlFeatures, { subgroupSizeControl: 1, computeFullSubgroups: f.computeFullSubgroups ? 1 : 0 }, next);
+    if (atomicFloat) next = link(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, { shaderBufferFloat32Atomics: 1, shaderBufferFloat32AtomicAdd: 1 }, next);
     if (idp) next = link(VkPhysicalDeviceShaderIntegerDotProductFeatures, { shaderIntegerDotProduct: 1 }, next);
     next = link(VkPhysicalDeviceVulkan12Features, {
       bufferDeviceAddress: bda ? 1 : 0, shaderInt8: int8 ? 1 : 0, storageBuffer8BitAccess: s8 ? 1 : 0, timelineSemaphore: 1,

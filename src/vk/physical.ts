@@ -10,7 +10,7 @@ import type { StructLayout, Values } from "./layout.ts";
 import {
   VkExtensionProperties, VkPhysicalDeviceDriverProperties, VkPhysicalDeviceFeatures2, VkPhysicalDeviceIDProperties,
   VkPhysicalDeviceMaintenance3Properties, VkPhysicalDeviceMaintenance4Properties, VkPhysicalDeviceMemoryBudgetPropertiesEXT,
-  VkPhysicalDeviceMemoryPriorityFeaturesEXT, VkPhysicalDeviceMemoryProperties2, VkPhysicalDeviceProperties2,
+  VkPhysicalDeviceMemoryPriorityFeaturesEXT, VkPhysicalDeviceMemoryProperties2, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, VkPhysicalDeviceProperties2,
   VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceShaderIntegerDotProductProperties,
   VkPhysicalDeviceSubgroupProperties, VkPhysicalDeviceSubgroupSizeControlFeatures, VkPhysicalDeviceSubgroupSizeControlProperties,
   VkPhysicalDeviceVulkan11Features, VkPhysicalDeviceVulkan12Features, VkQueueFamilyProperties,
@@ -85,6 +85,8 @@ export interface PhysicalDeviceInfo {
     subgroupSizeControl: boolean;
     computeFullSubgroups: boolean;
     memoryPriority: boolean;
+    /** VK_EXT_shader_atomic_float: atomicAdd and atomicExchange on float32 in storage buffers (the fused MoE call). */
+    bufferFloat32AtomicAdd: boolean;
   };
   integerDotProduct: { accelerated4x8Packed: boolean; accelerated4x8PackedMixed: boolean };
   deviceLocalBytes: bigint;
@@ -152,6 +154,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
     [VkPhysicalDeviceShaderIntegerDotProductFeatures, has("VK_KHR_shader_integer_dot_product")],
     [VkPhysicalDeviceSubgroupSizeControlFeatures, has("VK_EXT_subgroup_size_control")],
     [VkPhysicalDeviceMemoryPriorityFeaturesEXT, extensions.has("VK_EXT_memory_priority")],
+    [VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, extensions.has("VK_EXT_shader_atomic_float")],
   ]);
   vk.vkGetPhysicalDeviceFeatures2(handle, a.address(feats.head));
   const f10 = VkPhysicalDeviceFeatures2.read(a.view, feats.head).features as Values;
@@ -160,6 +163,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
   const fIdp = read(VkPhysicalDeviceShaderIntegerDotProductFeatures, feats.at);
   const fSsc = read(VkPhysicalDeviceSubgroupSizeControlFeatures, feats.at);
   const fPrio = read(VkPhysicalDeviceMemoryPriorityFeaturesEXT, feats.at);
+  const fAtomicFloat = read(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, feats.at);
 
   const mem = chain(a, VkPhysicalDeviceMemoryProperties2, [[VkPhysicalDeviceMemoryBudgetPropertiesEXT, extensions.has("VK_EXT_memory_budget")]]);
   vk.vkGetPhysicalDeviceMemoryProperties2(handle, a.address(mem.head));
@@ -236,6 +240,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
       subgroupSizeControl: bool(fSsc?.subgroupSizeControl),
       computeFullSubgroups: bool(fSsc?.computeFullSubgroups),
       memoryPriority: bool(fPrio?.memoryPriority),
+      bufferFloat32AtomicAdd: bool(fAtomicFloat?.shaderBufferFloat32AtomicAdd) && bool(fAtomicFloat?.shaderBufferFloat32Atomics),
     },
     integerDotProduct: {
       accelerated4x8Packed: bool(idp?.integerDotProduct4x8BitPackedSignedAccelerated),

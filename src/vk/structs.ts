@@ -494,6 +494,23 @@ export const VkPhysicalDeviceMemoryPriorityFeaturesEXT = struct("VkPhysicalDevic
   memoryPriority: "u32",
 }, { sType: 1000238000 });
 
+export const VkPhysicalDeviceShaderAtomicFloatFeaturesEXT = struct("VkPhysicalDeviceShaderAtomicFloatFeaturesEXT", {
+  sType: "u32",
+  pNext: "ptr",
+  shaderBufferFloat32Atomics: "u32",
+  shaderBufferFloat32AtomicAdd: "u32",
+  shaderBufferFloat64Atomics: "u32",
+  shaderBufferFloat64AtomicAdd: "u32",
+  shaderSharedFloat32Atomics: "u32",
+  shaderSharedFloat32AtomicAdd: "u32",
+  shaderSharedFloat64Atomics: "u32",
+  shaderSharedFloat64AtomicAdd: "u32",
+  shaderImageFloat32Atomics: "u32",
+  shaderImageFloat32AtomicAdd: "u32",
+  sparseImageFloat32Atomics: "u32",
+  sparseImageFloat32AtomicAdd: "u32",
+}, { sType: 1000260000 });
+
 export const VkDeviceQueueCreateInfo = struct("VkDeviceQueueCreateInfo", {
   sType: "u32",
   pNext: "ptr",

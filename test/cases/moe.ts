@@ -171,6 +171,8 @@ export interface SweepSpec {
   vsFloat?: PooledError;
   /** MoeOptions.fusedTokens (default: the backend's). */
   fusedTokens?: number;
+  /** More VKMOE_* variables for the backend. */
+  env?: Record<string, string>;
 }
 
 export interface SweepResult {
@@ -191,7 +193,7 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
   const D = shape.hidden;
   const topK = spec.topK ?? Math.max(...spec.cases.map(([, k]) => k));
   const path = spec.path ?? "float";
-  const env = validationEnv(path === "integer-dot" ? { VKMOE_IDP: "on" } : {});
+  const env = validationEnv({ ...(path === "integer-dot" ? { VKMOE_IDP: "on" } : {}), ...spec.env });
   const h = new MoeHarness({ shape, experts: E, topK, layers: 1, shared, limit, weights: (_l, e) => experts[0]![e]!, addressing: spec.addressing, budgetMB: 256, kernel: spec.kernel, fusedTokens: spec.fusedTokens }, env);
   let pairs = 0;
   try {
@@ -203,7 +205,8 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
       const y = outputWithSentinels(S * D);
       h.moe.forward(0, x, r, y);
       checkSentinels(y, S * D, label);
-      pooled.add(reference(x, r, experts[0]!, E, shared, limit, path), y, CASE_BOUND, label);
+      // Fused calls (S <= fusedTokens) run float activations on both paths.
+      pooled.add(reference(x, r, experts[0]!, E, shared, limit, S <= h.moe.fusedTokens ? "float" : path), y, CASE_BOUND, label);
       if (spec.vsFloat) spec.vsFloat.add(reference(x, r, experts[0]!, E, shared, limit), y, Infinity, label);
       pairs += S * (k + (shared ? 1 : 0));
     });

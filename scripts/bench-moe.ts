@@ -257,7 +257,7 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
   lines.push(`samples: ${samples}`);
   const d = ctx?.device.info;
   const device = d ? `${d.name}, ${d.driverName} ${d.driverInfo} (driver ${formatDriverVersion(d)})` : `no GPU (${gpu.why})`;
-  return { device, lines, table, wait: gpu.options.wait, path: `${gpu.why}; calls of S <= ${gpu.fusedTokens} fused (2 dispatches)` };
+  return { device, lines, table, wait: gpu.options.wait, path: gpu.why };
 }
 
 function main(): void {

@@ -1,14 +1,15 @@
 // Where the time of one MoE layer call goes on this device (Qwen3-30B-A3B shape), for each call
 // mode (grouped, fused): GPU time of each stage (timestamps between the layer's own recorded
-// dispatches), the same commands replayed back to back in one submission (the GPU busy, no launch
-// gaps), and the host side of forward() (issue, wait, take, and the phases of a spin wait).
+// dispatches) with the experts in L2 and in DRAM (after a streaming read that evicts the L2), the
+// same commands replayed back to back in one submission (the GPU busy, no launch gaps), and the
+// host side of forward() (issue, wait, take, and the phases of a spin wait).
 // It reaches GpuLayer internals (tickets, pipelines, push constants) like scripts/lib/gpu-time.ts.
 //   bun scripts/profile-moe.ts [--layers N] [--tokens S,...] [--calls N] [--warm] [--sweep] [--kernel WG,ROWS,COLT,LANES]
 import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
 import { CommandPool, Fence, QueryPool, Submission, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, type CommandBuffer } from "../src/vk/index.ts";
 import { args, runtimeName } from "./lib/cli.ts";
-import { emptyRoundTrip, readBandwidth, submitPollUs, timeOnGpu } from "./lib/gpu-time.ts";
+import { CacheFlusher, emptyRoundTrip, readBandwidth, submitPollUs, timeOnGpu } from "./lib/gpu-time.ts";
 import { preloadExperts } from "./lib/moe-setup.ts";
 import { expertShapeOf, QWEN3_30B_A3B, randomActivations, randomExpert, RoutingGenerator } from "./lib/synthetic.ts";
 import { fmt, median, percentile } from "./lib/table.ts";
@@ -46,6 +47,7 @@ console.log(`profile-moe (${runtimeName}) ${device.info.name}, ${layers} layers,
 
 using pool = new CommandPool(device);
 using fence = new Fence(device);
+using flusher = new CacheFlusher(device);
 type Mode = "grouped" | "fused";
 const MODES: Mode[] = p.fused ? ["grouped", "fused"] : ["grouped"];
 const fusedDefault: number = L.fusedTokens;
@@ -161,15 +163,21 @@ for (const S of sizes) {
       stages(cb, mode, (i) => cb.timestamp(q, i + 1, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT));
       cb.end();
       using sub = new Submission(device, [cb], { fence });
-      const parts: number[][] = names.map(() => []);
-      const total: number[] = [];
+      // Odd samples run right after a streaming read that evicts the L2 (experts in DRAM, as in a
+      // decode over many layers), even ones right after the previous call (experts in L2).
+      const parts: number[][][] = [0, 1].map(() => names.map(() => []));
+      const total: number[][] = [[], []];
       for (let i = 0; i < 100; i++) {
+        const cold = i % 2;
+        if (cold) flusher.flush();
         sub.submit(); fence.wait(); fence.reset();
         const ts = q.results();
-        names.forEach((_, k) => parts[k]!.push(Number(ts[k + 1]! - ts[k]!) * period / 1e3));
-        total.push(Number(ts[names.length]! - ts[0]!) * period / 1e3);
+        names.forEach((_, k) => parts[cold]![k]!.push(Number(ts[k + 1]! - ts[k]!) * period / 1e3));
+        total[cold]!.push(Number(ts[names.length]! - ts[0]!) * period / 1e3);
       }
-      console.log(`S=${S} ${mode}, one call per submit, GPU µs: ${names.map((n, k) => `${n} ${fmt(median(parts[k]!))}`).join(", ")}, total ${fmt(median(total))}`);
+      for (const cold of [0, 1]) {
+        console.log(`S=${S} ${mode}, one call per submit, experts in ${cold ? "DRAM" : "L2"}, GPU µs: ${names.map((n, k) => `${n} ${fmt(median(parts[cold]![k]!))}`).join(", ")}, total ${fmt(median(total[cold]!))}`);
+      }
     }
   }
   for (const mode of MODES) for (const reps of [10, 100]) {

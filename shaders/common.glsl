@@ -63,6 +63,14 @@ uint workgroupIndex() {
 #define LOAD_SCALE(buf, off, k) \
     (SCALE_F16 ? unpackHalf2x16(buf[(off) + ((k) >> 1u)])[(k) & 1u] : uintBitsToFloat(buf[(off) + (k)]))
 
+// Bit moves of the float path's weight unpacking (gemv_float.glsl's colStep, moe_fused.glsl).
+uint shiftTo15(uint w, uint j) {  // bit 8j of w -> bit 15 (so bit 8j+4 -> bit 19)
+    return (j == 0u) ? (w << 15u) : (j == 1u) ? (w << 7u) : (j == 2u) ? (w >> 1u) : (w >> 9u);
+}
+uint shiftTo19(uint w, uint j) {  // bit 8j of w -> bit 19
+    return (j == 0u) ? (w << 19u) : (j == 1u) ? (w << 11u) : (j == 2u) ? (w << 3u) : (w >> 5u);
+}
+
 // SwiGLU epilogue of the fused gate+up: silu(gate) * up, with the optional clamp (limit <= 0: none).
 float siluGate(float gv, float uv, float limit) {
     if (limit > 0.0) {

@@ -24,7 +24,11 @@ const uint COLS_PER_VEC = 16u;
 // Tokens per register chunk: 0 (default) = min(8, max(1, 16 / rows per thread)).
 layout(constant_id = 7) const uint TOKENS_ = 0u;
 const uint TOKENS_AUTO = (NV >= 16u) ? 1u : ((NV >= 2u) ? (16u / NV) : 8u);
+#ifdef FUSED
+const uint NT = 1u;  // one token per workgroup
+#else
 const uint NT = (TOKENS_ == 0u) ? TOKENS_AUTO : TOKENS_;
+#endif
 
 // SPV_KHR_integer_dot_product through GL_EXT_spirv_intrinsics (glslang 12 has no
 // GL_EXT_integer_dot_product).  Capabilities: DotProduct (6019), DotProductInput4x8BitPacked
@@ -37,11 +41,27 @@ int sudot4x8(uint a, uint b, spirv_literal int packedFormat);  // OpSUDot: signe
 #ifdef MOE
 #define MOE_IDP
 #include "moe.glsl"
+// quantize_act's row pitch: ceil(I/16)*4 words
+uint xqRowVec() { return (pc.I + 15u) / 16u; }
+#ifdef FUSED
+// The fused call quantizes its token's x into shared memory (quantizeToShared, bit-identical to
+// quantize_act), sized for X_COLS columns (the host sets it to D).
+layout(constant_id = 9) const uint X_COLS = 2048u;
+const uint X_WORDS = (X_COLS + 15u) / 16u * 4u;  // xq row words, padded to 16 columns
+const uint X_GROUPS = (X_COLS + 31u) / 32u;       // groups of at least 32 columns
+shared uvec4 xqS[X_WORDS / 4u];
+shared float xscS[X_GROUPS];
+shared int xsumS[X_GROUPS];
+shared float gMaxS[X_GROUPS];
+shared uint wordS[X_WORDS];  // per word: max |x| of its 4 columns (float bits), then the sum of its q
+#define XQ_VEC(tok, i) xqS[(i) - (tok) * xqRow]  // one token in shared: its row
+#define X_SCALE(tok, g) xscS[g]
+#define X_SUM(tok, g) xsumS[g]
+#else
 layout(std430, binding = 0) readonly restrict buffer XQ { uvec4 xq[]; };
 layout(std430, binding = 5) readonly restrict buffer XSC { float xscale[]; };
 layout(std430, binding = 6) readonly restrict buffer XSU { int xsum[]; };
-// quantize_act's row pitch: ceil(I/16)*4 words
-uint xqRowVec() { return (pc.I + 15u) / 16u; }
+#endif
 #define GATE_WEIGHT_OFFSET pc.gateWeightOffset
 #define UP_WEIGHT_OFFSET pc.upWeightOffset
 #else
@@ -72,6 +92,12 @@ uint tokenCount() { return pc.S; }
 void storeOut(uint tok, uint row, float v) { yb[pc.yOffset + tok * pc.O + row] = v; }
 #endif
 
+#ifndef FUSED
+#define XQ_VEC(tok, i) xq[i]
+#define X_SCALE(tok, g) xscale[(tok) * pc.groupsPerRow + (g)]
+#define X_SUM(tok, g) xsum[(tok) * pc.groupsPerRow + (g)]
+#endif
+
 float acc[NV][NT];  // [mat*RPT + r][token in chunk]
 #include "rows.glsl"
 uint tok0;
@@ -98,9 +124,9 @@ void colStep(uint c, bool tail) {
     [[unroll]] for (uint j = 0u; j < NT; ++j) {
         if (j < nt) {
             const uint tok = tokenOf(tok0 + j);
-            const float xs = xscale[tok * pc.groupsPerRow + g];
+            const float xs = X_SCALE(tok, g);
 #if QBITS == 8
-            const uvec4 a = xq[tok * xqRow + c];
+            const uvec4 a = XQ_VEC(tok, tok * xqRow + c);
             [[unroll]] for (uint i = 0u; i < NV; ++i) {
                 int d = sdot4x8(a.x, w[i].x, 0);
                 d += sdot4x8(a.y, w[i].y, 0);
@@ -109,9 +135,9 @@ void colStep(uint c, bool tail) {
                 acc[i][j] = fma(float(d), sc[i] * xs, acc[i][j]);
             }
 #else
-            const uvec4 a = xq[tok * xqRow + 2u * c];  // xq words 8c .. 8c+3
-            const uvec4 b = hiValid ? xq[tok * xqRow + 2u * c + 1u] : uvec4(0u);
-            const int corr = groupHead ? 8 * xsum[tok * pc.groupsPerRow + g] : 0;
+            const uvec4 a = XQ_VEC(tok, tok * xqRow + 2u * c);  // xq words 8c .. 8c+3
+            const uvec4 b = hiValid ? XQ_VEC(tok, tok * xqRow + 2u * c + 1u) : uvec4(0u);
+            const int corr = groupHead ? 8 * X_SUM(tok, g) : 0;
             [[unroll]] for (uint i = 0u; i < NV; ++i) {
                 // weight word k covers xq words 2k (low nibbles) and 2k+1 (high nibbles)
                 int d = sudot4x8(a.x, lo[i].x, 0);
@@ -129,6 +155,86 @@ void colStep(uint c, bool tail) {
     }
 }
 
+#ifdef FUSED
+// x[token] -> xqS, xscS, xsumS, exactly as quantize_act.comp (per group: amax = max |x|; amax 0 ->
+// scale 0, q 0; else frexp(amax) = m * 2^e, scale 2^(e-7), q = clamp(roundEven(x * 2^(7-e)),
+// -127, 127); padding columns 0). Every thread of the workgroup, uniform control flow.
+void quantizeToShared(uint token) {
+    const uint lid = gl_LocalInvocationIndex;
+    const uint D = pc.I;
+    const uint nWords = (D + 15u) / 16u * 4u;
+    const uint TPG = GROUP_SIZE / 4u;
+    const uint groups = pc.groupsPerRow;
+    for (uint w = lid; w < nWords; w += WG) {
+        float m = 0.0;
+        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            const uint col = 4u * w + j;
+            m = max(m, abs(col < D ? xs[token * D + col] : 0.0));
+        }
+        wordS[w] = floatBitsToUint(m);
+    }
+    barrier();
+    for (uint g = lid; g < groups; g += WG) {
+        float m = 0.0;
+        for (uint k = 0u; k < TPG; ++k) {
+            const uint w = g * TPG + k;
+            if (w < nWords) m = max(m, uintBitsToFloat(wordS[w]));
+        }
+        gMaxS[g] = m;
+        int e = 0;
+        if (m > 0.0) frexp(m, e);
+        xscS[g] = m > 0.0 ? ldexp(1.0, e - 7) : 0.0;
+    }
+    barrier();
+    for (uint w = lid; w < nWords; w += WG) {
+        const float amax = gMaxS[(4u * w) / GROUP_SIZE];
+        int q[4] = int[4](0, 0, 0, 0);
+        if (amax > 0.0) {
+            int e;
+            frexp(amax, e);
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                const uint col = 4u * w + j;
+                const float v = col < D ? xs[token * D + col] : 0.0;
+                q[j] = int(clamp(roundEven(ldexp(v, 7 - e)), -127.0, 127.0));
+            }
+        }
+        xqS[w >> 2u][w & 3u] = (uint(q[0]) & 0xFFu) | ((uint(q[1]) & 0xFFu) << 8u) | ((uint(q[2]) & 0xFFu) << 16u) | (uint(q[3]) << 24u);
+        wordS[w] = uint(q[0] + q[1] + q[2] + q[3]);
+    }
+    barrier();
+    for (uint g = lid; g < groups; g += WG) {
+        int sum = 0;
+        for (uint k = 0u; k < TPG; ++k) {
+            const uint w = g * TPG + k;
+            if (w < nWords) sum += int(wordS[w]);
+        }
+        xsumS[g] = sum;
+    }
+    barrier();
+}
+
+// gate+up of the workgroup's ROWS_PER_WG rows of I for one token with int8 x, h into hs (moe_fused.glsl).
+void gateUpBlock(uint token, uint rowBase) {
+    quantizeToShared(token);
+    const uint t = logicalThread();
+    const uint cl = t % COL_THREADS;
+    const uint rg = (t / COL_THREADS) % ROW_LANES;
+    const uint ks = t / (COL_THREADS * ROW_LANES);
+    const uint c0 = ks * COL_THREADS + cl;
+    initRows(rowBase, rg);
+    const uint nVec = (pc.I + COLS_PER_VEC - 1u) / COLS_PER_VEC;
+    const uint nFull = pc.I / COLS_PER_VEC;
+    tok0 = token;
+    nt = 1u;
+    [[unroll]] for (uint i = 0u; i < NV; ++i) acc[i][0] = 0.0;
+    for (uint c = c0; c < nFull; c += CSTEP) colStep(c, false);
+    if (nFull < nVec && (nFull % CSTEP) == c0) colStep(nFull, true);
+    [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = acc[i][0];
+    uint rgo;
+    if (reduceRows(t, rgo)) storeRows(rowBase, rgo, token);
+}
+#include "moe_fused.glsl"
+#else
 void main() {
 #ifdef MOE
     if (!moeBegin()) return;  // a work item past the end of this call's list: uniform
@@ -167,3 +273,4 @@ void main() {
         }
     }
 }
+#endif

@@ -15,9 +15,9 @@
 // Blob-relative offsets of the matrices come as push constants (same for every expert).
 #extension GL_EXT_control_flow_attributes : require
 
-#ifndef MOE_IDP
-// x (gate+up, fused) or h (down). The integer-dot gate+up declares its own binding 0 (xq) and
-// 5, 6 (xscale, xsum).
+#if !defined(MOE_IDP) || defined(FUSED)
+// x (gate+up, fused) or h (down). The grouped integer-dot gate+up declares its own binding 0 (xq)
+// and 5, 6 (xscale, xsum).
 layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
 #endif

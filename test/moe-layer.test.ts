@@ -9,16 +9,16 @@
  * no validation message, leaks at teardown included.
  * The integer-dot path (VKMOE_IDP=on: quantize_act, integer-dot gate+up, float down) runs the same
  * way against the CPU emulation of that path (NMSE ≤ 1e-8) and against the float reference
- * (≤ 1e-3, the kernels issue's bound; and far above 1e-8, so the test tells the two paths apart),
- * every call grouped (fusedTokens 0): fused calls use float x on both paths and are checked below.
+ * (≤ 1e-3, the kernels issue's bound; and far above 1e-8, so the test tells the two paths apart).
  * Shapes are small because Lavapipe runs these kernels slowly (~0.1 ms per workgroup on 2 cores,
  * and a cold pipeline compile takes seconds per variant): see the timings printed.
  */
 import { describe, expect, test } from "bun:test";
-import { mulberry32, randomGaussianF32 } from "../src/quant/index.ts";
+import { mulberry32, nmse, randomGaussianF32 } from "../src/quant/index.ts";
+import { FUSED_KERNEL, fusedIdpSharedBytes } from "../src/moe/shaders.ts";
 import type { ExpertShape } from "../src/pool/expert-layout.ts";
 import {
-  CASE_BOUND, MoeHarness, NMSE_BOUND, PooledError, makeExperts, randomRouting, reference, runSweep, type SweepSpec,
+  CASE_BOUND, MoeHarness, NMSE_BOUND, PooledError, makeExperts, randomRouting, reference, runSweep, validationEnv, type SweepSpec,
 } from "./cases/moe.ts";
 
 const ADDRESSING = ["bda", "descriptor"] as const;
@@ -89,8 +89,8 @@ describe("the NVIDIA MoE kernel shape (32 threads × 4 rows, chooseMoeKernelConf
 
 describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTokens 64, one dispatch)", () => {
   // By default calls of few tokens run fused and larger ones grouped; here each mode runs every S,
-  // on both paths and both addressing paths, with a shared expert. Fused calls use float x on both
-  // paths, so on the integer-dot path they are checked against the float reference.
+  // on both paths and both addressing paths, with a shared expert. The integer-dot fused call
+  // quantizes x in each workgroup: checked against the same emulation as the grouped one.
   const E = 32;
   const cases: [number, number][] = [[1, 8], [2, 16], [7, 1], [64, 8]];
   for (const path of ["float", "integer-dot"] as const) for (const addressing of ADDRESSING) for (const fusedTokens of [0, 64]) {
@@ -103,7 +103,7 @@ describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTo
       expect(r.stats.gpuPairs).toBe(r.pairs);
       expect(r.fusedTokens).toBe(fusedTokens);
       expect(r.stats.fusedCalls).toBe(fusedTokens ? cases.length : 0);
-      console.log(`  ${path} ${addressing} ${fusedTokens ? "fused" : "grouped"}: ${pooled.cases} cases, NMSE ${pooled.nmse.toExponential(2)} vs ${path === "float" || fusedTokens ? "f64 reference" : "emulation"}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+      console.log(`  ${path} ${addressing} ${fusedTokens ? "fused" : "grouped"}: ${pooled.cases} cases, NMSE ${pooled.nmse.toExponential(2)} vs ${path === "float" ? "f64 reference" : "emulation"}, ${((performance.now() - t0) / 1000).toFixed(1)} s`);
       expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
     });
   }
@@ -118,6 +118,35 @@ describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTo
     expect(r.fusedTokens).toBe(0);
     expect(r.stats.fusedCalls).toBe(0);
     expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+  });
+});
+
+describe("the integer-dot fused call needs its token's int8 x in shared memory", () => {
+  // moe_fused_*_idp keeps ~8 bytes per column of x in shared memory; a D past the device's
+  // maxComputeSharedMemorySize runs the float fused kernel instead (float x: the float reference,
+  // not the integer-dot emulation), and grouped calls stay on the integer-dot path.
+  test("D = 32768: the fused call falls back to float x; the grouped call stays integer-dot", () => {
+    const shape: ExpertShape = { format: "q4", groupSize: 32, scaleType: "f16", hidden: 32768, intermediate: 32 };
+    const E = 4, k = 2, S = 1;
+    const experts = makeExperts(shape, E, 1, 19);
+    const rnd = mulberry32(23);
+    const r = randomRouting(rnd, S, k, E);
+    const x = randomGaussianF32(S * shape.hidden, 24);
+    const float = reference(x, r, experts[0]!, E, false);
+    const idp = reference(x, r, experts[0]!, E, false, undefined, "integer-dot");
+    for (const fusedTokens of [S, 0]) {
+      using h = new MoeHarness({ shape, experts: E, topK: k, layers: 1, weights: (_l, e) => experts[0]![e]!, addressing: "bda", budgetMB: 64, fusedTokens }, validationEnv({ VKMOE_IDP: "on" }));
+      expect(h.moe.mode, h.moe.why).toBe("gpu");
+      expect(h.moe.gemvPath).toBe("integer-dot");
+      expect(fusedIdpSharedBytes(shape.hidden, FUSED_KERNEL)).toBeGreaterThan(h.moe.context!.device.info.limits.maxComputeSharedMemorySize);
+      const y = new Float32Array(S * shape.hidden);
+      h.moe.forward(0, x, r, y);
+      expect(h.moe.stats().fusedCalls).toBe(fusedTokens ? 1 : 0);
+      const [want, other] = fusedTokens ? [float, idp] : [idp, float];
+      expect(nmse(want, y)).toBeLessThanOrEqual(NMSE_BOUND);
+      expect(nmse(other, y)).toBeGreaterThan(1e-6);
+      h.finish();
+    }
   });
 });
 
@@ -169,7 +198,7 @@ describe("integer-dot path (VKMOE_IDP=on): quantize_act + integer-dot gate+up, f
         const t0 = performance.now();
         const pooled = new PooledError();
         const vsFloat = new PooledError();
-        const r = runSweep({ label, shape, E, experts, addressing, cases, limit, shared, seed: 8100 + 10 * c + a, path: "integer-dot", vsFloat, fusedTokens: 0 }, pooled);
+        const r = runSweep({ label, shape, E, experts, addressing, cases, limit, shared, seed: 8100 + 10 * c + a, path: "integer-dot", vsFloat }, pooled);
         expect(r.mode, r.why).toBe("gpu");
         expect(r.why).toContain("integer-dot path");
         expect(r.stats.gpuPairs).toBe(r.pairs);
@@ -186,7 +215,7 @@ describe("integer-dot path (VKMOE_IDP=on): quantize_act + integer-dot gate+up, f
     test(`q4/g32/f16, E=${E}, ${addressing}, every S × k ≤ E, with a shared expert`, () => {
       const pooled = new PooledError();
       const cases = [1, 2, 7, 64].flatMap((S) => [1, 8, 16].filter((k) => k <= E).map((k) => [S, k] as [number, number]));
-      const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases, shared: true, seed: 8200 + E, path: "integer-dot", fusedTokens: 0 }, pooled);
+      const r = runSweep({ label: "q4/g32/f16", shape: MAIN, E, experts: firstE(E), addressing, cases, shared: true, seed: 8200 + E, path: "integer-dot" }, pooled);
       expect(r.why).toContain("integer-dot path");
       expect(r.stats.gpuPairs).toBe(r.pairs);
       console.log(`  idp q4/g32/f16 E=${E} ${addressing}: ${pooled.cases} cases, NMSE vs emulation ${pooled.nmse.toExponential(2)}`);

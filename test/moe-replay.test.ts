@@ -32,10 +32,8 @@ const oracle = new BankOracle(experts, E, SHAPE.hidden, 64, 500);
 const idpOracle = new BankOracle(experts, E, SHAPE.hidden, 64, 500, undefined, "integer-dot");
 const CALLS = 1000;
 
-// The integer-dot replay runs every call grouped (fusedTokens 0): fused calls use float x on both
-// paths, and the float replays cover them.
 function open(addressing: "bda" | "descriptor", tickets = 2, path: MoePath = "float"): MoeHarness {
-  return new MoeHarness({ shape: SHAPE, experts: E, topK: TOPK, layers: LAYERS, shared: true, tickets, weights: (l, e) => experts[l]![e]!, addressing, budgetMB: 64, fusedTokens: path === "integer-dot" ? 0 : undefined },
+  return new MoeHarness({ shape: SHAPE, experts: E, topK: TOPK, layers: LAYERS, shared: true, tickets, weights: (l, e) => experts[l]![e]!, addressing, budgetMB: 64 },
     validationEnv({ VKMOE_IDP: path === "integer-dot" ? "on" : "off" }));
 }
 
@@ -121,11 +119,10 @@ const experts = makeExperts(shape, E, layers, 31);
 const oracles = { float: new BankOracle(experts, E, shape.hidden, 64, 500), "integer-dot": new BankOracle(experts, E, shape.hidden, 64, 500, undefined, "integer-dot") };
 const calls = Number(process.argv[2]);
 // budgetExperts: 0 = every expert resident; else room for about that many (hybrid: the rest run on the CPU).
-// path "integer-dot" (VKMOE_IDP=on, every call grouped: fused calls use float x) adds the
-// activation-quantize dispatch and its barrier (not hybrid:
+// path "integer-dot" (VKMOE_IDP=on) adds the activation-quantize dispatch and its barrier (not hybrid:
 // pairs the CPU runs use float x, so a hybrid call mixes the two paths and no single oracle fits it).
 for (const [addressing, inFlight, staged, budgetExperts, path] of [["bda", 1, "auto", 0, "float"], ["descriptor", 2, "auto", 0, "float"], ["bda", 2, "on", 0, "float"], ["descriptor", 1, "on", 6, "float"], ["bda", 2, "auto", 0, "integer-dot"], ["descriptor", 1, "on", 0, "integer-dot"]]) {
-  const h = new MoeHarness({ shape, experts: E, topK, layers, shared: true, weights: (l, e) => experts[l][e], addressing, budgetMB: budgetExperts ? (budgetExperts * expertLayout(shape).bytes) / 2 ** 20 : 64, fusedTokens: path === "integer-dot" ? 0 : undefined },
+  const h = new MoeHarness({ shape, experts: E, topK, layers, shared: true, weights: (l, e) => experts[l][e], addressing, budgetMB: budgetExperts ? (budgetExperts * expertLayout(shape).bytes) / 2 ** 20 : 64 },
     validationEnv({ VKMOE_STAGED: staged, VKMOE_IDP: path === "integer-dot" ? "on" : "off" }));
   let result;
   try {

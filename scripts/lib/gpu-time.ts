@@ -123,6 +123,53 @@ export function readBandwidth(device: Device, wantBytes: number, reps: number): 
   return { gbs: (passes * bytes) / gpuNs, bytes, passes, gpuNs };
 }
 
+/**
+ * Evicts the GPU's last-level cache: one streaming read over `bytes` (several times the L2) per
+ * flush(), its own submission, waited for. For timing a kernel with its data in DRAM, as in a
+ * decode over many layers. Dispose it (it owns a buffer, a pipeline and a command pool).
+ */
+export class CacheFlusher implements Disposable {
+  private readonly src: Buffer;
+  private readonly sink: Buffer;
+  private readonly stream: ComputePipeline;
+  private readonly descriptors: DescriptorPool;
+  private readonly pool: CommandPool;
+  private readonly fence: Fence;
+  private readonly submission: Submission;
+
+  constructor(device: Device, bytes = 256 * MiB) {
+    const limit = Math.min(Number(device.info.limits.maxMemoryAllocationSize), device.info.limits.maxStorageBufferRange);
+    const size = Math.min(bytes, limit - (limit % MiB));
+    this.src = new Buffer(device, { size: BigInt(size), memory: "device" });
+    this.sink = new Buffer(device, { size: 1n << 20n, memory: "device" });
+    this.stream = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256 } });
+    this.descriptors = new DescriptorPool(device, 1, 2);
+    const set = this.descriptors.allocate(this.stream, [{ buffer: this.src, range: BigInt(size) }, { buffer: this.sink }]);
+    this.pool = new CommandPool(device);
+    this.fence = new Fence(device);
+    // The contents do not matter; zeroed so nothing reads uninitialized memory.
+    const cb = this.pool.allocate().begin().fillBuffer(this.src, 0).barrier("transferToCompute")
+      .bind(this.stream, set).pushConstants(this.stream, new Uint32Array([0, size / 16])).dispatch(device.info.type === 4 ? 256 : 4096).end();
+    this.submission = new Submission(device, [cb], { fence: this.fence });
+  }
+
+  flush(): void {
+    this.submission.submit();
+    this.fence.wait();
+    this.fence.reset();
+  }
+
+  [Symbol.dispose](): void {
+    this.submission[Symbol.dispose]();
+    this.fence[Symbol.dispose]();
+    this.pool[Symbol.dispose]();
+    this.descriptors[Symbol.dispose]();
+    this.stream[Symbol.dispose]();
+    this.sink[Symbol.dispose]();
+    this.src[Symbol.dispose]();
+  }
+}
+
 /** The parts of the backend's private GPU state this file reaches (scripts/bench-moe.ts documents why). */
 type CallMode = "grouped" | "fused";
 const MODES: CallMode[] = ["grouped", "fused"];

@@ -46,6 +46,17 @@ const moeIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: 
     descriptorCounts: [...Array.from({ length: MOE_IDP_BINDINGS }, () => 1), 8], specialization: { 4: groupSize, 8: 8 },
   };
 
+/** The MoE layer's fused integer-dot call as the probe creates it (256 threads x 32 rows, D = 2048). */
+const moeFusedIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number): PipelineSpec => {
+  const specialization = { 0: 256, 1: 32, 4: groupSize, 5: 32, 6: 8, 9: 2048 };
+  return addressing === "bda"
+    ? { spirv: shaderFile(`moe_fused_${format}_idp_bda`), storageBuffers: MOE_FUSED_BINDINGS, pushConstantBytes: MOE_FUSED_PUSH_BYTES, specialization }
+    : {
+      spirv: shaderFile(`moe_fused_${format}_idp_desc`), storageBuffers: MOE_FUSED_BINDINGS + 1, pushConstantBytes: MOE_FUSED_PUSH_BYTES,
+      descriptorCounts: [...Array.from({ length: MOE_FUSED_BINDINGS }, () => 1), 8], specialization: { ...specialization, 8: 8 },
+    };
+};
+
 /** Every integer dot-product pipeline; the child-process probe creates each before the path is enabled. */
 export const IDP_PIPELINES: PipelineSpec[] = [
   ...[QUANTIZE_ACT, GEMV_IDP.q4, GEMV_IDP.q8].flatMap((s) => [32, 128].map((g) => pipelineSpec(s, { 4: g }))),
@@ -53,5 +64,8 @@ export const IDP_PIPELINES: PipelineSpec[] = [
 ];
 /** The same, created by the probe only where bufferDeviceAddress is enabled. */
 export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "bda", g)));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl) is probed again. */
-export const IDP_PROBE_VERSION = 3;
+/** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
+export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
+  (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [moeFusedIdpSpec(f, "desc", g), ...(bda ? [moeFusedIdpSpec(f, "bda", g)] : [])]));
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call) is probed again. */
+export const IDP_PROBE_VERSION = 4;

@@ -22,8 +22,8 @@ import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
 
-/** Defaults of the fusedTokens option per GEMV path. */
-const FUSED_TOKENS_DEFAULT: Record<MoeGemvPath, number> = { float: 4, "integer-dot": 2 };
+/** Default of the fusedTokens option (see it), on both GEMV paths. */
+const FUSED_TOKENS_DEFAULT = 4;
 
 /** Weights of (layer, expert); expert === experts (E) asks for the shared expert. */
 export type ExpertProvider = (layer: number, expert: number) => ExpertWeights;
@@ -63,12 +63,12 @@ const optionsSchema = z.strictObject({
   wait: z.enum(["block", "spin"]).default("spin"),
   /**
    * Calls of at most this many tokens run in one dispatch (gate+up, SiLU, and down added up per
-   * token with float atomics; float x on both paths); larger calls run [quantize] + gate+up + down
-   * + sum, which reads each expert's weights once whatever S is. 0: always the latter; devices
-   * without float atomics (or VKMOE_FLOAT_ATOMICS=off) too. Default, measured on the H200
-   * (scripts/profile-moe.ts, 2 layers, host µs fused against grouped): 4 on the float path
-   * (S=1 40.1 / 50.4, S=2 54.2 / 66.2, S=4 92.1 / 100), 2 on the integer-dot path (S=1 43.0 / 52.6,
-   * S=2 58.5 / 63.6, S=4 84.9 / 83.9).
+   * token with float atomics; on the integer-dot path each workgroup quantizes x itself); larger
+   * calls run [quantize] + gate+up + down + sum, which reads each expert's weights once whatever S is. 0: always the latter; devices
+   * without float atomics (or VKMOE_FLOAT_ATOMICS=off) too. Default 4, measured on the H200
+   * (scripts/profile-moe.ts --warm, 2 layers, host µs of forward(), fused against grouped): float
+   * path S=1 40.1 / 50.4, S=2 54.2 / 66.2, S=4 92.1 / 100; integer-dot path S=1 41.3 / 54.5,
+   * S=2 50.6 / 65.8, S=4 76.6 / 86.8.
    */
   fusedTokens: z.number().int().min(0).max(MAX_TOKENS).optional(),
   /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */
@@ -180,7 +180,7 @@ export class MoeBackend implements Disposable {
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the gate+up path.
       const path = planKernels(device, env).integerDot.on ? "integer-dot" : "float";
-      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path, fusedTokens: this.options.fusedTokens ?? FUSED_TOKENS_DEFAULT[path] }, this.options.limit);
+      const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path, fusedTokens: this.options.fusedTokens ?? FUSED_TOKENS_DEFAULT }, this.options.limit);
       layer.waitStyle = this.options.wait;
       this.missing.byteLength = pool.layout.bytes;
       this.missing.layout = pool.layout;

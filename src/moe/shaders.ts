@@ -27,7 +27,8 @@ export type MoeGemvPath = "float" | "integer-dot";
  *   "grouped" (any S): [quantize_act] -> gate+up -> down -> sum, each expert's weights read once
  *             whatever S is;
  *   "fused" (S <= the layer's fusedTokens): one dispatch, workgroup = (32 rows of I, slot): gate+up
- *             of its rows with float x on both paths, then its share of down added to the token's
+ *             of its rows (on the integer-dot path with x quantized into shared memory by each
+ *             workgroup, as quantize_act would), then its share of down added to the token's
  *             sums with float atomics; the last workgroup to finish writes y. Two to three dispatches
  *             fewer, but each slot reads its expert again, so it only pays for few tokens. Needs
  *             VK_EXT_shader_atomic_float (atomicAdd on float32 in storage buffers).
@@ -38,7 +39,7 @@ export interface MoePipelines extends Disposable {
   gateUp: ComputePipeline;
   down: ComputePipeline;
   sum: ComputePipeline;
-  /** The one-dispatch call of few tokens (float x on both paths); undefined without float atomics. */
+  /** The one-dispatch call of few tokens; undefined without float atomics. */
   fused: ComputePipeline | undefined;
   /** Rows of I per workgroup of `fused` (a multiple of 32). */
   fusedBlockRows: number;
@@ -52,6 +53,13 @@ export interface MoePipelines extends Disposable {
  */
 export interface FusedKernelShape { workgroupSize: number; rowsPerWorkgroup: number; colThreads: number; rowLanes: number }
 export const FUSED_KERNEL: Readonly<FusedKernelShape> = { workgroupSize: 256, rowsPerWorkgroup: 32, colThreads: 32, rowLanes: 8 };
+
+/** Shared memory of moe_fused_*_idp (gemv_idp.glsl's FUSED arrays, the row reduction, hs, a flag) for D columns. */
+export function fusedIdpSharedBytes(D: number, fk: FusedKernelShape): number {
+  const words = Math.ceil(D / 16) * 4, groups = Math.ceil(D / 32);
+  const rowsPerThread = fk.rowsPerWorkgroup / fk.rowLanes;
+  return 4 * words * 2 + 4 * groups * 3 + 4 * fk.workgroupSize * rowsPerThread * 2 + 4 * fk.rowsPerWorkgroup + 4;
+}
 
 export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float", fusedKernel: Partial<FusedKernelShape> = {}): MoePipelines {
   const spec = specialization(config, shape.scaleType === "f16", shape.groupSize);
@@ -76,8 +84,12 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
     const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
+    const fusedSpec = { ...specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), 9: shape.hidden };
+    // The integer-dot fused kernel keeps its token's int8 x in shared memory; past the device's
+    // limit (very wide D) the float one runs instead.
+    const idpFused = idp && fusedIdpSharedBytes(shape.hidden, fk) <= device.info.limits.maxComputeSharedMemorySize;
     const fused = device.enabled.bufferFloat32AtomicAdd
-      ? keep(make(`moe_fused_${shape.format}`, MOE_FUSED_BINDINGS, specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), MOE_FUSED_PUSH_BYTES))
+      ? keep(make(idpFused ? `moe_fused_${shape.format}_idp` : `moe_fused_${shape.format}`, MOE_FUSED_BINDINGS, fusedSpec, MOE_FUSED_PUSH_BYTES))
       : undefined;
     return {
       quantize, gateUp, down, sum, fused, fusedBlockRows: fk.rowsPerWorkgroup, maxSlabs, path,

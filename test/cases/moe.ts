@@ -205,8 +205,7 @@ export function runSweep(spec: SweepSpec, pooled: PooledError): SweepResult {
       const y = outputWithSentinels(S * D);
       h.moe.forward(0, x, r, y);
       checkSentinels(y, S * D, label);
-      // Fused calls (S <= fusedTokens) run float activations on both paths.
-      pooled.add(reference(x, r, experts[0]!, E, shared, limit, S <= h.moe.fusedTokens ? "float" : path), y, CASE_BOUND, label);
+      pooled.add(reference(x, r, experts[0]!, E, shared, limit, path), y, CASE_BOUND, label);
       if (spec.vsFloat) spec.vsFloat.add(reference(x, r, experts[0]!, E, shared, limit), y, Infinity, label);
       pairs += S * (k + (shared ? 1 : 0));
     });

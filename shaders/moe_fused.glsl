@@ -1,0 +1,97 @@
+// moe_fused.glsl: the down half and main() of the fused MoE call (moe.glsl, FUSED), included at
+// the end of gemv_float.glsl or gemv_idp.glsl, which provide gateUpBlock(token, rowBase): h of the
+// workgroup's rows of I into hs. Down is float on both paths (h is float).
+// ---- the down half of a fused call --------------------------------------------------------
+// The workgroup holds h for ROWS_PER_WG rows of I (hs), so it owns the same block of columns of
+// every down row: D rows of BLOCK_VECS uvec4 each, DOWN_ROWS rows per thread per pass with every
+// load issued before the arithmetic. h and its per-uvec4 sums live in registers (the same for
+// every row). (Loading the first pass before gate+up, and gate+up's two column steps at once,
+// measured no faster on the H200.)
+const uint BLOCK_VECS = ROWS_PER_WG / COLS_PER_VEC;  // the host keeps ROWS_PER_WG a multiple of 32
+const uint DOWN_ROWS = 4u;
+float hr[ROWS_PER_WG];
+float hsum[BLOCK_VECS];
+
+// h . (one uvec4 of dequantized weights, before its scale), the uvec4 being the block's v-th.
+float dotBlockVec(uvec4 w4, uint v) {
+    const uint cb = v * COLS_PER_VEC;
+#if QBITS == 4
+    float p = 0.0;
+    [[unroll]] for (uint wi = 0u; wi < 4u; ++wi) {
+        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            const uint lo = shiftTo19(w4[wi], j) & 0x00780000u;  // column 8wi + j
+            const uint hi = shiftTo15(w4[wi], j) & 0x00780000u;  // column 8wi + 4 + j
+            p = fma(hr[cb + 8u * wi + j], uintBitsToFloat(lo | 0x3F800000u), p);
+            p = fma(hr[cb + 8u * wi + 4u + j], uintBitsToFloat(hi | 0x3F800000u), p);
+        }
+    }
+    return fma(16.0, p - hsum[v], -8.0 * hsum[v]);  // see colStep: h.q = 16 (h.f - sum h) - 8 sum h
+#else
+    float p = 0.0;
+    [[unroll]] for (uint wi = 0u; wi < 4u; ++wi) {
+        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            const uint m = shiftTo15(w4[wi], j) & 0x007F8000u;  // column 4wi + j
+            p = fma(hr[cb + 4u * wi + j], uintBitsToFloat(m ^ 0x3FC00000u), p);
+        }
+    }
+    return fma(256.0, p, -384.0 * hsum[v]);
+#endif
+}
+
+// yacc[token][o] += w * (block of down row o) . h, for every down row o.
+void downBlock(uint token, float w, uint rowBase) {
+    const uint D = pc.I;
+    const uint rowVec = pc.downRowWords >> 2u;
+    const uint v0 = rowBase / COLS_PER_VEC;
+    const uint nv = min(BLOCK_VECS, rowVec - v0);  // uvec4 of the block inside a row (uniform)
+    [[unroll]] for (uint k = 0u; k < ROWS_PER_WG; ++k) hr[k] = hs[k];
+    [[unroll]] for (uint v = 0u; v < BLOCK_VECS; ++v) {
+        float s = 0.0;
+        [[unroll]] for (uint k = 0u; k < COLS_PER_VEC; ++k) s += hr[v * COLS_PER_VEC + k];
+        hsum[v] = s;
+    }
+    for (uint o0 = gl_LocalInvocationIndex; o0 < D; o0 += WG * DOWN_ROWS) {
+        uvec4 wv[DOWN_ROWS][BLOCK_VECS];
+        float sc[DOWN_ROWS][BLOCK_VECS];
+        [[unroll]] for (uint r = 0u; r < DOWN_ROWS; ++r) {
+            const uint o = min(o0 + r * WG, D - 1u);  // rows past D: loads clamped, results dropped
+            [[unroll]] for (uint v = 0u; v < BLOCK_VECS; ++v) {
+                const uint vv = min(v, nv - 1u);  // uvec4 past the row's end: clamped, skipped below
+                wv[r][v] = BLOB_V(pc.downWeightOffset + o * rowVec + v0 + vv);
+                sc[r][v] = BLOB_SCALE(pc.downScaleOffset, o * pc.downGroupsPerRow + ((v0 + vv) * COLS_PER_VEC) / GROUP_SIZE);
+            }
+        }
+        [[unroll]] for (uint r = 0u; r < DOWN_ROWS; ++r) {
+            const uint o = o0 + r * WG;
+            if (o < D) {
+                float total = 0.0;
+                [[unroll]] for (uint v = 0u; v < BLOCK_VECS; ++v) {
+                    if (v < nv) total = fma(sc[r][v], dotBlockVec(wv[r][v], v), total);
+                }
+                atomicAdd(yacc[token * D + o], w * total);
+            }
+        }
+    }
+}
+
+// One workgroup per (block of rows of I, slot): gate+up for the block (the body's gateUpBlock: one
+// token), h to shared memory, then the block's share of down for every output row.
+void main() {
+    const uvec4 header = work[0];  // (S, slots per token, items, call sequence number)
+    const uint slot = gl_WorkGroupID.y;
+    const uint token = slot / header.y;
+    const uint rowBase = gl_WorkGroupID.x * ROWS_PER_WG;
+    const float w = slotWeight[slot];
+    // w == 0: its expert ran on the CPU (or the router gave it 0). Uniform; no return: every
+    // thread reaches arriveFused().
+    if (w != 0.0 && rowBase < pc.O) {
+        blockBase = rowBase;
+        for (uint k = gl_LocalInvocationIndex; k < ROWS_PER_WG; k += WG) hs[k] = 0.0;
+        barrier();
+        setBlob(slotExpert[slot]);
+        gateUpBlock(token, rowBase);
+        barrier();
+        downBlock(token, w, rowBase);
+    }
+    arriveFused(header.w, header.x);
+}

@@ -1,0 +1,11 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// moe_fused_q4_idp_bda: a whole MoE layer call of few tokens in one dispatch on the integer-dot
+// path (x quantized into shared memory per workgroup, integer-dot gate+up, float down split over I
+// with float atomics, the sum over slots). See moe.glsl.
+#define MOE
+#define GATEUP
+#define FUSED
+#define ADDR_BDA
+#define QBITS 4
+#include "gemv_idp.glsl"

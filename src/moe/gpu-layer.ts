@@ -110,8 +110,7 @@ class Ticket {
     this.y = buf(4 * MAX_TOKENS * D, "readback");
     this.indirect = buf(4 * 15, "upload");
     this.done = buf(16, "readback");
-    this.arrived = buf(16, "upload");
-    new Uint32Array(this.arrived.host()).fill(0);
+    this.arrived = buf(16, "device"); // zeroed by zeroFusedState (atomics stay in device memory)
     this.yacc = p.fused ? buf(4 * MAX_TOKENS * D, "device") : undefined;
     if (p.quantize) {
       const q = quantizeShape(D, groupSize);
@@ -247,21 +246,26 @@ export class GpuLayer implements Disposable {
       this.tickets.push(t);
       this.record(t);
     }
-    this.zeroAccumulators();
+    this.zeroFusedState();
     this.boundSlabs = Array.from({ length: this.pipelines.maxSlabs }, () => undefined);
   }
 
-  /** The fused kernel's accumulators start at 0 (each call's last workgroup zeroes them again). */
-  private zeroAccumulators(): void {
-    const withAcc = this.tickets.filter((t) => t.yacc);
-    if (withAcc.length === 0) return;
+  /**
+   * The fused kernel's arrival counts and accumulators start at 0 (each call's last workgroup
+   * zeroes them again). Device memory, so its atomics never cross the bus on a discrete GPU.
+   */
+  private zeroFusedState(): void {
+    if (!this.pipelines.fused) return;
     const cb = this.commandPool.allocate().begin();
-    for (const t of withAcc) cb.fillBuffer(t.yacc!, 0);
+    for (const t of this.tickets) {
+      cb.fillBuffer(t.arrived, 0);
+      if (t.yacc) cb.fillBuffer(t.yacc, 0);
+    }
     cb.barrier("transferToCompute").end();
     using fence = new Fence(this.device);
     using sub = new Submission(this.device, [cb], { fence });
     sub.submit();
-    if (!fence.wait()) throw new Error("MoE layer: zeroing the accumulators did not finish within the timeout");
+    if (!fence.wait()) throw new Error("MoE layer: zeroing the fused call's state did not finish within the timeout");
   }
 
   private record(t: Ticket): void {

@@ -2,7 +2,9 @@
 // quantize_act.comp (int8, power-of-two scale, group sum); weights are q8 or q4.
 //   y[s,o] = sum_g xscale(s,g) * wscale(o,g) * idot_g
 // idot is exact int32: OpSDot (q8) / OpSUDot (signed activations x unsigned q4 nibbles,
-// minus 8 * xsum per group).  The including .comp defines QBITS (4 or 8).
+// minus 8 * xsum per group).  The including .comp defines QBITS (4 or 8), and MOE / GATEUP /
+// FUSED as gemv_float.glsl does; with FUSED each workgroup quantizes its token's x itself, into
+// shared memory (quantizeToShared), and moe_fused.glsl supplies main().
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_EXT_control_flow_attributes : require
 

@@ -122,9 +122,10 @@ describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTo
 });
 
 describe("the integer-dot fused call needs its token's int8 x in shared memory", () => {
-  // moe_fused_*_idp keeps ~8 bytes per column of x in shared memory; a D past the device's
-  // maxComputeSharedMemorySize runs the float fused kernel instead (float x: the float reference,
-  // not the integer-dot emulation), and grouped calls stay on the integer-dot path.
+  // moe_fused_*_idp keeps ~2.4 bytes per column of x (plus 8 KiB for the row reduction) in shared
+  // memory. A D that does not fit maxComputeSharedMemorySize (past ~10k on Lavapipe's 32 KiB, ~17k
+  // on the H200's 48 KiB) runs the float fused kernel instead (float x: the float reference, not
+  // the integer-dot emulation), and grouped calls stay on the integer-dot path.
   test("D = 32768: the fused call falls back to float x; the grouped call stays integer-dot", () => {
     const shape: ExpertShape = { format: "q4", groupSize: 32, scaleType: "f16", hidden: 32768, intermediate: 32 };
     const E = 4, k = 2, S = 1;

@@ -202,21 +202,6 @@ void columnLoop(uint c0, uint step) {
 }
 
 #ifdef FUSED
-// gate+up of the workgroup's ROWS_PER_WG rows of I for one token, h into hs (moe_fused.glsl).
-void gateUpBlock(uint token, uint rowBase) {
-    const uint t = logicalThread();
-    const uint cl = t % COL_THREADS;
-    const uint rg = (t / COL_THREADS) % ROW_LANES;
-    const uint ks = t / (COL_THREADS * ROW_LANES);
-    initRows(rowBase, rg);
-    tok0 = token;
-    nt = 1u;
-    [[unroll]] for (uint i = 0u; i < NV; ++i) acc[i][0] = 0.0;
-    columnLoop(ks * COL_THREADS + cl, CSTEP);
-    [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = acc[i][0];
-    uint rgo;
-    if (reduceRows(t, rgo)) storeRows(rowBase, rgo, token);
-}
 #include "moe_fused.glsl"
 #else
 void main() {

@@ -157,6 +157,16 @@ void colStep(uint c, bool tail) {
     }
 }
 
+// Column steps c0, c0 + step, ... of the owned rows for the current token chunk (acc += ...).
+// xq padding columns (>= I, inside the row) are 0, so every step but q4's second half of the last
+// one is safe without a guard.
+void columnLoop(uint c0, uint step) {
+    const uint nVec = (pc.I + COLS_PER_VEC - 1u) / COLS_PER_VEC;
+    const uint nFull = pc.I / COLS_PER_VEC;
+    for (uint c = c0; c < nFull; c += step) colStep(c, false);
+    if (nFull < nVec && (nFull % step) == c0) colStep(nFull, true);
+}
+
 #ifdef FUSED
 // x[token] -> xqS, xscS, xsumS, exactly as quantize_act.comp (per group: amax = max |x|; amax 0 ->
 // scale 0, q 0; else frexp(amax) = m * 2^e, scale 2^(e-7), q = clamp(roundEven(x * 2^(7-e)),
@@ -215,26 +225,6 @@ void quantizeToShared(uint token) {
     barrier();
 }
 
-// gate+up of the workgroup's ROWS_PER_WG rows of I for one token with int8 x, h into hs (moe_fused.glsl).
-void gateUpBlock(uint token, uint rowBase) {
-    quantizeToShared(token);
-    const uint t = logicalThread();
-    const uint cl = t % COL_THREADS;
-    const uint rg = (t / COL_THREADS) % ROW_LANES;
-    const uint ks = t / (COL_THREADS * ROW_LANES);
-    const uint c0 = ks * COL_THREADS + cl;
-    initRows(rowBase, rg);
-    const uint nVec = (pc.I + COLS_PER_VEC - 1u) / COLS_PER_VEC;
-    const uint nFull = pc.I / COLS_PER_VEC;
-    tok0 = token;
-    nt = 1u;
-    [[unroll]] for (uint i = 0u; i < NV; ++i) acc[i][0] = 0.0;
-    for (uint c = c0; c < nFull; c += CSTEP) colStep(c, false);
-    if (nFull < nVec && (nFull % CSTEP) == c0) colStep(nFull, true);
-    [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = acc[i][0];
-    uint rgo;
-    if (reduceRows(t, rgo)) storeRows(rowBase, rgo, token);
-}
 #include "moe_fused.glsl"
 #else
 void main() {
@@ -252,19 +242,13 @@ void main() {
 
     initRows(rowBase, rg);
 
-    // xq padding columns (>= I, inside the row) are 0, so every step but q4's second half of
-    // the last one is safe without a guard
-    const uint nVec = (pc.I + COLS_PER_VEC - 1u) / COLS_PER_VEC;
-    const uint nFull = pc.I / COLS_PER_VEC;
-
     const uint S = tokenCount();
     for (tok0 = 0u; tok0 < S; tok0 += NT) {
         nt = min(NT, S - tok0);
         [[unroll]] for (uint i = 0u; i < NV; ++i)
             [[unroll]] for (uint j = 0u; j < NT; ++j) acc[i][j] = 0.0;
 
-        for (uint c = c0; c < nFull; c += CSTEP) colStep(c, false);
-        if (nFull < nVec && (nFull % CSTEP) == c0) colStep(nFull, true);
+        columnLoop(c0, CSTEP);
 
         [[unroll]] for (uint j = 0u; j < NT; ++j) {
             if (j < nt) {  // uniform

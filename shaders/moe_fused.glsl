@@ -1,6 +1,6 @@
-// moe_fused.glsl: the down half and main() of the fused MoE call (moe.glsl, FUSED), included at
-// the end of gemv_float.glsl or gemv_idp.glsl, which provide gateUpBlock(token, rowBase): h of the
-// workgroup's rows of I into hs. Down is float on both paths (h is float).
+// moe_fused.glsl: the fused MoE call (moe.glsl, FUSED), included at the end of gemv_float.glsl or
+// gemv_idp.glsl, which provide the gate+up column loop (columnLoop, acc) and, on the integer-dot
+// path, quantizeToShared. Down is float on both paths (h is float).
 // ---- the down half of a fused call --------------------------------------------------------
 // The workgroup holds h for ROWS_PER_WG rows of I (hs), so it owns the same block of columns of
 // every down row: D rows of BLOCK_VECS uvec4 each, DOWN_ROWS rows per thread per pass with every
@@ -74,7 +74,27 @@ void downBlock(uint token, float w, uint rowBase) {
     }
 }
 
-// One workgroup per (block of rows of I, slot): gate+up for the block (the body's gateUpBlock: one
+// gate+up of the workgroup's ROWS_PER_WG rows of I for one token (int8 x on the integer-dot path,
+// quantized here), h into hs.
+void gateUpBlock(uint token, uint rowBase) {
+#ifdef MOE_IDP
+    quantizeToShared(token);
+#endif
+    const uint t = logicalThread();
+    const uint cl = t % COL_THREADS;
+    const uint rg = (t / COL_THREADS) % ROW_LANES;
+    const uint ks = t / (COL_THREADS * ROW_LANES);
+    initRows(rowBase, rg);
+    tok0 = token;
+    nt = 1u;
+    [[unroll]] for (uint i = 0u; i < NV; ++i) acc[i][0] = 0.0;
+    columnLoop(ks * COL_THREADS + cl, CSTEP);
+    [[unroll]] for (uint i = 0u; i < NV; ++i) rv[i] = acc[i][0];
+    uint rgo;
+    if (reduceRows(t, rgo)) storeRows(rowBase, rgo, token);
+}
+
+// One workgroup per (block of rows of I, slot): gate+up for the block (gateUpBlock: one
 // token), h to shared memory, then the block's share of down for every output row.
 void main() {
     const uvec4 header = work[0];  // (S, slots per token, items, call sequence number)

@@ -154,8 +154,8 @@ for (const S of sizes) {
   // The ticket now holds the last call's inputs (work list, slot tables, indirect counts), whose
   // mode was the default's. Fill both modes' counts for this S, then time each stage.
   {
-    const items = t0.views.work[2];
-    L.submit(t0, x, S, items); L.wait(t0);
+    const items = t0.views.work[2], slotsPerToken = t0.views.work[1]; // (a script may read write-combined memory)
+    L.submit(t0, x, S, slotsPerToken, items); L.wait(t0);
     for (const mode of MODES) {
       using q = new QueryPool(device, stageNames(mode).length + 1); // every query written: results() waits for all
       const names = stageNames(mode);

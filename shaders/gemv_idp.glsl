@@ -171,7 +171,8 @@ void columnLoop(uint c0, uint step) {
 // x[token] -> xqS, xscS, xsumS, exactly as quantize_act.comp (per group: amax = max |x|; amax 0 ->
 // scale 0, q 0; else frexp(amax) = m * 2^e, scale 2^(e-7), q = clamp(roundEven(x * 2^(7-e)),
 // -127, 127); padding columns 0). Every thread of the workgroup, uniform control flow.
-void quantizeToShared(uint token) {
+// This one takes each group's max and sum through shared memory (x read twice, four barriers).
+void quantizeByWorkgroup(uint token) {
     const uint lid = gl_LocalInvocationIndex;
     const uint D = pc.I;
     const uint nWords = (D + 15u) / 16u * 4u;
@@ -223,6 +224,64 @@ void quantizeToShared(uint token) {
         xsumS[g] = sum;
     }
     barrier();
+}
+
+#ifndef NO_SUBGROUP_OPS
+// The same, with each group's max and sum taken across the GROUP_SIZE/4 consecutive lanes that hold
+// its words (shuffles): x read once, one barrier. It is the first thing a fused workgroup does, so
+// it sits on every call's critical path. Needs GROUP_SIZE/4 <= the subgroup size.
+void quantizeBySubgroup(uint token) {
+    const uint t = logicalThread();  // lanes of one subgroup are consecutive
+    const uint D = pc.I;
+    const uint nWords = (D + 15u) / 16u * 4u;
+    const uint TPG = GROUP_SIZE / 4u;
+    const bool aligned = (D & 3u) == 0u;
+    // A uniform trip count: every lane takes part in the shuffles (words past the row count 0).
+    for (uint w0 = 0u; w0 < nWords; w0 += WG) {
+        const uint w = w0 + t;
+        vec4 v = vec4(0.0);
+        if (4u * w < D) {
+            if (aligned) {
+                v = xv[(token * D) / 4u + w];
+            } else {
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    const uint col = 4u * w + j;
+                    v[j] = col < D ? xs[token * D + col] : 0.0;
+                }
+            }
+        }
+        float m = max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w)));
+        for (uint off = 1u; off < TPG; off <<= 1u) m = max(m, subgroupShuffleXor(m, off));
+        int q[4] = int[4](0, 0, 0, 0);
+        float scale = 0.0;
+        if (m > 0.0) {
+            int e;
+            frexp(m, e);
+            scale = ldexp(1.0, e - 7);
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) q[j] = int(clamp(roundEven(ldexp(v[j], 7 - e)), -127.0, 127.0));
+        }
+        int sum = (q[0] + q[1]) + (q[2] + q[3]);
+        for (uint off = 1u; off < TPG; off <<= 1u) sum += subgroupShuffleXor(sum, off);
+        if (w < nWords) {
+            xqS[w >> 2u][w & 3u] = (uint(q[0]) & 0xFFu) | ((uint(q[1]) & 0xFFu) << 8u) | ((uint(q[2]) & 0xFFu) << 16u) | (uint(q[3]) << 24u);
+            if ((t % TPG) == 0u) {
+                xscS[w / TPG] = scale;
+                xsumS[w / TPG] = sum;
+            }
+        }
+    }
+    barrier();
+}
+#endif
+
+void quantizeToShared(uint token) {
+#ifndef NO_SUBGROUP_OPS
+    if (USE_SUBGROUP && gl_SubgroupSize >= GROUP_SIZE / 4u) {
+        quantizeBySubgroup(token);
+        return;
+    }
+#endif
+    quantizeByWorkgroup(token);
 }
 
 #include "moe_fused.glsl"

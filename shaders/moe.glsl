@@ -3,8 +3,8 @@
 //   workgroup (x, y) = (block of ROWS_PER_WG rows, work item u = one distinct expert);
 //   the item's tokens are gathered through `pairs`, so each expert's weights are read once.
 // GATEUP: h[slot][row] = silu(x[token]·gate) * (x[token]·up), token = slot / slotsPerToken.
-// FUSED (calls of few tokens, one dispatch): workgroup (x, y) = (block of ROWS_PER_WG rows of I,
-//   slot): h of the block's rows for the slot's expert (gate+up, kept in shared memory), then the
+// FUSED (calls of few tokens, one dispatch): workgroup (x, y, z) = (block of ROWS_PER_WG rows of I,
+//   slot j of token z; slot = z * slotsPerToken + j): h of the block's rows for the slot's expert (gate+up, kept in shared memory), then the
 //   block's columns of down times h, added to yacc[token] with float atomics (split over I); the
 //   last workgroup moves yacc to y, zeroes it for the next call and writes the completion word.
 //   Each slot's expert is located through slotExpert (the work list's (a, b) of its item).
@@ -157,7 +157,7 @@ void arriveFused(uint seq, uint S) {
     memoryBarrierBuffer();
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
-        const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
+        const uint groups = gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z;
         lastToArrive = atomicAdd(arrived[0], 1u) == groups - 1u;
     }
     barrier();

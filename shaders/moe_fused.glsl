@@ -75,11 +75,8 @@ void downBlock(uint token, float w, uint rowBase) {
 }
 
 // gate+up of the workgroup's ROWS_PER_WG rows of I for one token (int8 x on the integer-dot path,
-// quantized here), h into hs.
+// already in shared memory), h into hs.
 void gateUpBlock(uint token, uint rowBase) {
-#ifdef MOE_IDP
-    quantizeToShared(token);
-#endif
     const uint t = logicalThread();
     const uint cl = t % COL_THREADS;
     const uint rg = (t / COL_THREADS) % ROW_LANES;
@@ -96,22 +93,31 @@ void gateUpBlock(uint token, uint rowBase) {
 
 // One workgroup per (block of rows of I, slot): gate+up for the block (gateUpBlock: one
 // token), h to shared memory, then the block's share of down for every output row.
+// The grid is (row blocks, slots per token, S), so the workgroup knows its token and slot without
+// reading anything: its first loads (slot weight, expert address, x, the header) are independent
+// and in flight together, one memory latency instead of three in a row.
 void main() {
-    const uvec4 header = work[0];  // (S, slots per token, items, call sequence number)
-    const uint slot = gl_WorkGroupID.y;
-    const uint token = slot / header.y;
+    const uint token = gl_WorkGroupID.z;
+    const uint slot = token * gl_NumWorkGroups.y + gl_WorkGroupID.y;
     const uint rowBase = gl_WorkGroupID.x * ROWS_PER_WG;
+    const uint seq = work[0].w;  // the call's sequence number, for the completion word
     const float w = slotWeight[slot];
+    const uvec2 expert = slotExpert[slot];
+    for (uint k = gl_LocalInvocationIndex; k < ROWS_PER_WG; k += WG) hs[k] = 0.0;
+#ifdef MOE_IDP
+    // Every workgroup, even one with nothing to do below: x does not wait for the slot weight.
+    quantizeToShared(token);  // ends with a barrier
+#else
+    barrier();
+#endif
     // w == 0: its expert ran on the CPU (or the router gave it 0). Uniform; no return: every
     // thread reaches arriveFused().
     if (w != 0.0 && rowBase < pc.O) {
         blockBase = rowBase;
-        for (uint k = gl_LocalInvocationIndex; k < ROWS_PER_WG; k += WG) hs[k] = 0.0;
-        barrier();
-        setBlob(slotExpert[slot]);
+        setBlob(expert);
         gateUpBlock(token, rowBase);
         barrier();
         downBlock(token, w, rowBase);
     }
-    arriveFused(header.w, header.x);
+    arriveFused(seq, gl_NumWorkGroups.z);
 }

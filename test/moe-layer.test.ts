@@ -121,6 +121,30 @@ describe("both call modes at every S: grouped (fusedTokens 0) and fused (fusedTo
   });
 });
 
+describe("the integer-dot fused call quantizes x in each workgroup, as quantize_act does", () => {
+  // Each group's max and sum come from subgroup shuffles when a group's words fit in one subgroup
+  // (GROUP_SIZE/4 lanes), else through shared memory: both must match the emulation, including a D
+  // that is not a multiple of 4 (scalar loads, a partial last word) or of 16 (padding words).
+  const cases: [number, number][] = [[1, 8], [2, 3], [4, 8]];
+  for (const shape of [
+    { format: "q4", groupSize: 32, scaleType: "f16", hidden: 90, intermediate: 40 },
+    { format: "q4", groupSize: 64, scaleType: "f32", hidden: 200, intermediate: 64 },
+    { format: "q8", groupSize: 32, scaleType: "f16", hidden: 132, intermediate: 36 },
+  ] as ExpertShape[]) {
+    test(`${shape.format}/g${shape.groupSize} D=${shape.hidden}`, () => {
+      const E = 16;
+      const experts = makeExperts(shape, E, 1, 29 + shape.hidden);
+      const pooled = new PooledError();
+      const r = runSweep({ label: `${shape.format}/g${shape.groupSize} D=${shape.hidden}`, shape, E, experts, addressing: "bda", cases, shared: false, seed: 8500 + shape.hidden, path: "integer-dot", fusedTokens: 4 }, pooled);
+      expect(r.mode, r.why).toBe("gpu");
+      expect(r.why).toContain("integer-dot path");
+      expect(r.stats.fusedCalls).toBe(cases.length);
+      console.log(`  fused integer-dot ${shape.format}/g${shape.groupSize} D=${shape.hidden}: ${pooled.cases} cases, NMSE ${pooled.nmse.toExponential(2)} vs emulation`);
+      expect(pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+    });
+  }
+});
+
 describe("the integer-dot fused call needs its token's int8 x in shared memory", () => {
   // moe_fused_*_idp keeps ~2.4 bytes per column of x (plus 8 KiB for the row reduction) in shared
   // memory. A D that does not fit maxComputeSharedMemorySize (past ~10k on Lavapipe's 32 KiB, ~17k

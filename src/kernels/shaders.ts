@@ -67,5 +67,5 @@ export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap
 /** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
 export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
   (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [moeFusedIdpSpec(f, "desc", g), ...(bda ? [moeFusedIdpSpec(f, "bda", g)] : [])]));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop) is probed again. */
-export const IDP_PROBE_VERSION = 5;
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles) is probed again. */
+export const IDP_PROBE_VERSION = 6;

@@ -346,7 +346,7 @@ export class MoeBackend implements Disposable {
       }
       g.pool.flush();
       item[0] = S; item[1] = K; item[2] = gpuItems; item[3] = 0;
-      if (gpuItems > 0 && g.layer.submit(t, x, S, gpuItems) === "fused") this.counters.fusedCalls++;
+      if (gpuItems > 0 && g.layer.submit(t, x, S, K, gpuItems) === "fused") this.counters.fusedCalls++;
     } catch (e) {
       batch?.release();
       g.layer.releaseTicket(t);

@@ -352,7 +352,7 @@ export class GpuLayer implements Disposable {
    * mode's command buffer (one vkQueueSubmit). Fused calls read the slot tables (slotExpert,
    * slotWeight) instead of the work list's items and pairs.
    */
-  submit(t: Ticket, x: Float32Array, S: number, items: number): CallMode {
+  submit(t: Ticket, x: Float32Array, S: number, slotsPerToken: number, items: number): CallMode {
     const mode = this.modeFor(S);
     t.views.x.set(x);
     const ind = t.views.indirect;
@@ -360,7 +360,9 @@ export class GpuLayer implements Disposable {
     ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
     ind[9] = Math.ceil((S * this.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP); ind[10] = 1; ind[11] = 1;
-    ind[12] = Math.ceil(this.I / this.pipelines.fusedBlockRows); ind[13] = S * t.views.work[1]!; ind[14] = 1; // (never read back: write-combined memory)
+    // Never read back from these views: on a discrete GPU they are write-combined device memory, where
+    // one read is an uncached round trip over the bus.
+    ind[12] = Math.ceil(this.I / this.pipelines.fusedBlockRows); ind[13] = slotsPerToken; ind[14] = S; // (row blocks, slot, token)
     this.seq = (this.seq + 1) | 0 || 1; // never 0: the word's initial value
     t.seq = this.seq;
     t.views.work[3] = this.seq;

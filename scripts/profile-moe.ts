@@ -219,7 +219,7 @@ if (argv.includes("--sweep")) {
   ];
   if (p.fused) for (const [wg, rows, colThreads, rowLanes] of fusedShapes) {
     if (wg > device.info.limits.maxComputeWorkGroupInvocations) continue;
-    using pl = createMoePipelines(device, base, shape, moe.pool!.addressing, pathName, { workgroupSize: wg, rowsPerWorkgroup: rows, colThreads, rowLanes });
+    using pl = createMoePipelines(device, base, shape, moe.pool!.addressing, pathName, 0, { workgroupSize: wg, rowsPerWorkgroup: rows, colThreads, rowLanes });
     const slots = t0.views.work[0] * t0.views.work[1];
     const f = timeReps((cb) => cb.bind(pl.fused!, t0.sets.fused).pushConstants(pl.fused!, L.pushFused).dispatch(Math.ceil(shape.intermediate / rows), slots));
     console.log(`sweep fused WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${slots} slots): ${fmt(f)} µs`);

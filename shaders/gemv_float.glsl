@@ -84,6 +84,8 @@ layout(push_constant, std430) uniform PC {
 #endif
 
 #ifndef MOE
+#define X_SCALAR(i) xs[i]
+#define X_VEC4(i) xv[i]
 // Dense addressing: weights and scales in bound buffers, x row tok at xOffset + tok * I.
 #define W_GATE(i) wGate[i]
 #define W_UP(i) wUp[i]
@@ -109,10 +111,10 @@ const uint XM_TAIL = 2u;    // last, partial step: scalar loads guarded by col <
 // 4 x values of token `tok` starting at column col (a multiple of 4).
 vec4 loadX4(uint mode, uint tok, uint col) {
     const uint xb = xRow(tok) + col;
-    if (mode == XM_VEC4) return xv[xb >> 2u];
-    if (mode == XM_SCALAR) return vec4(xs[xb], xs[xb + 1u], xs[xb + 2u], xs[xb + 3u]);
+    if (mode == XM_VEC4) return X_VEC4(xb >> 2u);
+    if (mode == XM_SCALAR) return vec4(X_SCALAR(xb), X_SCALAR(xb + 1u), X_SCALAR(xb + 2u), X_SCALAR(xb + 3u));
     vec4 v;
-    [[unroll]] for (uint k = 0u; k < 4u; ++k) v[k] = (col + k < pc.I) ? xs[xb + k] : 0.0;
+    [[unroll]] for (uint k = 0u; k < 4u; ++k) v[k] = (col + k < pc.I) ? X_SCALAR(xb + k) : 0.0;
     return v;
 }
 

@@ -182,7 +182,7 @@ void quantizeByWorkgroup(uint token) {
         float m = 0.0;
         [[unroll]] for (uint j = 0u; j < 4u; ++j) {
             const uint col = 4u * w + j;
-            m = max(m, abs(col < D ? xs[token * D + col] : 0.0));
+            m = max(m, abs(col < D ? X_SCALAR(token * D + col) : 0.0));
         }
         wordS[w] = floatBitsToUint(m);
     }
@@ -207,7 +207,7 @@ void quantizeByWorkgroup(uint token) {
             frexp(amax, e);
             [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                 const uint col = 4u * w + j;
-                const float v = col < D ? xs[token * D + col] : 0.0;
+                const float v = col < D ? X_SCALAR(token * D + col) : 0.0;
                 q[j] = int(clamp(roundEven(ldexp(v, 7 - e)), -127.0, 127.0));
             }
         }
@@ -242,11 +242,11 @@ void quantizeBySubgroup(uint token) {
         vec4 v = vec4(0.0);
         if (4u * w < D) {
             if (aligned) {
-                v = xv[(token * D) / 4u + w];
+                v = X_VEC4((token * D) / 4u + w);
             } else {
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     const uint col = 4u * w + j;
-                    v[j] = col < D ? xs[token * D + col] : 0.0;
+                    v[j] = col < D ? X_SCALAR(token * D + col) : 0.0;
                 }
             }
         }

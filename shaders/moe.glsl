@@ -21,14 +21,30 @@
 layout(std430, binding = 0) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };
 #endif
-layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
 #ifdef FUSED
-layout(std430, binding = 2) readonly restrict buffer SE { uvec2 slotExpert[]; };
+// PRELAUNCHED: the kernel is submitted before its call's inputs are written and waits for the
+// host's doorbell (moe_fused.glsl), so it reads its inputs through coherent declarations: from a
+// readonly restrict buffer a compiler may load before the wait (Lavapipe does). The weights need
+// none: their addresses come from slotExpert.
+layout(constant_id = 10) const bool PRELAUNCHED = false;
+layout(std430, binding = 0) coherent readonly buffer XSC { float xsCoherent[]; };
+layout(std430, binding = 0) coherent readonly buffer XVC { vec4 xvCoherent[]; };
+#define X_SCALAR(i) (PRELAUNCHED ? xsCoherent[i] : xs[i])
+#define X_VEC4(i) (PRELAUNCHED ? xvCoherent[i] : xv[i])
+layout(std430, binding = 1) coherent readonly buffer WK { uvec4 work[]; };
+layout(std430, binding = 2) coherent readonly buffer SE { uvec2 slotExpert[]; };
 #else
+#define X_SCALAR(i) xs[i]
+#define X_VEC4(i) xv[i]
+layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
 layout(std430, binding = 2) readonly restrict buffer PR { uint pairs[]; };
 #endif
 layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
+#ifdef FUSED
+layout(std430, binding = 4) coherent readonly buffer SW { float slotWeight[]; };
+#else
 layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
+#endif
 #ifdef FUSED
 // The call's sequence number (work header .w), written by the last workgroup to finish: a hint
 // the host may poll instead of sleeping in the driver; it still waits on the fence before reading y.
@@ -41,7 +57,11 @@ layout(std430, binding = 6) coherent restrict buffer AR { uint arrived[]; };
 // The call's per-token sums, added to with float atomics; 0 between calls (the last workgroup
 // moves them to y and zeroes them).
 layout(std430, binding = 7) coherent restrict buffer AC { float yacc[]; };
-#define MOE_SLAB_BINDING 8
+// A pre-launched call (PRELAUNCHED): [0] = the sequence number it serves, [1] = the doorbell, which
+// the host sets to that number once the inputs are written (or to GATE_CANCEL). Host-written while
+// the kernel runs: volatile.
+layout(std430, binding = 8) coherent volatile readonly buffer GT { uint gate[]; };
+#define MOE_SLAB_BINDING 9
 #elif defined(MOE_IDP)
 #define MOE_SLAB_BINDING 7
 #else
@@ -151,9 +171,10 @@ void storeOut(uint tok, uint row, float v) {
 #ifdef FUSED
 shared bool lastToArrive;
 // Called by every thread once its workgroup's atomics are issued: the last workgroup of the grid
-// moves the S tokens' sums from yacc to y (zeroing yacc), resets the arrival count and writes the
-// completion word `seq`.
-void arriveFused(uint seq, uint S) {
+// moves the S tokens' sums from yacc to y (zeroing yacc), resets the arrival count and the
+// pre-launch decision, and writes the completion word `seq`: done[0] for a call that ran, done[1]
+// for a pre-launched one that stopped without running (expired or cancelled; yacc untouched).
+void arriveFused(uint seq, uint S, bool ran) {
     memoryBarrierBuffer();
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
@@ -163,7 +184,7 @@ void arriveFused(uint seq, uint S) {
     barrier();
     if (!lastToArrive) return;  // uniform
     memoryBarrierBuffer();
-    const uint n = S * pc.I;
+    const uint n = ran ? S * pc.I : 0u;
     // Plain loads (coherent: from L2, where the atomics landed), all in flight at once; then y
     // and the zeroes for the next call.
     const uint WGS = gl_WorkGroupSize.x;
@@ -179,7 +200,8 @@ void arriveFused(uint seq, uint S) {
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
         arrived[0] = 0u;
-        done[0] = seq;
+        arrived[1] = 0u;
+        done[ran ? 0 : 1] = seq;
     }
 }
 #endif

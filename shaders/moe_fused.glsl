@@ -91,6 +91,38 @@ void gateUpBlock(uint token, uint rowBase) {
     if (reduceRows(t, rgo)) storeRows(rowBase, rgo, token);
 }
 
+// ---- pre-launch ----------------------------------------------------------------------------
+// PRELAUNCHED: the kernel is submitted before its call's inputs exist, and waits for the host's
+// doorbell (gate[1] == gate[0]), so the launch and the GPU's wake-up are off the call's critical
+// path. Thread 0 of each workgroup polls; the first to see the doorbell, the cancel value or its
+// poll limit (GATE_POLLS, so a kernel nobody rings ends by itself) records the decision in
+// arrived[1] with a compare-and-swap, and every workgroup follows that one decision.
+layout(constant_id = 11) const uint GATE_POLLS = 4096u;  // (PRELAUNCHED: moe.glsl)
+const uint GATE_GO = 1u;
+const uint GATE_STOP = 2u;
+const uint GATE_CANCEL = 0xFFFFFFFFu;  // doorbell value: stop now (matches gpu-layer.ts)
+shared uint gateDecision;
+
+bool waitForDoorbell(uint want) {
+    // Every invocation runs the loop (a barrier per poll): one invocation looping while the others
+    // wait at a barrier is not reliable (Lavapipe mixes the decisions up).
+    uint decision = 0u;
+    for (uint i = 0u; decision == 0u; ++i) {
+        if (gl_LocalInvocationIndex == 0u) {
+            const uint bell = gate[1];
+            const uint mine = bell == want ? GATE_GO : (bell == GATE_CANCEL || i >= GATE_POLLS) ? GATE_STOP : 0u;
+            // the decision already taken (0: none yet), or ours if it is the first
+            const uint prev = atomicCompSwap(arrived[1], 0u, mine);
+            gateDecision = prev != 0u ? prev : mine;
+        }
+        barrier();
+        decision = gateDecision;
+        barrier();
+    }
+    memoryBarrierBuffer();  // the inputs were written before the doorbell
+    return decision == GATE_GO;
+}
+
 // One workgroup per (block of rows of I, slot): gate+up for the block (gateUpBlock: one
 // token), h to shared memory, then the block's share of down for every output row.
 // The grid is (row blocks, slots per token, S), so the workgroup knows its token and slot without
@@ -100,7 +132,16 @@ void main() {
     const uint token = gl_WorkGroupID.z;
     const uint slot = token * gl_NumWorkGroups.y + gl_WorkGroupID.y;
     const uint rowBase = gl_WorkGroupID.x * ROWS_PER_WG;
-    const uint seq = work[0].w;  // the call's sequence number, for the completion word
+    uint seq;  // the call's sequence number, for the completion word
+    if (PRELAUNCHED) {
+        seq = gate[0];
+        if (!waitForDoorbell(seq)) {
+            arriveFused(seq, gl_NumWorkGroups.z, false);
+            return;  // uniform
+        }
+    } else {
+        seq = work[0].w;
+    }
     const float w = slotWeight[slot];
     const uvec2 expert = slotExpert[slot];
     for (uint k = gl_LocalInvocationIndex; k < ROWS_PER_WG; k += WG) hs[k] = 0.0;
@@ -119,5 +160,5 @@ void main() {
         barrier();
         downBlock(token, w, rowBase);
     }
-    arriveFused(seq, gl_NumWorkGroups.z);
+    arriveFused(seq, gl_NumWorkGroups.z, true);
 }

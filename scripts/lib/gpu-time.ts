@@ -181,6 +181,8 @@ interface TicketInternals {
 interface LayerInternals {
   tickets: TicketInternals[];
   next: number;
+  prelaunched: boolean;
+  setPrelaunch(on: boolean): void;
 }
 
 /**
@@ -201,12 +203,14 @@ export class LayerTimer implements Disposable {
   private readonly pool: CommandPool;
   private readonly parts: { ticket: TicketInternals; original: Record<CallMode, Submission>; timed: Record<CallMode, Submission>; queries: QueryPool }[] = [];
   private active = false;
+  private prelaunchWas = false;
 
   constructor(backend: MoeBackend) {
     const ctx = backend.context;
     const layer = (backend as unknown as { gpu?: { layer?: LayerInternals } }).gpu?.layer;
     if (!ctx || !layer) throw new Error("LayerTimer needs a MoE backend on the GPU");
     const ok = Array.isArray(layer.tickets) && typeof layer.next === "number" &&
+      typeof layer.setPrelaunch === "function" &&
       layer.tickets.every((t) => t && t.fence && MODES.every((m) => typeof t.submissions?.[m]?.submit === "function" && typeof t.commands?.[m]?.handle === "bigint"));
     if (!ok) throw new Error("LayerTimer: GpuLayer internals changed (tickets[].submissions/fence/commands, next); update scripts/lib/gpu-time.ts");
     this.layer = layer;
@@ -226,12 +230,16 @@ export class LayerTimer implements Disposable {
   }
 
   on(): void {
+    // A pre-launched call's timestamps would include its wait for the doorbell: calls are submitted while timed.
+    this.prelaunchWas = this.layer.prelaunched;
+    this.layer.setPrelaunch(false);
     for (const p of this.parts) Object.assign(p.ticket.submissions, p.timed);
     this.active = true;
   }
 
   off(): void {
     for (const p of this.parts) Object.assign(p.ticket.submissions, p.original);
+    this.layer.setPrelaunch(this.prelaunchWas);
     this.active = false;
   }
 

@@ -4,6 +4,7 @@ import type { Ffi } from "./types.ts";
 export type * from "./types.ts";
 export { LibraryNotFoundError, UnsupportedRuntimeError } from "./errors.ts";
 export { NativeArena } from "./arena.ts";
+export { storeFence } from "./fence.ts";
 
 async function loadRuntime(): Promise<Ffi> {
   if ("Bun" in globalThis) return (await import("./bun.ts")).bunFfi;

@@ -35,7 +35,7 @@ export const MOE_PUSH_BYTES = 36;
  * arrival count, per-token accumulators (+ slabs at 8); push constants: gate+up's 9 words, then the
  * down matrix's rowWords, groupsPerRow, weight offset (uvec4), scale offset (words).
  */
-export const MOE_FUSED_BINDINGS = 8;
+export const MOE_FUSED_BINDINGS = 9;
 export const MOE_FUSED_PUSH_BYTES = 52;
 
 /** The MoE layer's integer-dot gate+up as the probe creates it (8 slabs on the descriptor path). */
@@ -47,8 +47,8 @@ const moeIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: 
   };
 
 /** The MoE layer's fused integer-dot call as the probe creates it (256 threads x 32 rows, D = 2048). */
-const moeFusedIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number): PipelineSpec => {
-  const specialization = { 0: 256, 1: 32, 4: groupSize, 5: 32, 6: 8, 9: 2048 };
+const moeFusedIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number, prelaunched: boolean): PipelineSpec => {
+  const specialization = { 0: 256, 1: 32, 4: groupSize, 5: 32, 6: 8, 9: 2048, 10: prelaunched ? 1 : 0 };
   return addressing === "bda"
     ? { spirv: shaderFile(`moe_fused_${format}_idp_bda`), storageBuffers: MOE_FUSED_BINDINGS, pushConstantBytes: MOE_FUSED_PUSH_BYTES, specialization }
     : {
@@ -66,6 +66,6 @@ export const IDP_PIPELINES: PipelineSpec[] = [
 export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "bda", g)));
 /** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
 export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
-  (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [moeFusedIdpSpec(f, "desc", g), ...(bda ? [moeFusedIdpSpec(f, "bda", g)] : [])]));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles) is probed again. */
-export const IDP_PROBE_VERSION = 6;
+  (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [false, true].flatMap((pre) => [moeFusedIdpSpec(f, "desc", g, pre), ...(bda ? [moeFusedIdpSpec(f, "bda", g, pre)] : [])])));
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant) is probed again. */
+export const IDP_PROBE_VERSION = 7;

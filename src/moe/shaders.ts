@@ -41,6 +41,11 @@ export interface MoePipelines extends Disposable {
   sum: ComputePipeline;
   /** The one-dispatch call of few tokens; undefined without float atomics. */
   fused: ComputePipeline | undefined;
+  /**
+   * The same kernel submitted ahead of its call: it waits for the host's doorbell (see
+   * shaders/moe_fused.glsl, PRELAUNCHED); undefined where `fused` is, or when not asked for.
+   */
+  fusedPrelaunched: ComputePipeline | undefined;
   /** Rows of I per workgroup of `fused` (a multiple of 32). */
   fusedBlockRows: number;
   maxSlabs: number;
@@ -61,7 +66,11 @@ export function fusedIdpSharedBytes(D: number, fk: FusedKernelShape): number {
   return 4 * words * 2 + 4 * groups * 3 + 4 * fk.workgroupSize * rowsPerThread * 2 + 4 * fk.rowsPerWorkgroup + 4;
 }
 
-export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float", fusedKernel: Partial<FusedKernelShape> = {}): MoePipelines {
+/**
+ * `prelaunchPolls`: 0 for no pre-launched pipeline, else how many times its kernel polls the
+ * doorbell before it ends by itself without running (GATE_POLLS).
+ */
+export function createMoePipelines(device: Device, config: KernelConfig, shape: ExpertShape, addressing: Addressing, path: MoeGemvPath = "float", prelaunchPolls = 0, fusedKernel: Partial<FusedKernelShape> = {}): MoePipelines {
   const spec = specialization(config, shape.scaleType === "f16", shape.groupSize);
   const idp = path === "integer-dot";
   const maxSlabs = addressing === "descriptor" ? maxBoundSlabs(device) : 0;
@@ -88,11 +97,13 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
     // The integer-dot fused kernel keeps its token's int8 x in shared memory; past the device's
     // limit (very wide D) the float one runs instead.
     const idpFused = idp && fusedIdpSharedBytes(shape.hidden, fk) <= device.info.limits.maxComputeSharedMemorySize;
-    const fused = device.enabled.bufferFloat32AtomicAdd
-      ? keep(make(idpFused ? `moe_fused_${shape.format}_idp` : `moe_fused_${shape.format}`, MOE_FUSED_BINDINGS, fusedSpec, MOE_FUSED_PUSH_BYTES))
+    const fusedName = idpFused ? `moe_fused_${shape.format}_idp` : `moe_fused_${shape.format}`;
+    const fused = device.enabled.bufferFloat32AtomicAdd ? keep(make(fusedName, MOE_FUSED_BINDINGS, fusedSpec, MOE_FUSED_PUSH_BYTES)) : undefined;
+    const fusedPrelaunched = fused && prelaunchPolls > 0
+      ? keep(make(fusedName, MOE_FUSED_BINDINGS, { ...fusedSpec, 10: 1, 11: prelaunchPolls }, MOE_FUSED_PUSH_BYTES))
       : undefined;
     return {
-      quantize, gateUp, down, sum, fused, fusedBlockRows: fk.rowsPerWorkgroup, maxSlabs, path,
+      quantize, gateUp, down, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, maxSlabs, path,
       [Symbol.dispose]() {
         for (const p of made.reverse()) p[Symbol.dispose]();
       },

@@ -3,7 +3,9 @@
 // the layers) that the experts one pass touches are several times the GPU's last-level cache.
 // One table per shape (Qwen3-30B-A3B; a Qwen3.6-35B-A3B-like shape with a shared expert) giving,
 // from one run:
-//   host µs     host-observed time of forward() (issue + submit + fence wait + read back), median
+//   host µs     host-observed time of forward() (issue + submit + fence wait + read back), median;
+//               with the backend's defaults (2 tickets, fused calls pre-launched)
+//   not pre-launched  the same calls right after with pre-launch off: each submitted when made
 //   GPU µs      GPU timestamps around the layer's own recorded command buffer, median
 //   GB/s        expert bytes read per call ÷ GPU time (median over calls), and its share of the
 //               device read bandwidth measured in the same run (streaming-read kernel)
@@ -54,6 +56,8 @@ interface Row {
   experts: number;
   bytes: number;
   hostUs: number[];
+  /** Host µs of the same calls with pre-launch off (fused calls, where the layer pre-launches). */
+  submittedUs: number[];
   gpuUs: number[];
   gbs: number[];
   efficiency: number[];
@@ -67,8 +71,9 @@ interface Row {
 }
 
 interface ShapeResult {
-  /** The backend's wait style and its "GPU: ..., addressing, path" line. */
+  /** The backend's wait style, tickets, and its "GPU: ..., addressing, path" line. */
   wait: string;
+  tickets: number;
   path: string;
   /** "name, driver info (driver version)", or why there is no GPU. */
   device: string;
@@ -94,7 +99,7 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
   }
   gen.finish();
   const weights = (_l: number, e: number) => host[e]!;
-  const options: MoeOptions = { shape, experts: E, topK: model.topK, layers: layersArg ?? MAX_LAYERS, shared: model.shared, weights, tickets: 1 };
+  const options: MoeOptions = { shape, experts: E, topK: model.topK, layers: layersArg ?? MAX_LAYERS, shared: model.shared, weights };
   using gpu = MoeBackend.open(options, env);
   using cpu = MoeBackend.open({ ...options, log: () => {} }, { ...env, VKMOE_GPU: false });
   const ctx = gpu.context;
@@ -173,7 +178,7 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
       const bar = ctx ? new Progress(`${model.name}: S=${S}`, calls, "calls") : undefined;
       const bytesOf = (r: Routing) => distinctExperts(r, model.shared) * perExpert;
       const row: Row = {
-        S, experts: 0, bytes: 0, hostUs: [], gpuUs: [], gbs: [], efficiency: [], hotUs: [], hotBytes: bytesOf(plan[0]!.r), ffi: NaN, polls: NaN, ffiNames: "", cpuUs: [], nmse: NaN,
+        S, experts: 0, bytes: 0, hostUs: [], submittedUs: [], gpuUs: [], gbs: [], efficiency: [], hotUs: [], hotBytes: bytesOf(plan[0]!.r), ffi: NaN, polls: NaN, ffiNames: "", cpuUs: [], nmse: NaN,
       };
       row.experts = plan.reduce((s, c) => s + distinctExperts(c.r, model.shared), 0) / calls;
       row.bytes = row.experts * perExpert;
@@ -194,6 +199,18 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
           row.efficiency.push((bytesOf(c.r) / bw.gbs / 1e3 + floorUs) / us);
           if (i < keep) gpuY.push(y.slice());
           bar?.tick();
+        }
+        // The same calls submitted when made (pre-launch off): what pre-launch saves, in this run.
+        const layer = (gpu as unknown as { gpu?: { layer?: { prelaunched: boolean; setPrelaunch(on: boolean): void } } }).gpu?.layer;
+        if (layer?.prelaunched && S <= gpu.fusedTokens) {
+          layer.setPrelaunch(false);
+          for (let i = 0; i < calls; i++) {
+            const c = plan[i]!;
+            const t0 = performance.now();
+            gpu.forward(c.layer, xs[i % 4]!, c.r, y);
+            row.submittedUs.push((performance.now() - t0) * 1e3);
+          }
+          layer.setPrelaunch(true);
         }
         // GPU time of the same calls: the same command buffer between two timestamps.
         timer.on();
@@ -243,11 +260,11 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
     timer?.[Symbol.dispose]();
   }
 
-  const head = ["S", "experts/call", "MB/call", "host µs", "host p90", "GPU µs", "GB/s", "of read BW", "efficiency", "hot GPU µs", "hot set MB", "FFI/call", "of which polls", "CPU µs", "GPU speedup", "NMSE vs CPU"];
+  const head = ["S", "experts/call", "MB/call", "host µs", "host p90", "not pre-launched", "GPU µs", "GB/s", "of read BW", "efficiency", "hot GPU µs", "hot set MB", "FFI/call", "of which polls", "CPU µs", "GPU speedup", "NMSE vs CPU"];
   const table = formatTable([head, ...rows.map((r) => {
     const host = median(r.hostUs), g = median(r.gpuUs), cpuUs = median(r.cpuUs);
     return [
-      String(r.S), fmt(r.experts), fmt(r.bytes / MB), fmt(host), fmt(percentile(r.hostUs, 90)), fmt(g), fmt(median(r.gbs)),
+      String(r.S), fmt(r.experts), fmt(r.bytes / MB), fmt(host), fmt(percentile(r.hostUs, 90)), r.submittedUs.length ? fmt(median(r.submittedUs)) : "—", fmt(g), fmt(median(r.gbs)),
       bw ? `${fmt((100 * median(r.gbs)) / bw.gbs, 2)}%` : "—", ctx ? `${fmt(100 * median(r.efficiency), 2)}%` : "—",
       fmt(median(r.hotUs)), ctx ? fmt(r.hotBytes / MB) : "—", fmt(r.ffi), fmt(r.polls), fmt(cpuUs), ctx ? `${fmt(cpuUs / host)}x` : "—", Number.isFinite(r.nmse) ? r.nmse.toExponential(1) : "—",
     ];
@@ -257,7 +274,7 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
   lines.push(`samples: ${samples}`);
   const d = ctx?.device.info;
   const device = d ? `${d.name}, ${d.driverName} ${d.driverInfo} (driver ${formatDriverVersion(d)})` : `no GPU (${gpu.why})`;
-  return { device, lines, table, wait: gpu.options.wait, path: gpu.why };
+  return { device, lines, table, wait: gpu.options.wait, tickets: gpu.options.tickets, path: gpu.why };
 }
 
 function main(): void {
@@ -274,11 +291,11 @@ function main(): void {
     const r = benchShape(model, env, first);
     first = false;
     console.log(`\n### ${model.name}: D=${model.hidden}, I=${model.intermediate}, E=${model.experts}, top-${model.topK}${model.shared ? " + shared expert" : ""}; q4 group 32, f16 scales, ${formatBytes(expertBytes(model))} per expert`);
-    console.log(`${date} ${r.device}; ${runtimeName}; forward() per call (synchronous, 1 ticket, ${r.wait} wait), layers rotating; ${r.path}`);
+    console.log(`${date} ${r.device}; ${runtimeName}; forward() per call (synchronous, ${r.tickets} tickets, ${r.wait} wait), layers rotating; ${r.path}`);
     for (const l of r.lines) console.log(l);
     console.log(r.table);
   }
-  console.log(`\nmedians over calls. efficiency = (expert bytes ÷ read bandwidth + empty submit+wait, the faster wait style) ÷ host µs: 100% would be a call costing one bare round trip plus reading its experts at streaming speed. polls = vkGetFenceStatus calls of the layer's spin-then-sleep wait.`);
+  console.log(`\nmedians over calls. efficiency = (expert bytes ÷ read bandwidth + empty submit+wait, the faster wait style) ÷ host µs: 100% would be a call costing one bare round trip plus reading its experts at streaming speed. polls = vkGetFenceStatus calls of the layer's spin-then-sleep wait. not pre-launched = host µs of the same calls, right after, with pre-launch off (each call submitted when made).`);
 }
 
 try {

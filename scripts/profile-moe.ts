@@ -210,8 +210,8 @@ if (argv.includes("--sweep")) {
     const config = { ...base, workgroupSize: wg, rowsPerWorkgroup: rows, colThreads, rowLanes };
     using pl = createMoePipelines(device, config, shape, moe.pool!.addressing, pathName);
     const g = timeReps((cb) => cb.bind(pl.gateUp, t0.sets.gateUp).pushConstants(pl.gateUp, L.pushGateUp).dispatch(Math.ceil(shape.intermediate / rows), items));
-    const d = timeReps((cb) => cb.bind(pl.down, t0.sets.down).pushConstants(pl.down, L.pushDown).dispatch(Math.ceil(shape.hidden / rows), items));
-    console.log(`sweep ${pathName} WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${items} experts): gate+up ${fmt(g)} µs, down ${fmt(d)} µs`);
+    const d = timeReps((cb) => cb.bind(pl.down, t0.sets.down).pushConstants(pl.down, L.pushDown).dispatch(Math.ceil(shape.hidden / pl.downBlockRows), items));
+    console.log(`sweep ${pathName} WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${items} experts): gate+up ${fmt(g)} µs, down ${fmt(d)} µs (down: its own shape, DOWN_KERNEL)`);
   }
   // The one-dispatch fused kernel per shape (rows = the block of I each workgroup owns).
   const fusedShapes: [number, number, number, number][] = [
@@ -220,8 +220,8 @@ if (argv.includes("--sweep")) {
   if (p.fused) for (const [wg, rows, colThreads, rowLanes] of fusedShapes) {
     if (wg > device.info.limits.maxComputeWorkGroupInvocations) continue;
     using pl = createMoePipelines(device, base, shape, moe.pool!.addressing, pathName, 0, { workgroupSize: wg, rowsPerWorkgroup: rows, colThreads, rowLanes });
-    const slots = t0.views.work[0] * t0.views.work[1];
-    const f = timeReps((cb) => cb.bind(pl.fused!, t0.sets.fused).pushConstants(pl.fused!, L.pushFused).dispatch(Math.ceil(shape.intermediate / rows), slots));
+    const S = t0.views.work[0], K = t0.views.work[1], slots = S * K;
+    const f = timeReps((cb) => cb.bind(pl.fused!, t0.sets.fused).pushConstants(pl.fused!, L.pushFused).dispatch(Math.ceil(shape.intermediate / rows), K, S));
     console.log(`sweep fused WG ${wg} rows ${rows} colThreads ${colThreads} rowLanes ${rowLanes} (S=${sizes.at(-1)}, ${slots} slots): ${fmt(f)} µs`);
   }
 }

@@ -2,5 +2,6 @@
 #extension GL_GOOGLE_include_directive : require
 // moe_down_q8_desc: grouped MoE down over every (token, expert) pair of a layer call. See moe.glsl.
 #define MOE
+#define COLUMN_BLOCKS  // the down matrix's blob layout
 #define QBITS 8
 #include "gemv_float.glsl"

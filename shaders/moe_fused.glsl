@@ -3,8 +3,8 @@
 // path, quantizeToShared. Down is float on both paths (h is float).
 // ---- the down half of a fused call --------------------------------------------------------
 // The workgroup holds h for ROWS_PER_WG rows of I (hs), so it owns the same block of columns of
-// every down row: D rows of BLOCK_VECS uvec4 each, DOWN_ROWS rows per thread per pass with every
-// load issued before the arithmetic. h and its per-uvec4 sums live in registers (the same for
+// every down row: D rows of BLOCK_VECS uvec4 each (contiguous across rows: down is stored by
+// column blocks), DOWN_ROWS rows per thread per pass with every load issued before the arithmetic. h and its per-uvec4 sums live in registers (the same for
 // every row). (Loading the first pass before gate+up, and gate+up's two column steps at once,
 // measured no faster on the H200.)
 const uint BLOCK_VECS = ROWS_PER_WG / COLS_PER_VEC;  // the host keeps ROWS_PER_WG a multiple of 32
@@ -57,8 +57,9 @@ void downBlock(uint token, float w, uint rowBase) {
             const uint o = min(o0 + r * WG, D - 1u);  // rows past D: loads clamped, results dropped
             [[unroll]] for (uint v = 0u; v < BLOCK_VECS; ++v) {
                 const uint vv = min(v, nv - 1u);  // uvec4 past the row's end: clamped, skipped below
-                wv[r][v] = BLOB_V(pc.downWeightOffset + o * rowVec + v0 + vv);
-                sc[r][v] = BLOB_SCALE(pc.downScaleOffset, o * pc.downGroupsPerRow + ((v0 + vv) * COLS_PER_VEC) / GROUP_SIZE);
+                // down is stored by column blocks (pool/expert-layout.ts): consecutive o, consecutive uvec4
+                wv[r][v] = BLOB_V(pc.downWeightOffset + (v0 + vv) * D + o);
+                sc[r][v] = BLOB_SCALE(pc.downScaleOffset, (((v0 + vv) * COLS_PER_VEC) / GROUP_SIZE) * D + o);
             }
         }
         [[unroll]] for (uint r = 0u; r < DOWN_ROWS; ++r) {
@@ -109,11 +110,16 @@ bool waitForDoorbell(uint want) {
     uint decision = 0u;
     for (uint i = 0u; decision == 0u; ++i) {
         if (gl_LocalInvocationIndex == 0u) {
+            // The doorbell and the decision already taken (0: none yet), read together; a
+            // decision of ours is recorded only if it is the first (compare-and-swap).
             const uint bell = gate[1];
+            uint d = atomicOr(arrived[1], 0u);
             const uint mine = bell == want ? GATE_GO : (bell == GATE_CANCEL || i >= GATE_POLLS) ? GATE_STOP : 0u;
-            // the decision already taken (0: none yet), or ours if it is the first
-            const uint prev = atomicCompSwap(arrived[1], 0u, mine);
-            gateDecision = prev != 0u ? prev : mine;
+            if (d == 0u && mine != 0u) {
+                const uint prev = atomicCompSwap(arrived[1], 0u, mine);
+                d = prev != 0u ? prev : mine;
+            }
+            gateDecision = d;
         }
         barrier();
         decision = gateDecision;

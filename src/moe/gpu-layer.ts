@@ -34,14 +34,14 @@ const WORKING_SET_PRIORITY = 1.0;
 /** How long the "spin" wait polls the completion word before sleeping in the driver. */
 const SPIN_NS = 200_000;
 /**
- * Once the completion word is seen the fence signals a few µs later (H200: 2.6 µs median, p90 2.9,
- * profile-moe): the spin wait checks it with vkGetFenceStatus FENCE_FIRST_POLL_US after the word,
- * then every FENCE_POLL_GAP_US, up to FENCE_POLLS times (no FFI call in between), before sleeping
- * in vkWaitForFences, which on NVIDIA costs ~12 µs more to wake up than a poll (empty submission:
- * 22.6 µs waited, 10.9 µs polled). At most 6 FFI calls per call.
+ * Once the completion word is seen the fence signals about 2 µs later on the H200 (bench-moe: one
+ * poll 2.2 µs after the word sufficed). The spin wait checks it with vkGetFenceStatus
+ * FENCE_FIRST_POLL_US after the word, then every FENCE_POLL_GAP_US, up to FENCE_POLLS times (no
+ * FFI call in between), before sleeping in vkWaitForFences, which on NVIDIA costs ~12 µs more to
+ * wake up than a poll (empty submission: 22.6 µs waited, 10.9 µs polled). At most 6 FFI calls.
  */
 const FENCE_POLLS = 3;
-const FENCE_FIRST_POLL_US = 2.2;
+const FENCE_FIRST_POLL_US = 1.8;
 const FENCE_POLL_GAP_US = 0.4;
 /** Doorbell value that stops an armed kernel without running it (GATE_CANCEL in moe_fused.glsl). */
 const GATE_CANCEL = -1;
@@ -466,7 +466,7 @@ export class GpuLayer implements Disposable {
     t.views.x.set(x);
     const ind = t.views.indirect;
     ind[0] = Math.ceil(this.I / this.rows); ind[1] = items; ind[2] = 1;
-    ind[3] = Math.ceil(this.D / this.rows); ind[4] = items; ind[5] = 1;
+    ind[3] = Math.ceil(this.D / this.pipelines.downBlockRows); ind[4] = items; ind[5] = 1;
     ind[6] = Math.ceil((S * this.D) / SUM_WORKGROUP); ind[7] = 1; ind[8] = 1;
     ind[9] = Math.ceil((S * this.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP); ind[10] = 1; ind[11] = 1;
     // Never read back from these views: on a discrete GPU they are write-combined device memory, where

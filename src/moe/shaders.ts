@@ -48,6 +48,8 @@ export interface MoePipelines extends Disposable {
   fusedPrelaunched: ComputePipeline | undefined;
   /** Rows of I per workgroup of `fused` (a multiple of 32). */
   fusedBlockRows: number;
+  /** Rows of D per workgroup of `down` (DOWN_KERNEL). */
+  downBlockRows: number;
   maxSlabs: number;
   path: MoeGemvPath;
 }
@@ -58,6 +60,13 @@ export interface MoePipelines extends Disposable {
  */
 export interface FusedKernelShape { workgroupSize: number; rowsPerWorkgroup: number; colThreads: number; rowLanes: number }
 export const FUSED_KERNEL: Readonly<FusedKernelShape> = { workgroupSize: 256, rowsPerWorkgroup: 32, colThreads: 32, rowLanes: 8 };
+
+/**
+ * Workgroup shape of the grouped down kernel, whatever the device's kernel config: down is stored
+ * by column blocks (pool/expert-layout.ts), so each lane owns one row (32 consecutive rows per
+ * 32 lanes: contiguous loads), and the 8 subgroup-sized slices of the workgroup split the columns.
+ */
+export const DOWN_KERNEL: Readonly<FusedKernelShape> = { workgroupSize: 256, rowsPerWorkgroup: 32, colThreads: 1, rowLanes: 32 };
 
 /** Shared memory of moe_fused_*_idp (gemv_idp.glsl's FUSED arrays, the row reduction, hs, a flag) for D columns. */
 export function fusedIdpSharedBytes(D: number, fk: FusedKernelShape): number {
@@ -91,7 +100,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       ? keep(new ComputePipeline(device, { spirv: shaderFile(QUANTIZE_ACT.name), storageBuffers: QUANTIZE_ACT.storageBuffers, pushConstantBytes: QUANTIZE_ACT.pushConstantBytes, specialization: { 0: QUANTIZE_WORKGROUP, 4: shape.groupSize } }))
       : undefined;
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
-    const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS));
+    const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS, specialization({ ...config, ...DOWN_KERNEL }, shape.scaleType === "f16", shape.groupSize)));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
     const fusedSpec = { ...specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), 9: shape.hidden };
     // The integer-dot fused kernel keeps its token's int8 x in shared memory; past the device's
@@ -103,7 +112,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       ? keep(make(fusedName, MOE_FUSED_BINDINGS, { ...fusedSpec, 10: 1, 11: prelaunchPolls }, MOE_FUSED_PUSH_BYTES))
       : undefined;
     return {
-      quantize, gateUp, down, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, maxSlabs, path,
+      quantize, gateUp, down, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, downBlockRows: DOWN_KERNEL.rowsPerWorkgroup, maxSlabs, path,
       [Symbol.dispose]() {
         for (const p of made.reverse()) p[Symbol.dispose]();
       },

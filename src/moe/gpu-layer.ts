@@ -34,14 +34,15 @@ const WORKING_SET_PRIORITY = 1.0;
 /** How long the "spin" wait polls the completion word before sleeping in the driver. */
 const SPIN_NS = 200_000;
 /**
- * Once the completion word is seen the fence signals about 2 µs later on the H200 (bench-moe: one
- * poll 2.2 µs after the word sufficed). The spin wait checks it with vkGetFenceStatus
- * FENCE_FIRST_POLL_US after the word, then every FENCE_POLL_GAP_US, up to FENCE_POLLS times (no
- * FFI call in between), before sleeping in vkWaitForFences, which on NVIDIA costs ~12 µs more to
- * wake up than a poll (empty submission: 22.6 µs waited, 10.9 µs polled). At most 6 FFI calls.
+ * Once the completion word is seen the fence signals 2-3 µs later on the H200 (bench-moe: one poll
+ * 2.2 µs after the word sufficed in the median call; a first poll at 1.8 µs took 1.6). The spin
+ * wait checks it with vkGetFenceStatus FENCE_FIRST_POLL_US after the word, then every
+ * FENCE_POLL_GAP_US, up to FENCE_POLLS times (no FFI call in between), before sleeping in
+ * vkWaitForFences, which on NVIDIA costs ~12 µs more to wake up than a poll (empty submission:
+ * 22.6 µs waited, 10.9 µs polled). At most 6 FFI calls.
  */
 const FENCE_POLLS = 3;
-const FENCE_FIRST_POLL_US = 1.8;
+const FENCE_FIRST_POLL_US = 2.2;
 const FENCE_POLL_GAP_US = 0.4;
 /** Doorbell value that stops an armed kernel without running it (GATE_CANCEL in moe_fused.glsl). */
 const GATE_CANCEL = -1;

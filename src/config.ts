@@ -17,7 +17,7 @@ const envSchema = z.strictObject({
   VKMOE_BDA: z.enum(["auto", "off"]).default("auto"),
   VKMOE_IDP: mode3.default("auto"),
   VKMOE_FLOAT_ATOMICS: z.enum(["auto", "off"]).default("auto"),
-  VKMOE_PRELAUNCH: z.enum(["auto", "off"]).default("auto"),
+  VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   VKMOE_VALIDATION: z.stringbool().default(false),
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),

@@ -20,6 +20,7 @@ import { DeviceLostError } from "../vk/errors.ts";
 import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
 import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
+import { decidePrelaunch } from "./prelaunch-policy.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
 
 /** Default of the fusedTokens option (see it), on both GEMV paths. */
@@ -76,10 +77,11 @@ const optionsSchema = z.strictObject({
   /**
    * Pre-launch of fused calls: while one runs, the next ticket's kernel is submitted already and
    * waits on the GPU for the next call's inputs (a doorbell word), polling it at most this many
-   * times (default 1024, about 1 ms on the H200) before it ends by itself; a call that comes later,
-   * or with another S or k, is submitted as usual. 0: off (also VKMOE_PRELAUNCH=off). Needs 2 or
-   * more tickets and expert memory the CPU writes directly (not staged uploads). H200, S=1:
-   * from inputs written to the fence 18.9 µs against 28.6 µs submitting (exp: see the README).
+   * times (default 1024; a poll is a memory round trip, so about a millisecond) before it ends by
+   * itself; a call that comes later, or with another S or k, is submitted as usual, with the same
+   * answer. 0: off. Only on drivers where it is verified, unless VKMOE_PRELAUNCH=on (see
+   * prelaunch-policy.ts); needs 2 or more tickets and expert memory the CPU writes directly (not
+   * staged uploads). H200, bench-moe, S=1: 31.4 µs a call against 37.0 µs submitted when made.
    */
   prelaunchPolls: z.number().int().min(0).max(1 << 26).optional(),
   /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */
@@ -193,7 +195,8 @@ export class MoeBackend implements Disposable {
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the gate+up path.
       const path = planKernels(device, env).integerDot.on ? "integer-dot" : "float";
-      const prelaunchPolls = env.VKMOE_PRELAUNCH === "off" ? 0 : this.options.prelaunchPolls ?? PRELAUNCH_POLLS_DEFAULT;
+      const prelaunch = decidePrelaunch(env.VKMOE_PRELAUNCH, device.info.driverId, device.info.driverName);
+      const prelaunchPolls = prelaunch.on ? this.options.prelaunchPolls ?? PRELAUNCH_POLLS_DEFAULT : 0;
       const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path, fusedTokens: this.options.fusedTokens ?? FUSED_TOKENS_DEFAULT, prelaunchPolls }, this.options.limit);
       layer.waitStyle = this.options.wait;
       this.missing.byteLength = pool.layout.bytes;

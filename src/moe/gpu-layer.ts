@@ -11,8 +11,8 @@
  * as the GPU has room (no barrier: it touches none of the running call's buffers) and waits,
  * polling a doorbell word, for up to `prelaunchPolls` polls. The next call then writes its inputs
  * and rings the doorbell instead of submitting, so neither vkQueueSubmit nor the launch and
- * wake-up of the kernel is on its critical path (H200, bench-moe, S=1: 31.4 µs a call against
- * 37.0 µs submitted when made). Only where prelaunch-policy.ts allows it. A call that differs in
+ * wake-up of the kernel is on its critical path (H200, bench-moe, S=1: 31-33 µs a call against
+ * 37-38 µs submitted when made). Only where prelaunch-policy.ts allows it. A call that differs in
  * S or slots per token cancels the armed kernel and submits as usual; one that rings a kernel
  * which already gave up (done[1] holds its number) is submitted then, after the fact. Either way
  * the answer is the same.

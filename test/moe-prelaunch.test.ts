@@ -9,7 +9,9 @@
  *     after the fact (gaveUp) or anew (cancelled);
  *   - another S or k than the armed kernel's: cancelled, submitted as usual;
  *   - two calls in flight (issue, issue, take, take) and ready();
- *   - off (prelaunchPolls 0, VKMOE_PRELAUNCH=off): never armed.
+ *   - off (prelaunchPolls 0, VKMOE_PRELAUNCH=off): never armed; by default only where the policy
+ *     says (prelaunch-policy.ts: not on a CPU device such as Lavapipe, so the other tests set
+ *     VKMOE_PRELAUNCH=on).
  * Every call has new x and routing, so a kernel that ran before its inputs were written, or on the
  * previous call's, gives the previous answer: far above the per-case bound (the negative control
  * at the end checks that bound tells two consecutive calls apart).
@@ -18,6 +20,7 @@ import { describe, expect, test } from "bun:test";
 import { mulberry32, nmse, randomGaussianF32 } from "../src/quant/index.ts";
 import type { ExpertShape } from "../src/pool/expert-layout.ts";
 import type { MoePath } from "../src/moe/reference.ts";
+import { decidePrelaunch } from "../src/moe/prelaunch-policy.ts";
 import { CASE_BOUND, MoeHarness, NMSE_BOUND, PooledError, makeExperts, outputWithSentinels, checkSentinels, randomRouting, reference, validationEnv } from "./cases/moe.ts";
 
 const SHAPE: ExpertShape = { format: "q4", groupSize: 32, scaleType: "f16", hidden: 64, intermediate: 32 };
@@ -33,7 +36,7 @@ function run(opts: { polls?: number; calls: [S: number, k: number][]; path?: Moe
   const topK = Math.max(...opts.calls.map(([, k]) => k));
   using h = new MoeHarness(
     { shape: SHAPE, experts: E, topK, layers: 2, shared: true, weights: (l, e) => experts[l]![e]!, addressing: opts.addressing ?? "bda", budgetMB: 64, prelaunchPolls: opts.polls },
-    validationEnv({ ...(path === "integer-dot" ? { VKMOE_IDP: "on" } : {}), ...opts.env }),
+    validationEnv({ VKMOE_PRELAUNCH: "on", ...(path === "integer-dot" ? { VKMOE_IDP: "on" } : {}), ...opts.env }),
   );
   expect(h.moe.mode, h.moe.why).toBe("gpu");
   const pooled = new PooledError();
@@ -93,7 +96,7 @@ describe("pre-launched fused calls give the reference answer on every path of th
   });
 
   test("two calls in flight (issue, issue, take, take) and ready()", async () => {
-    using h = new MoeHarness({ shape: SHAPE, experts: E, topK: 8, layers: 2, shared: true, weights: (l, e) => experts[l]![e]!, addressing: "bda", budgetMB: 64, prelaunchPolls: LONG_WINDOW }, validationEnv());
+    using h = new MoeHarness({ shape: SHAPE, experts: E, topK: 8, layers: 2, shared: true, weights: (l, e) => experts[l]![e]!, addressing: "bda", budgetMB: 64, prelaunchPolls: LONG_WINDOW }, validationEnv({ VKMOE_PRELAUNCH: "on" }));
     const rnd = mulberry32(730);
     const pooled = new PooledError();
     for (let i = 0; i < 12; i++) {
@@ -122,6 +125,14 @@ describe("pre-launched fused calls give the reference answer on every path of th
       expect(r.pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
     });
   }
+
+  test("VKMOE_PRELAUNCH=auto follows the policy for this device", () => {
+    using h = new MoeHarness({ shape: SHAPE, experts: E, topK: 8, layers: 2, shared: true, weights: (l, e) => experts[l]![e]!, addressing: "bda", budgetMB: 64 }, validationEnv({ VKMOE_PRELAUNCH: "auto" }));
+    const want = decidePrelaunch("auto", h.moe.context!.device.info);
+    console.log(`  auto on ${h.moe.context!.device.info.name}: ${want.on ? "on" : "off"} (${want.why})`);
+    expect(h.moe.why.includes("(pre-launched)")).toBe(want.on);
+    h.finish();
+  });
 
   test("negative control: the per-case bound tells a call's answer from the previous call's", () => {
     const rnd = mulberry32(750);

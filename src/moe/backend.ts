@@ -195,7 +195,7 @@ export class MoeBackend implements Disposable {
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the gate+up path.
       const path = planKernels(device, env).integerDot.on ? "integer-dot" : "float";
-      const prelaunch = decidePrelaunch(env.VKMOE_PRELAUNCH, device.info.driverId, device.info.driverName);
+      const prelaunch = decidePrelaunch(env.VKMOE_PRELAUNCH, device.info);
       const prelaunchPolls = prelaunch.on ? this.options.prelaunchPolls ?? PRELAUNCH_POLLS_DEFAULT : 0;
       const layer = new GpuLayer(device, pool, config, { maxItems, maxSlots, tickets: this.options.tickets, path, fusedTokens: this.options.fusedTokens ?? FUSED_TOKENS_DEFAULT, prelaunchPolls }, this.options.limit);
       layer.waitStyle = this.options.wait;

@@ -343,7 +343,7 @@ export class GpuLayer implements Disposable {
 
   /**
    * After a fused call of S tokens and K slots per token was submitted: arms the ticket the next
-   * call will take, if it is idle (its kernel starts when the running call's ends).
+   * call will take, if it is idle (its kernel launches when the GPU has room, and waits).
    */
   prelaunchNext(S: number, K: number): void {
     if (!this.prelaunch) return;

@@ -108,6 +108,10 @@ bool waitForDoorbell(uint want) {
     // Every invocation runs the loop (a barrier per poll): one invocation looping while the others
     // wait at a barrier is not reliable (Lavapipe mixes the decisions up).
     uint decision = 0u;
+    // Cleared first, so that an invocation reading it early polls again instead of taking leftover
+    // shared memory for a decision (Lavapipe stopped kernels unrung ~3x less often with it).
+    if (gl_LocalInvocationIndex == 0u) gateDecision = 0u;
+    barrier();
     for (uint i = 0u; decision == 0u; ++i) {
         if (gl_LocalInvocationIndex == 0u) {
             // The doorbell and the decision already taken (0: none yet), read together; a

@@ -67,5 +67,5 @@ export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap
 /** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
 export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
   (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [false, true].flatMap((pre) => [moeFusedIdpSpec(f, "desc", g, pre), ...(bda ? [moeFusedIdpSpec(f, "bda", g, pre)] : [])])));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks) is probed again. */
-export const IDP_PROBE_VERSION = 8;
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word) is probed again. */
+export const IDP_PROBE_VERSION = 9;

@@ -32,7 +32,7 @@ export const MOE_IDP_BINDINGS = 7;
 export const MOE_PUSH_BYTES = 36;
 /**
  * The one-dispatch call of few tokens: x, work, slot experts, y, slot weights, completion word,
- * arrival count, per-token accumulators (+ slabs at 8); push constants: gate+up's 9 words, then the
+ * arrival count, per-token accumulators, the pre-launch gate (+ slabs at 9); push constants: gate+up's 9 words, then the
  * down matrix's rowWords, groupsPerRow, weight offset (uvec4), scale offset (words).
  */
 export const MOE_FUSED_BINDINGS = 9;

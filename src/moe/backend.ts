@@ -25,7 +25,7 @@ import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routin
 
 /** Default of the fusedTokens option (see it), on both GEMV paths. */
 const FUSED_TOKENS_DEFAULT = 4;
-/** Default of the prelaunchPolls option: about a millisecond of polling on the H200. */
+/** Default of the prelaunchPolls option (its duration is not measured: see the option). */
 const PRELAUNCH_POLLS_DEFAULT = 1024;
 
 /** Weights of (layer, expert); expert === experts (E) asks for the shared expert. */
@@ -77,7 +77,8 @@ const optionsSchema = z.strictObject({
   /**
    * Pre-launch of fused calls: while one runs, the next ticket's kernel is submitted already and
    * waits on the GPU for the next call's inputs (a doorbell word), polling it at most this many
-   * times (default 1024; a poll is a memory round trip, so about a millisecond) before it ends by
+   * times (default 1024; each poll is a memory round trip and two workgroup barriers, so on the
+   * order of a millisecond; not measured) before it ends by
    * itself; a call that comes later, or with another S or k, is submitted as usual, with the same
    * answer. 0: off. Only on drivers where it is verified, unless VKMOE_PRELAUNCH=on (see
    * prelaunch-policy.ts); needs 2 or more tickets and expert memory the CPU writes directly (not

@@ -159,10 +159,9 @@ class Ticket {
     // Unbound slab slots hold a small placeholder buffer (no partially-bound descriptors needed).
     const slabs = Array.from({ length: p.maxSlabs }, () => undefined);
     const q = this.quantized;
-    const gateUp = descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs));
     this.sets = {
       quantize: p.quantize && q ? descriptors.allocate(p.quantize, [{ buffer: this.x }, { buffer: q.xq }, { buffer: q.xscale }, { buffer: q.xsum }]) : undefined,
-      gateUp,
+      gateUp: descriptors.allocate(p.gateUp, this.stageBindings("gateUp", slabs)),
       down: descriptors.allocate(p.down, this.stageBindings("down", slabs)),
       sum: descriptors.allocate(p.sum, [{ buffer: this.ypair }, { buffer: this.work }, { buffer: this.y }, { buffer: this.slotWeight }, { buffer: this.done }]),
       fused: p.fused ? descriptors.allocate(p.fused, this.stageBindings("fused", slabs)) : undefined,
@@ -359,14 +358,19 @@ export class GpuLayer implements Disposable {
     t.armed = { seq, S, K };
   }
 
-  /** Stops an armed kernel (cancel doorbell) and waits for its submission. */
-  private disarm(t: Ticket): void {
-    if (!t.armed) return;
+  /** Rings an armed kernel's doorbell with the cancel value: it stops without running. */
+  private ringCancel(t: Ticket): void {
     t.armed = undefined;
-    this.prelaunchCounts.cancelled++;
     storeFence();
     t.views.gate[1] = GATE_CANCEL;
     storeFence();
+  }
+
+  /** Stops an armed kernel and waits for its submission. */
+  private disarm(t: Ticket): void {
+    if (!t.armed) return;
+    this.ringCancel(t);
+    this.prelaunchCounts.cancelled++;
     t.busy = false;
     if (!t.fence.wait()) throw new Error("MoE layer: a pre-launched kernel did not stop within the timeout");
     t.fence.reset();
@@ -455,7 +459,7 @@ export class GpuLayer implements Disposable {
       if (mode === "fused" && armed.S === S && armed.K === slotsPerToken && t.views.done[1] !== armed.seq) {
         // Ring: every input store reaches the device before the doorbell's (write-combining memory).
         t.views.x.set(x);
-        t.views.work[3] = armed.seq;
+        t.views.work[3] = armed.seq; // read only if the kernel gave up and the call is resubmitted (gaveUp)
         t.seq = armed.seq;
         t.armed = undefined;
         t.rung = true;
@@ -570,11 +574,7 @@ export class GpuLayer implements Disposable {
 
   [Symbol.dispose](): void {
     // Armed kernels stop at the cancel doorbell (they would stop by themselves after their polls).
-    for (const t of this.tickets) {
-      if (t.armed) t.views.gate[1] = GATE_CANCEL;
-      t.armed = undefined;
-    }
-    storeFence();
+    for (const t of this.tickets) if (t.armed) this.ringCancel(t);
     try {
       this.device.waitIdle();
     } catch {

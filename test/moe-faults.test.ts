@@ -10,7 +10,9 @@
  *  - budgets: smaller than one expert (everything on the CPU), and room for some experts (hybrid,
  *    both counters > 0), also with two tickets in flight;
  *  - bad input: typed errors (RoutingError / MoeInputError, both InvalidArgumentError) before any
- *    Vulkan call (counted with countCalls) and without touching counters or the cache.
+ *    Vulkan call (counted with countCalls) and without touching counters or the cache; NaN or an
+ *    infinity in x, which the GPU path finds while the call runs: the same error, the call dropped
+ *    (its ticket and pins freed, with pre-launch too).
  * Every in-process backend must leave no validation message, leaks at teardown included.
  */
 import { afterAll, describe, expect, test } from "bun:test";
@@ -459,7 +461,7 @@ describe("tickets", () => {
   });
 });
 
-describe("bad input: typed errors before any GPU work", () => {
+describe("bad input: typed errors", () => {
   const rnd = mulberry32(13);
   const good = () => makeCall(rnd, 2, 3, 1);
   type Bad = [label: string, type: typeof RoutingError | typeof MoeInputError, make: () => [number, Float32Array, Routing]];
@@ -467,8 +469,6 @@ describe("bad input: typed errors before any GPU work", () => {
     ["expert id = E", RoutingError, () => { const c = good(); c.r.ids[4] = E; return [c.layer, c.x, c.r]; }],
     ["expert id -1", RoutingError, () => { const c = good(); c.r.ids[0] = -1; return [c.layer, c.x, c.r]; }],
     ["duplicate id within a token", RoutingError, () => { const c = good(); c.r.ids[5] = c.r.ids[3]!; return [c.layer, c.x, c.r]; }],
-    ["NaN in x", MoeInputError, () => { const c = good(); c.x[D + 7] = NaN; return [c.layer, c.x, c.r]; }],
-    ["Infinity in x", MoeInputError, () => { const c = good(); c.x[0] = Infinity; return [c.layer, c.x, c.r]; }],
     ["NaN router weight", RoutingError, () => { const c = good(); c.r.weights[2] = NaN; return [c.layer, c.x, c.r]; }],
     ["-Infinity router weight", RoutingError, () => { const c = good(); c.r.weights[1] = -Infinity; return [c.layer, c.x, c.r]; }],
     ["NaN shared weight", RoutingError, () => { const c = good(); c.r.sharedWeights = new Float32Array([1, NaN]); return [c.layer, c.x, c.r]; }],
@@ -512,6 +512,44 @@ describe("bad input: typed errors before any GPU work", () => {
         const goodCalls = vk ? countVulkanCalls(vk, () => checkCalls(h, after, "after")) : (checkCalls(h, after, "after"), 0);
         if (vk) expect(goodCalls).toBeGreaterThan(0); // the counter sees the calls a good forward() makes
         expect(h.moe.mode).toBe(env.VKMOE_GPU ? "gpu" : "cpu");
+      } finally {
+        h.finish();
+      }
+    });
+  }
+
+  // x's values are checked while the GPU runs (off the critical path): the error is the same, the
+  // call's GPU work is dropped. Three bad calls on two tickets: a ticket kept by a dropped call
+  // would turn the third into TicketsExhaustedError; a pin kept would show in pinnedBytes.
+  const badX: [label: string, at: number, value: number][] = [["NaN", D + 7, NaN], ["Infinity", 0, Infinity], ["-Infinity", 2 * D - 1, -Infinity]];
+  const modes: [string, NonNullable<Parameters<typeof validationEnv>[0]>][] = [["GPU mode", {}], ["GPU mode, pre-launched", { VKMOE_PRELAUNCH: "on" }], ["CPU mode", { VKMOE_GPU: false }]];
+  for (const [where, envChange] of modes) {
+    test(`${where}: NaN or an infinity in x is a MoeInputError naming it; the call is dropped, tickets and pins freed, a call in flight unharmed`, () => {
+      const h = open({ tickets: 2 }, validationEnv(envChange));
+      try {
+        const pending = makeCall(rnd, 1, 8);
+        checkCalls(h, [pending], "before"); // S=1 twice in a row: arms a kernel where pre-launch is on
+        const inFlight = h.moe.issue(pending.layer, pending.x, pending.r);
+        for (const [label, at, value] of badX) {
+          const c = makeCall(rnd, 2, 8);
+          c.x[at] = value;
+          let err: unknown;
+          try {
+            h.moe.forward(c.layer, c.x, c.r, new Float32Array(2 * D));
+          } catch (e) {
+            err = e;
+          }
+          expect(err, label).toBeInstanceOf(MoeInputError);
+          expect((err as Error).message, label).toContain(`x[${Math.floor(at / D)}][${at % D}] is ${value}`);
+        }
+        const y = new Float32Array(D);
+        inFlight.take(y);
+        const inFlightError = new PooledError();
+        inFlightError.add(pending.ref, y, CASE_BOUND, "the call in flight");
+        expect(inFlightError.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+        expect(h.moe.stats().cache?.pinnedBytes ?? 0).toBe(0);
+        checkCalls(h, [makeCall(rnd, 1, 8), makeCall(rnd, 3, 2), makeCall(rnd, 1, 8)], "after");
+        expect(h.moe.mode).toBe(envChange.VKMOE_GPU === false ? "cpu" : "gpu");
       } finally {
         h.finish();
       }

@@ -245,15 +245,20 @@ export class MoeBackend implements Disposable {
     return this.gpu?.pool;
   }
 
+  /** Everything about a call's input but x's values (checkValues). */
   private checkInput(layer: number, x: Float32Array, r: Routing): void {
     if (!Number.isInteger(layer) || layer < 0 || layer >= this.options.layers) throw new MoeInputError(`layer ${layer} is outside 0..${this.options.layers - 1}`);
     checkRouting(r, this.options.experts);
     if (r.k > this.options.topK) throw new MoeInputError(`k = ${r.k} exceeds the topK = ${this.options.topK} this layer was opened with`);
     const D = this.shape.hidden;
     if (!(x instanceof Float32Array) || x.length !== r.S * D) throw new MoeInputError(`x must be a Float32Array of S*D = ${r.S * D}`);
-    if (!allFinite(x)) {
-      for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
-    }
+  }
+
+  /** NaN or an infinity in x: MoeInputError naming the first one. */
+  private checkValues(x: Float32Array): void {
+    if (allFinite(x)) return;
+    const D = this.shape.hidden;
+    for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
   }
 
   /** y[S, D] = Σ_k w_k · expert_k(x) (+ shared). Synchronous. */
@@ -273,13 +278,26 @@ export class MoeBackend implements Disposable {
     const shared = this.options.shared;
     this.work.build(r, E, shared);
     if (this.gpu) {
+      let c: GpuCall | undefined;
       try {
-        return this.issueGpu(this.gpu, layer, x, r);
+        c = this.issueGpu(this.gpu, layer, x, r);
       } catch (e) {
         if (!(e instanceof DeviceLostError)) throw e;
         this.dropGpu(`device lost (${e.fn})`);
       }
+      if (c !== undefined) {
+        // x's values are checked while the GPU runs (1.8 µs for D = 2048 on the H200's host, off the
+        // call's critical path); with a NaN or an infinity the call is dropped, its answer unread.
+        try {
+          this.checkValues(x);
+        } catch (e) {
+          this.abandon(c);
+          throw e;
+        }
+        return c;
+      }
     }
+    this.checkValues(x);
     const D = this.shape.hidden;
     const out = new Float32Array(r.S * D);
     for (let u = 0; u < this.work.items; u++) this.cpuItem(layer, x, u, out);
@@ -307,16 +325,17 @@ export class MoeBackend implements Disposable {
   }
 
   /**
-   * Writes the call's tables straight into the ticket's mapped buffers and submits. Per call it
-   * allocates nothing: the ticket's call object and pin batch are reused, resident experts give
+   * Builds the call's tables in the layer's staging tables (GpuLayer.submit copies them into the
+   * ticket's mapped buffers) and submits. Per call it allocates nothing: the ticket's call object and pin batch are reused, resident experts give
    * their device address as two cached u32 words, and the CPU-share buffer is only touched when
    * some expert runs on the CPU.
    */
-  private issueGpu(g: GpuState, layer: number, x: Float32Array, r: Routing): MoeTicket {
+  private issueGpu(g: GpuState, layer: number, x: Float32Array, r: Routing): GpuCall {
     const w = this.work;
     const t: Ticket = g.layer.acquire();
     const c = this.callOf(g, t);
-    const { work: item, pairs, slotWeight, slotExpert } = t.views;
+    const tables = g.layer.tables;
+    const { work: item, pairs, slotWeight, slotExpert } = tables;
     const S = r.S, K = w.slotsPerToken;
     const bda = g.pool.addressing === "bda";
     const cpuOnMiss = this.options.onMiss === "cpu";
@@ -363,7 +382,8 @@ export class MoeBackend implements Disposable {
         gpuItems++;
       }
       g.pool.flush();
-      item[0] = S; item[1] = K; item[2] = gpuItems; item[3] = 0;
+      item[0] = S; item[1] = K; item[2] = gpuItems;
+      tables.pairCount = gpuPairCount;
       if (gpuItems > 0 && g.layer.submit(t, x, S, K, gpuItems) === "fused") {
         this.counters.fusedCalls++;
         g.layer.prelaunchNext(S, K); // while this call runs
@@ -396,6 +416,23 @@ export class MoeBackend implements Disposable {
       }
     }
     return c;
+  }
+
+  /** Drops an issued call without reading its answer: waits for its GPU work, frees its ticket and pins. */
+  private abandon(c: GpuCall): void {
+    c.taken = true;
+    const { g, t } = c;
+    try {
+      if (this.gpu === g && t.busy) g.layer.wait(t);
+    } catch (e) {
+      if (!(e instanceof DeviceLostError)) throw e;
+      this.dropGpu(`device lost (${e.fn})`);
+    } finally {
+      c.batch!.release();
+      c.x = undefined;
+      c.r = undefined;
+      if (this.gpu === g) g.layer.releaseTicket(t);
+    }
   }
 
   private readyGpu(c: GpuCall): Promise<void> {

@@ -14,6 +14,7 @@ import { computeBudget } from "../pool/budget.ts";
 import { packExpert, type ExpertLayout, type ExpertShape } from "../pool/expert-layout.ts";
 import type { BatchTicket, ResidentExpert } from "../pool/cache.ts";
 import { ExpertPool, type Addressing } from "../pool/expert-pool.ts";
+import { PoolInvariantError } from "../pool/errors.ts";
 import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
@@ -339,19 +340,33 @@ export class MoeBackend implements Disposable {
     const S = r.S, K = w.slotsPerToken;
     const bda = g.pool.addressing === "bda";
     const cpuOnMiss = this.options.onMiss === "cpu";
+    const cache = g.pool.cache;
     let gpuItems = 0, gpuPairCount = 0, cpuCount = 0;
+    // While every expert so far is resident, items are only looked up (one map lookup each); their
+    // pins, cache statistics and eviction-policy updates wait until after the doorbell, while the GPU
+    // runs (the decode steady state: every expert a hit). Nothing can evict in between: no upload
+    // happens, and nothing else runs. The first miss pins the items before it first (its upload
+    // may evict), and the rest of the call pins as it goes.
+    let deferring = true, deferred = 0;
     let batch: BatchTicket<DeviceSlab> | undefined;
     try {
       batch = c.batch = g.pool.beginBatch(c.batch);
       for (let i = 0, n = S * K; i < n; i++) slotWeight[i] = w.slotWeight[i]!;
       for (let u = 0; u < w.items; u++) {
         const e = w.expert[u]!, start = w.pairStart[u]!, count = w.pairCount[u]!;
-        let res: ResidentExpert<DeviceSlab> | undefined;
-        if (!cpuOnMiss || g.pool.cache.has(layer, e)) {
-          this.missing.layer = layer;
-          this.missing.expert = e;
-          const v = batch.tryEnsure(layer, e, this.missing);
-          if (v.resident) res = v.expert;
+        let res: ResidentExpert<DeviceSlab> | undefined = deferring ? cache.get(layer, e) : undefined;
+        if (res !== undefined) deferred++;
+        else {
+          if (deferring) {
+            deferring = false;
+            this.pinResident(batch, layer, deferred);
+          }
+          if (!cpuOnMiss || cache.has(layer, e)) {
+            this.missing.layer = layer;
+            this.missing.expert = e;
+            const v = batch.tryEnsure(layer, e, this.missing);
+            if (v.resident) res = v.expert;
+          }
         }
         let slot = 0;
         if (res !== undefined && !bda) {
@@ -384,13 +399,19 @@ export class MoeBackend implements Disposable {
       g.pool.flush();
       item[0] = S; item[1] = K; item[2] = gpuItems;
       tables.pairCount = gpuPairCount;
-      if (gpuItems > 0 && g.layer.submit(t, x, S, K, gpuItems) === "fused") {
+      const mode = gpuItems > 0 ? g.layer.submit(t, x, S, K, gpuItems) : undefined;
+      if (deferring) this.pinResident(batch, layer, deferred);
+      if (mode === "fused") {
         this.counters.fusedCalls++;
         g.layer.prelaunchNext(S, K); // while this call runs
       }
     } catch (e) {
-      batch?.release();
-      g.layer.releaseTicket(t);
+      try {
+        if (t.busy) g.layer.wait(t);
+      } finally {
+        batch?.release();
+        g.layer.releaseTicket(t);
+      }
       throw e;
     }
     this.counters.gpuPairs += gpuPairCount;
@@ -416,6 +437,15 @@ export class MoeBackend implements Disposable {
       }
     }
     return c;
+  }
+
+  /** Pins work items [0, n), each found resident by a plain lookup in this call (each a hit). */
+  private pinResident(batch: BatchTicket<DeviceSlab>, layer: number, n: number): void {
+    const w = this.work;
+    for (let u = 0; u < n; u++) {
+      const v = batch.tryEnsure(layer, w.expert[u]!, this.missing);
+      if (!v.resident || !v.hit) throw new PoolInvariantError(`expert (${layer}, ${w.expert[u]}) was resident when looked up and not when pinned`);
+    }
   }
 
   /** Drops an issued call without reading its answer: waits for its GPU work, frees its ticket and pins. */

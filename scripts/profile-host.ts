@@ -4,7 +4,7 @@
 // The GPU is taken out of the measurement: each GpuLayer ticket's vkQueueSubmit, vkWaitForFences
 // and vkResetFences are replaced by no-ops in this script only (and the wait style set to "block",
 // so nothing polls for GPU completion), so issue() and take() run exactly
-// their JS (checks, work list, pool lookups and pins, tables written into mapped memory, x copied,
+// their JS (checks, work list, pool lookups and pins, tables built and copied into mapped memory, x copied,
 // y read back) and nothing else. Three measurements per S:
 //   1. issue() and take() uninstrumented (the headline numbers), median / p90 over --calls calls;
 //   2. the same calls with the host phases wrapped in timers (each wrapper's own cost, measured on
@@ -118,12 +118,13 @@ function wrapperOverheadUs(): number {
 function instrument(): void {
   // issue(): every host phase the code has (methods missing in a version are skipped).
   wrap(anyMoe, "checkInput", "checkInput (x, routing, layer)", "issue");
+  wrap(anyMoe, "checkValues", "checkValues (x finite; after the submit)", "issue");
   wrap(anyMoe.work, "build", "WorkList.build", "issue");
   wrap(layer, "acquire", "GpuLayer.acquire", "issue");
   wrap(pool, "beginBatch", "pool.beginBatch", "issue");
   wrap(pool.cache, "beginBatch", "cache.beginBatch", "issue");
   wrap(pool.cache, "has", "cache.has (onMiss cpu)", "issue");
-  wrap(BatchTicket.prototype, "tryEnsure", "batch.tryEnsure (lookup + pin)", "issue");
+  wrap(BatchTicket.prototype, "tryEnsure", "batch.tryEnsure (lookup + pin; hits pinned after the submit)", "issue");
   wrap(BatchTicket.prototype, "ensureFast", "batch.ensureFast (lookup + pin)", "issue");
   wrap(pool, "locate", "pool.locate (bigint address)", "issue");
   wrap(layer, "slotOf", "GpuLayer.slotOf (descriptor)", "issue");

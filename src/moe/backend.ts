@@ -83,7 +83,7 @@ const optionsSchema = z.strictObject({
    * itself; a call that comes later, or with another S or k, is submitted as usual, with the same
    * answer. 0: off. Only on drivers where it is verified, unless VKMOE_PRELAUNCH=on (see
    * prelaunch-policy.ts); needs 2 or more tickets and expert memory the CPU writes directly (not
-   * staged uploads). H200, bench-moe, S=1: 31-33 µs a call against 37-38 µs submitted when made.
+   * staged uploads). H200, bench-moe, S=1: 27-32 µs a call against 34-39 µs submitted when made.
    */
   prelaunchPolls: z.number().int().min(0).max(1 << 26).optional(),
   /** Override of the kernel shape chosen from the tuning table (benchmarks, tuning). */

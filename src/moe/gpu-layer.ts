@@ -3,16 +3,17 @@
  * recorded once per ticket and replayed. Two recorded command buffers per ticket (see MoePipelines):
  *   grouped: [quantize_act] -> grouped gate+up (SiLU) -> grouped down (router weight folded in) -> sum
  *   fused (S <= fusedTokens, where the device has float atomics): the whole call in one dispatch
- * A call writes x, the work list, the slot tables and the indirect group counts into mapped memory
- * and submits: vkQueueSubmit + vkWaitForFences + vkResetFences.
+ * A call builds the work list and the slot tables in ordinary memory (CallTables), copies them and
+ * x into mapped memory, writes the indirect group counts and submits: vkQueueSubmit +
+ * vkWaitForFences + vkResetFences.
  *
  * Pre-launch (fused calls, `prelaunchPolls` > 0): while a fused call runs, the next ticket's fused
  * kernel is submitted already, for the same S and slots per token ("armed"). It launches as soon
  * as the GPU has room (no barrier: it touches none of the running call's buffers) and waits,
  * polling a doorbell word, for up to `prelaunchPolls` polls. The next call then writes its inputs
  * and rings the doorbell instead of submitting, so neither vkQueueSubmit nor the launch and
- * wake-up of the kernel is on its critical path (H200, bench-moe, S=1: 31-33 µs a call against
- * 37-38 µs submitted when made). Only where prelaunch-policy.ts allows it. A call that differs in
+ * wake-up of the kernel is on its critical path (H200, bench-moe, S=1: 27-32 µs a call against
+ * 34-39 µs submitted when made). Only where prelaunch-policy.ts allows it. A call that differs in
  * S or slots per token cancels the armed kernel and submits as usual; one that rings a kernel
  * which already gave up (done[1] holds its number) is submitted then, after the fact. Either way
  * the answer is the same.

@@ -108,8 +108,9 @@ bool waitForDoorbell(uint want) {
     // Every invocation runs the loop (a barrier per poll): one invocation looping while the others
     // wait at a barrier is not reliable (Lavapipe mixes the decisions up).
     uint decision = 0u;
-    // Cleared first, so that an invocation reading it early polls again instead of taking leftover
-    // shared memory for a decision (Lavapipe stopped kernels unrung ~3x less often with it).
+    // Cleared first, so that no invocation can take leftover shared memory for a decision. (The
+    // kernels Lavapipe seemed to stop before their doorbell were stale completion words on the
+    // host side, not this: gpu-layer.ts now zeroes them.)
     if (gl_LocalInvocationIndex == 0u) gateDecision = 0u;
     barrier();
     for (uint i = 0u; decision == 0u; ++i) {

@@ -68,13 +68,8 @@ describe("pre-launched fused calls give the reference answer on every path of th
       console.log(`  rung ${path} ${addressing}: ${JSON.stringify(r.prelaunch)}, NMSE ${r.pooled.nmse.toExponential(2)}`);
       expect(r.why).toContain("(pre-launched)");
       expect(r.fusedCalls).toBe(calls.length);
-      // Every call after the first finds a kernel armed for it. Lavapipe now and then stops one
-      // before its doorbell without a stop decision (about one run of this file in sixteen, down
-      // from one in six once the gate cleared its shared decision word first; cause not found; the
-      // H200 showed none in 1,600 calls): that call is then submitted, with the same answer.
-      const p = r.prelaunch;
-      expect(p.ran + p.gaveUp + p.cancelled).toBe(calls.length - 1);
-      expect(p.ran).toBeGreaterThanOrEqual(calls.length - 4);
+      // Every call after the first finds a kernel armed for it, polling, and rings it.
+      expect(r.prelaunch).toEqual({ ran: calls.length - 1, gaveUp: 0, cancelled: 0 });
       expect(r.pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
     });
   }
@@ -95,13 +90,35 @@ describe("pre-launched fused calls give the reference answer on every path of th
     console.log(`  shape changes: ${JSON.stringify(r.prelaunch)}, NMSE ${r.pooled.nmse.toExponential(2)}`);
     // Each fused call arms the next for its own S and k; a grouped call arms nothing. Calls 1, 3, 5
     // and 10 ring (same shape as the call before); 2, 4, 6 (grouped), 8 and 9 cancel; 7 follows the
-    // grouped call and finds nothing armed. (A kernel Lavapipe stops early turns a ring into a
-    // cancel or a late ring: see the rung test.)
-    const p = r.prelaunch;
-    expect(p.ran + p.gaveUp + p.cancelled).toBe(9);
-    expect(p.cancelled).toBeGreaterThanOrEqual(5);
-    expect(p.ran).toBeGreaterThanOrEqual(2);
+    // grouped call and finds nothing armed.
+    expect(r.prelaunch).toEqual({ ran: 4, gaveUp: 0, cancelled: 5 });
     expect(r.pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
+  });
+
+  // A call trusts a completion word or doorbell that holds its sequence number. Memory a new
+  // backend gets may hold an earlier owner's words (Lavapipe hands freed memory back as it was):
+  // left as they were, a ticket's first armed kernel looked stopped before its doorbell whenever its
+  // done[1] happened to hold the number (the rung test then counted a cancel about one run in six).
+  // Here the earlier owner's words are set to every number the next backend's first calls will use.
+  test("a new backend's tickets start with zeroed completion words and doorbells, whatever the memory held", () => {
+    const open = () => new MoeHarness({ shape: SHAPE, experts: E, topK: 8, layers: 2, shared: true, weights: (l, e) => experts[l]![e]!, addressing: "bda", budgetMB: 64, prelaunchPolls: LONG_WINDOW }, validationEnv({ VKMOE_PRELAUNCH: "on" }));
+    type Words = { views: { done: Int32Array; gate: Int32Array } };
+    const ticketsOf = (h: MoeHarness): Words[] => (h.moe as unknown as { gpu: { layer: { tickets: Words[] } } }).gpu.layer.tickets;
+    const poisonAndClose = (h: MoeHarness) => {
+      for (const t of ticketsOf(h)) for (const words of [t.views.done, t.views.gate]) for (let i = 0; i < words.length; i++) words[i] = 2 + (i % 2);
+      h.finish();
+    };
+    poisonAndClose(open());
+    for (let round = 0; round < 4; round++) {
+      const h = open();
+      for (const [n, t] of ticketsOf(h).entries()) {
+        expect(Array.from(t.views.done), `round ${round} ticket ${n} done`).toEqual(Array.from(t.views.done, () => 0));
+        expect(Array.from(t.views.gate), `round ${round} ticket ${n} gate`).toEqual(Array.from(t.views.gate, () => 0));
+      }
+      poisonAndClose(h);
+      // And end to end: the next backend's first calls each ring the kernel armed for them.
+      expect(run({ polls: LONG_WINDOW, calls: same(4), seed: 725 + round }).prelaunch).toEqual({ ran: 3, gaveUp: 0, cancelled: 0 });
+    }
   });
 
   test("two calls in flight (issue, issue, take, take) and ready()", async () => {

@@ -191,6 +191,11 @@ class Ticket {
       slotWeight: new Float32Array(this.slotWeight.host()), slotExpert: new Uint32Array(this.slotExpert.host()), y: new Float32Array(this.y.host()),
       indirect: new Uint32Array(this.indirect.host()), done: new Int32Array(this.done.host()), gate: new Int32Array(this.gate.host()),
     };
+    // Sequence numbers are never 0, and a call trusts a completion word or doorbell that holds its
+    // number. Fresh memory may hold an earlier owner's words (Lavapipe hands freed memory back as
+    // it was: a ticket's first armed kernel then looked stopped before its doorbell), so start at 0.
+    this.views.done.fill(0);
+    this.views.gate.fill(0);
     this.cpuY = new Float32Array(MAX_TOKENS * D);
     this.fence = new Fence(device);
     this.commands = { grouped: pool.allocate(), fused: pool.allocate(), ...(p.fusedPrelaunched ? { prelaunched: pool.allocate() } : {}) };

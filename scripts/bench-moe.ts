@@ -11,7 +11,9 @@
 //               device read bandwidth measured in the same run (streaming-read kernel)
 //   efficiency  (expert bytes ÷ read bandwidth + empty submit+wait round trip) ÷ host µs, median;
 //               the round trip is an empty recorded command buffer, the faster of blocking in
-//               vkWaitForFences and polling vkGetFenceStatus (both printed)
+//               vkWaitForFences and polling vkGetFenceStatus (both printed); measured again after
+//               each S's timed calls, with a warning when it moved by over half (the host changed
+//               speed mid-run: that S's host µs and efficiency are not comparable)
 //   hot GPU µs  GPU time with one fixed routing reused every call at one layer: that working set
 //               can sit in the GPU cache (its size is printed; at large S it does not fit)
 //   FFI/call    Vulkan FFI calls per forward() (countCalls), and how many are vkGetFenceStatus polls
@@ -211,6 +213,16 @@ function benchShape(model: ModelShape, env: VkmoeEnv, first: boolean): ShapeResu
             row.submittedUs.push((performance.now() - t0) * 1e3);
           }
           layer.setPrelaunch(true);
+        }
+        // The host's state can change within a run (this H200's shared host sometimes slows every
+        // host step 3-4x for a while): an empty round trip right after this S's timed calls, against
+        // the one the efficiency uses (nothing is armed here). Flagged when it moved by over half.
+        if (!isCpuDevice) {
+          const now = median(emptyRoundTrip(ctx.device, 100).spin);
+          const start = median(rtt.spin);
+          if (Math.abs(now - start) > 0.5 * start) {
+            lines.push(`warning: at S=${S} the empty round trip (polled) measured ${fmt(now)} µs against ${fmt(start)} µs at the start: the host changed speed during this run, so its host µs and efficiency are not comparable (rerun)`);
+          }
         }
         // GPU time of the same calls: the same command buffer between two timestamps.
         timer.on();

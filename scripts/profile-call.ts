@@ -7,23 +7,23 @@
 //   bun scripts/profile-call.ts [--layers N] [--calls N]
 import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
-import { args, runtimeName } from "./lib/cli.ts";
+import { Args, fail, runtimeName } from "./lib/cli.ts";
 import { readBandwidth } from "./lib/gpu-time.ts";
 import { preloadExperts } from "./lib/moe-setup.ts";
 import { expertShapeOf, QWEN3_30B_A3B, randomActivations, randomExpert, RoutingGenerator } from "./lib/synthetic.ts";
 import { fmt, median } from "./lib/table.ts";
 
-const argv = args();
-const opt = (name: string, dflt: string) => (argv.includes(name) ? argv[argv.indexOf(name) + 1]! : dflt);
-const layers = Number(opt("--layers", "16"));
-const calls = Number(opt("--calls", "400"));
+const SCRIPT = "profile-call";
+const opts = new Args(SCRIPT, { flags: [], ints: ["--layers", "--calls"] });
+const layers = opts.int("--layers", 1, 48) ?? 16;
+const calls = opts.int("--calls") ?? 400;
 const model = QWEN3_30B_A3B;
 const shape = expertShapeOf(model);
 const host = Array.from({ length: model.experts }, (_, e) => randomExpert(shape, e + 1));
 const weights = (_l: number, e: number) => host[e]!;
 using moe = MoeBackend.open({ shape, experts: model.experts, topK: model.topK, layers, weights, log: () => {} }, readConfig());
 const ctx = moe.context;
-if (!ctx) throw new Error(`no GPU: ${moe.why}`);
+if (!ctx) fail(SCRIPT, `no GPU: ${moe.why}`);
 preloadExperts(moe, layers, model.experts, weights);
 const L = (moe as any).gpu.layer;
 console.log(`profile-call (${runtimeName}) ${ctx.device.info.name}, ${layers} layers, ${moe.why}`);

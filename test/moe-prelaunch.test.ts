@@ -146,7 +146,8 @@ describe("pre-launched fused calls give the reference answer on every path of th
   for (const [label, polls, env] of [["prelaunchPolls 0", 0, {}], ["VKMOE_PRELAUNCH=off", LONG_WINDOW, { VKMOE_PRELAUNCH: "off" }]] as const) {
     test(`${label}: never armed`, () => {
       const r = run({ polls, calls: same(6), env, seed: 740 });
-      expect(r.why).not.toContain("pre-launched");
+      expect(r.why).not.toContain("(pre-launched)");
+      if (polls > 0) expect(r.why).toContain("(not pre-launched: VKMOE_PRELAUNCH=off)");
       expect(r.prelaunch).toEqual({ ran: 0, gaveUp: 0, cancelled: 0 });
       expect(r.pooled.nmse).toBeLessThanOrEqual(NMSE_BOUND);
     });
@@ -179,6 +180,7 @@ describe("pre-launched fused calls give the reference answer on every path of th
     const want = decidePrelaunch("auto", h.moe.context!.device.info);
     console.log(`  auto on ${h.moe.context!.device.info.name}: ${want.on ? "on" : "off"} (${want.why})`);
     expect(h.moe.why.includes("(pre-launched)")).toBe(want.on);
+    if (!want.on) expect(h.moe.why).toContain(`(not pre-launched: ${want.why})`); // the reason reaches the user
     h.finish();
   });
 

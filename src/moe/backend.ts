@@ -121,6 +121,8 @@ interface GpuState {
   ctx: VulkanContext;
   pool: ExpertPool;
   layer: GpuLayer;
+  /** Why the driver policy (VKMOE_PRELAUNCH) left pre-launch off; undefined where it allowed it. */
+  prelaunchOff: string | undefined;
 }
 
 /**
@@ -203,7 +205,7 @@ export class MoeBackend implements Disposable {
       layer.waitStyle = this.options.wait;
       this.missing.byteLength = pool.layout.bytes;
       this.missing.layout = pool.layout;
-      return { ctx, pool, layer };
+      return { ctx, pool, layer, prelaunchOff: prelaunch.on ? undefined : prelaunch.why };
     } catch (e) {
       pool?.[Symbol.dispose]();
       ctx[Symbol.dispose]();
@@ -232,8 +234,9 @@ export class MoeBackend implements Disposable {
 
   get why(): string {
     if (!this.gpu) return this.whyCpu;
-    const { layer } = this.gpu;
-    const fused = layer.pipelines.fused ? `fused calls of S <= ${layer.fusedTokens}${layer.prelaunched ? " (pre-launched)" : ""}` : "no fused calls (no float atomics)";
+    const { layer, prelaunchOff } = this.gpu;
+    const prelaunch = layer.prelaunched ? " (pre-launched)" : prelaunchOff ? ` (not pre-launched: ${prelaunchOff})` : "";
+    const fused = layer.pipelines.fused ? `fused calls of S <= ${layer.fusedTokens}${prelaunch}` : "no fused calls (no float atomics)";
     return `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing, ${layer.pipelines.path} path, ${fused}`;
   }
 
@@ -429,10 +432,7 @@ export class MoeBackend implements Disposable {
         t.cpuY.fill(0, 0, S * this.shape.hidden);
         for (let i = 0; i < cpuCount; i++) this.cpuItem(layer, x, this.cpuItems[i]!, t.cpuY);
       } catch (e) {
-        c.taken = true;
-        if (t.busy) g.layer.wait(t);
-        batch.release();
-        g.layer.releaseTicket(t);
+        this.abandon(c);
         throw e;
       }
     }
@@ -448,15 +448,22 @@ export class MoeBackend implements Disposable {
     }
   }
 
-  /** Drops an issued call without reading its answer: waits for its GPU work, frees its ticket and pins. */
+  /** Drops an issued call without reading its answer (releaseCall); a lost device turns the backend to the CPU. */
   private abandon(c: GpuCall): void {
     c.taken = true;
-    const { g, t } = c;
     try {
-      if (this.gpu === g && t.busy) g.layer.wait(t);
+      this.releaseCall(c);
     } catch (e) {
       if (!(e instanceof DeviceLostError)) throw e;
       this.dropGpu(`device lost (${e.fn})`);
+    }
+  }
+
+  /** Frees a call's ticket and pins, after waiting for GPU work still running on it (DeviceLostError from that wait). */
+  private releaseCall(c: GpuCall): void {
+    const { g, t } = c;
+    try {
+      if (this.gpu === g && t.busy) g.layer.wait(t);
     } finally {
       c.batch!.release();
       c.x = undefined;
@@ -497,14 +504,8 @@ export class MoeBackend implements Disposable {
       for (let u = 0; u < this.work.items; u++) this.cpuItem(c.layer, x, u, out);
       copyOut(out, y, n);
     } finally {
-      c.batch!.release();
-      c.x = undefined;
-      c.r = undefined;
-      if (this.gpu === g) {
-        // A short y or any other error: the call's results are dropped, its ticket and pins freed.
-        if (t.busy) g.layer.wait(t);
-        g.layer.releaseTicket(t);
-      }
+      // Also after a short y or any other error: the call's results are dropped, its ticket and pins freed.
+      this.releaseCall(c);
     }
   }
 

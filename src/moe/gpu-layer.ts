@@ -98,24 +98,30 @@ export class CallTables {
   readonly slotExpert: Uint32Array;
   /** Pairs written this call (the slots' count is S * slots per token). */
   pairCount = 0;
-  private readonly prefixes: ((n: number) => Uint32Array | Float32Array)[];
+  // Each table's first n elements as a view, made once per n: a call allocates nothing.
+  private readonly workPrefix: (n: number) => Uint32Array;
+  private readonly pairsPrefix: (n: number) => Uint32Array;
+  private readonly slotWeightPrefix: (n: number) => Float32Array;
+  private readonly slotExpertPrefix: (n: number) => Uint32Array;
 
   constructor(maxItems: number, maxSlots: number) {
     this.work = new Uint32Array(4 * (1 + maxItems));
     this.pairs = new Uint32Array(maxSlots);
     this.slotWeight = new Float32Array(maxSlots);
     this.slotExpert = new Uint32Array(2 * maxSlots);
-    this.prefixes = [this.work, this.pairs, this.slotWeight, this.slotExpert].map(prefixOf);
+    this.workPrefix = prefixOf(this.work);
+    this.pairsPrefix = prefixOf(this.pairs);
+    this.slotWeightPrefix = prefixOf(this.slotWeight);
+    this.slotExpertPrefix = prefixOf(this.slotExpert);
   }
 
-  /** Copies what this call wrote into ticket t's mapped buffers (no allocation once each length was seen). */
+  /** Copies what this call wrote into ticket t's mapped buffers. */
   copyTo(t: Ticket, items: number, slots: number): void {
-    const [work, pairs, slotWeight, slotExpert] = this.prefixes as [(n: number) => Uint32Array, (n: number) => Uint32Array, (n: number) => Float32Array, (n: number) => Uint32Array];
     const v = t.views;
-    v.work.set(work(4 * (1 + items)));
-    v.pairs.set(pairs(this.pairCount));
-    v.slotWeight.set(slotWeight(slots));
-    v.slotExpert.set(slotExpert(2 * slots));
+    v.work.set(this.workPrefix(4 * (1 + items)));
+    v.pairs.set(this.pairsPrefix(this.pairCount));
+    v.slotWeight.set(this.slotWeightPrefix(slots));
+    v.slotExpert.set(this.slotExpertPrefix(2 * slots));
   }
 }
 

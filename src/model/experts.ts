@@ -1,0 +1,144 @@
+/**
+ * The routed experts of every MoE layer behind one call, `forward(layer, x, routing, y)`: quantized
+ * experts run through `MoeBackend` (the GPU, or its CPU path, with one line saying why), float
+ * experts (`--quant none`, float GGUF experts) on the CPU in f32 with f64 sums.
+ */
+import { MoeBackend } from "../moe/backend.ts";
+import type { ExpertWeights } from "../moe/reference.ts";
+import type { Routing } from "../moe/routing.ts";
+import type { QuantFormat } from "../quant/types.ts";
+import type { VkmoeEnv } from "../config.ts";
+import type { Qwen3MoeConfig } from "./config.ts";
+import type { Linear } from "./linear.ts";
+import { silu } from "./ops.ts";
+import type { ExpertMatrices, ModelWeights } from "./weights.ts";
+
+export interface ExpertRunner extends Disposable {
+  /** "gpu" when every MoE layer runs on the GPU. */
+  readonly mode: "gpu" | "cpu";
+  /** One line: where the experts run and why. */
+  readonly why: string;
+  forward(layer: number, x: Float32Array, r: Routing, y: Float32Array): void;
+}
+
+export interface ExpertRunnerOptions {
+  log?: (line: string) => void;
+  budgetMB?: number;
+  env?: VkmoeEnv;
+  /** Bytes of converted experts kept for the CPU paths (they would be converted again on every call). */
+  cpuCacheBytes?: number;
+}
+
+/** Converted experts, kept while they fit in a byte budget (oldest dropped first). */
+class ExpertCache<T> {
+  private readonly map = new Map<number, { value: T; bytes: number }>();
+  private used = 0;
+  constructor(private readonly limit: number) {}
+  get(key: number, make: () => T, size: (v: T) => number): T {
+    const hit = this.map.get(key);
+    if (hit) return hit.value;
+    const value = make();
+    const bytes = size(value);
+    if (bytes > this.limit) return value;
+    while (this.used + bytes > this.limit) {
+      const [k, v] = this.map.entries().next().value!;
+      this.map.delete(k);
+      this.used -= v.bytes;
+    }
+    this.map.set(key, { value, bytes });
+    this.used += bytes;
+    return value;
+  }
+}
+
+const quantBytes = (e: ExpertWeights) => [e.gate, e.up, e.down].reduce((n, m) => n + m.weights.byteLength + m.scales.byteLength, 0);
+
+export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options: ExpertRunnerOptions = {}): ExpertRunner {
+  const log = options.log ?? ((line: string) => console.error(line));
+  const formats = new Set(weights.layers.map((l) => l.expertFormat).filter((f) => f !== undefined));
+  const cacheBytes = options.cpuCacheBytes ?? 512 * 2 ** 20;
+  const backends = new Map<QuantFormat, MoeBackend>();
+  let float: FloatExperts | undefined;
+  const E = cfg.experts;
+  try {
+    for (const f of formats) {
+      if (f === "float") {
+        float = new FloatExperts(cfg, weights, cacheBytes);
+        continue;
+      }
+      const cache = new ExpertCache<ExpertWeights>(cacheBytes);
+      let backend: MoeBackend | undefined;
+      const convert = (l: number, e: number): ExpertWeights => {
+        const m = weights.expert(l, e) as Extract<ExpertMatrices, { kind: "quant" }>;
+        return { gate: m.gate, up: m.up, down: m.down };
+      };
+      backend = MoeBackend.open({
+        shape: { format: f, groupSize: 32, scaleType: "f16", hidden: cfg.hidden, intermediate: cfg.expertIntermediate },
+        experts: E,
+        topK: cfg.topK,
+        layers: cfg.layers,
+        // The GPU path asks once per upload; its CPU path asks on every call, so those are kept.
+        weights: (l, e) => (backend?.mode === "cpu" ? cache.get(l * E + e, () => convert(l, e), quantBytes) : convert(l, e)),
+        budgetMB: options.budgetMB,
+        log,
+      }, options.env);
+      backends.set(f, backend);
+    }
+  } catch (e) {
+    for (const b of backends.values()) b[Symbol.dispose]();
+    throw e;
+  }
+  const byLayer = weights.layers.map((l) => (l.expertFormat === undefined ? undefined : l.expertFormat === "float" ? float! : backends.get(l.expertFormat)!));
+  const parts = [...backends.values()].map((b) => b.why);
+  if (float) {
+    parts.push("float experts on the CPU (the GPU's MoE kernels take q4/q8 weights)");
+    log("vkmoe: float experts (--quant none or a float GGUF) run on the CPU; the GPU's MoE kernels take q4/q8 weights");
+  }
+  const mode = backends.size > 0 && !float && [...backends.values()].every((b) => b.mode === "gpu") ? "gpu" : "cpu";
+  return {
+    mode,
+    why: parts.join("; ") || "no MoE layers",
+    forward: (layer, x, r, y) => byLayer[layer]!.forward(layer, x, r, y),
+    [Symbol.dispose]: () => {
+      for (const b of backends.values()) b[Symbol.dispose]();
+    },
+  };
+}
+
+/** Float experts on the CPU: y = Σ w · down(silu(gate x) ⊙ up x). */
+class FloatExperts {
+  private readonly cache: ExpertCache<Extract<ExpertMatrices, { kind: "float" }>>;
+  private readonly g: Float32Array;
+  private readonly u: Float32Array;
+  private readonly out: Float32Array;
+
+  constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights, cacheBytes: number) {
+    this.cache = new ExpertCache(cacheBytes);
+    this.g = new Float32Array(cfg.expertIntermediate);
+    this.u = new Float32Array(cfg.expertIntermediate);
+    this.out = new Float32Array(cfg.hidden);
+  }
+
+  forward(layer: number, x: Float32Array, r: Routing, y: Float32Array): void {
+    const D = this.cfg.hidden, E = this.cfg.experts, I = this.cfg.expertIntermediate;
+    y.fill(0, 0, r.S * D);
+    for (let s = 0; s < r.S; s++) {
+      const xs = x.subarray(s * D, (s + 1) * D);
+      for (let j = 0; j < r.k; j++) {
+        const id = r.ids[s * r.k + j]!;
+        // Views over the mapped file cost nothing to keep: the cache holds the small objects only.
+        const m = this.cache.get(layer * E + id, () => this.weights.expert(layer, id) as Extract<ExpertMatrices, { kind: "float" }>, () => 1);
+        m.gate.apply(xs, 1, this.g);
+        m.up.apply(xs, 1, this.u);
+        for (let i = 0; i < I; i++) this.g[i] = silu(this.g[i]!) * this.u[i]!;
+        m.down.apply(this.g, 1, this.out);
+        const w = r.weights[s * r.k + j]!;
+        for (let d = 0; d < D; d++) y[s * D + d] = y[s * D + d]! + w * this.out[d]!;
+      }
+    }
+  }
+
+  [Symbol.dispose](): void {}
+}
+
+export type { Linear };

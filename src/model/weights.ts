@@ -1,0 +1,331 @@
+/**
+ * The tensors of a Qwen3-MoE checkpoint, found by name in either file format and turned into what
+ * the decoder computes with: norms as f32, dense matrices as Linear (in place for float, QuantMatrix
+ * for q4/q8), embedding rows read on demand, and routed experts converted one at a time when the MoE
+ * layer asks (never the whole checkpoint in the JS heap).
+ */
+import type { TensorFile, TensorView } from "../formats/tensor.ts";
+import { fromGgufQ4_0, fromGgufQ8_0 } from "../quant/gguf.ts";
+import { f16ToF32Table } from "../quant/half.ts";
+import { quantize } from "../quant/quantize.ts";
+import type { QuantFormat, QuantMatrix } from "../quant/types.ts";
+import type { Qwen3MoeConfig } from "./config.ts";
+import { ModelWeightsError } from "./errors.ts";
+import { FloatLinear, floatElements, isFloatDType, QuantLinear, readFloatRow, type FloatDType, type Linear } from "./linear.ts";
+
+/** How float checkpoint weights are held: "none" keeps them float (exact); q8/q4 quantize on load. */
+export type WeightQuant = "none" | "q8" | "q4";
+export interface QuantPlan {
+  experts: WeightQuant;
+  dense: WeightQuant;
+}
+
+export interface AttentionWeights {
+  inputNorm: Float32Array;
+  q: Linear;
+  k: Linear;
+  v: Linear;
+  o: Linear;
+  qNorm: Float32Array;
+  kNorm: Float32Array;
+  postNorm: Float32Array;
+}
+
+export interface DenseMlpWeights {
+  gate: Linear;
+  up: Linear;
+  down: Linear;
+}
+
+/** One routed expert: float (in place) or quantized (q4/q8 QuantMatrix, all three alike). */
+export type ExpertMatrices =
+  | { kind: "float"; gate: Linear; up: Linear; down: Linear }
+  | { kind: "quant"; gate: QuantMatrix; up: QuantMatrix; down: QuantMatrix };
+
+export interface LayerWeights {
+  attention: AttentionWeights;
+  /** Router [E, D] (f32 or in place), present on MoE layers. */
+  router?: Linear;
+  /** Dense MLP on layers without experts. */
+  mlp?: DenseMlpWeights;
+  /** Expert storage of an MoE layer: "float", or the QuantFormat every expert matrix of the layer uses. */
+  expertFormat?: "float" | QuantFormat;
+}
+
+export interface ModelWeights {
+  layers: LayerWeights[];
+  finalNorm: Float32Array;
+  lmHead: Linear;
+  /** Writes token `id`'s embedding row (f32) into out. */
+  embed(id: number, out: Float32Array): void;
+  /** Expert e of layer l, converted now (the caller caches). */
+  expert(layer: number, e: number): ExpertMatrices;
+}
+
+type Naming = {
+  embed: string;
+  finalNorm: string;
+  lmHead: string;
+  inputNorm(l: number): string;
+  postNorm(l: number): string;
+  q(l: number): string;
+  k(l: number): string;
+  v(l: number): string;
+  o(l: number): string;
+  qNorm(l: number): string;
+  kNorm(l: number): string;
+  router(l: number): string;
+  mlp(l: number, m: "gate" | "up" | "down"): string;
+};
+
+const hfNames: Naming = {
+  embed: "model.embed_tokens.weight",
+  finalNorm: "model.norm.weight",
+  lmHead: "lm_head.weight",
+  inputNorm: (l) => `model.layers.${l}.input_layernorm.weight`,
+  postNorm: (l) => `model.layers.${l}.post_attention_layernorm.weight`,
+  q: (l) => `model.layers.${l}.self_attn.q_proj.weight`,
+  k: (l) => `model.layers.${l}.self_attn.k_proj.weight`,
+  v: (l) => `model.layers.${l}.self_attn.v_proj.weight`,
+  o: (l) => `model.layers.${l}.self_attn.o_proj.weight`,
+  qNorm: (l) => `model.layers.${l}.self_attn.q_norm.weight`,
+  kNorm: (l) => `model.layers.${l}.self_attn.k_norm.weight`,
+  router: (l) => `model.layers.${l}.mlp.gate.weight`,
+  mlp: (l, m) => `model.layers.${l}.mlp.${m}_proj.weight`,
+};
+
+const ggufNames: Naming = {
+  embed: "token_embd.weight",
+  finalNorm: "output_norm.weight",
+  lmHead: "output.weight",
+  inputNorm: (l) => `blk.${l}.attn_norm.weight`,
+  postNorm: (l) => `blk.${l}.ffn_norm.weight`,
+  q: (l) => `blk.${l}.attn_q.weight`,
+  k: (l) => `blk.${l}.attn_k.weight`,
+  v: (l) => `blk.${l}.attn_v.weight`,
+  o: (l) => `blk.${l}.attn_output.weight`,
+  qNorm: (l) => `blk.${l}.attn_q_norm.weight`,
+  kNorm: (l) => `blk.${l}.attn_k_norm.weight`,
+  router: (l) => `blk.${l}.ffn_gate_inp.weight`,
+  mlp: (l, m) => `blk.${l}.ffn_${m}.weight`,
+};
+
+const GGUF_BLOCK = 32;
+const blockBytes = (dtype: TensorView["dtype"]) => (dtype === "Q8_0" ? 34 : dtype === "Q4_0" ? 18 : 0);
+
+class WeightReader {
+  constructor(readonly file: TensorFile, readonly where: string) {}
+
+  tensor(name: string, shape: number[]): TensorView {
+    const t = this.file.tensors.get(name);
+    if (!t) throw new ModelWeightsError(`${this.where}: tensor ${name} is missing`);
+    if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      throw new ModelWeightsError(`${this.where}: tensor ${name} has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
+    }
+    return t;
+  }
+
+  has(name: string): boolean {
+    return this.file.tensors.has(name);
+  }
+
+  /** A 1-D float tensor as f32 (norm weights). */
+  vector(name: string, n: number): Float32Array {
+    const t = this.tensor(name, [n]);
+    if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${this.where}: tensor ${name} is ${t.dtype}; a norm weight must be F32, F16 or BF16`);
+    const out = new Float32Array(n);
+    readFloatRow(t.dtype, floatElements(t.dtype, t.bytes), 0, n, out);
+    return out;
+  }
+
+  /** A [rows, cols] matrix held as `quant` says (float sources), or as its GGUF type (Q8_0/Q4_0 stay lossless). */
+  linear(name: string, rows: number, cols: number, quant: WeightQuant): Linear {
+    const t = this.tensor(name, [rows, cols]);
+    return toLinear(t, rows, cols, quant, this.where);
+  }
+}
+
+function toLinear(t: TensorView, rows: number, cols: number, quant: WeightQuant, where: string): Linear {
+  if (t.dtype === "Q8_0") return new QuantLinear(fromGgufQ8_0(t.bytes, rows, cols));
+  if (t.dtype === "Q4_0") return new QuantLinear(fromGgufQ4_0(t.bytes, rows, cols));
+  if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${where}: tensor ${t.name} has type ${t.dtype}`);
+  const data = floatElements(t.dtype, t.bytes);
+  if (quant === "none") return new FloatLinear(t.dtype, data, rows, cols);
+  return new QuantLinear(quantizeFloat(t.dtype, data, rows, cols, quant, t.name, where));
+}
+
+function quantizeFloat(dtype: FloatDType, data: Float32Array | Uint16Array, rows: number, cols: number, format: "q8" | "q4", name: string, where: string): QuantMatrix {
+  const source = dtype === "F32" ? { dtype: "f32" as const, data: data as Float32Array } : { dtype: dtype === "F16" ? "f16" as const : "bf16" as const, data: data as Uint16Array };
+  try {
+    return quantize(source, rows, cols, { format, groupSize: 32, scaleType: "f16" });
+  } catch (e) {
+    // A group whose scale overflows f16 keeps f32 scales.
+    if ((e as Error).name === "ScaleRangeError") return quantize(source, rows, cols, { format, groupSize: 32, scaleType: "f32" });
+    throw new ModelWeightsError(`${where}: cannot quantize ${name}: ${(e as Error).message}`);
+  }
+}
+
+/** GGUF Q4_0 widened to q8 (same scale, q in -8..7): lossless, for layers whose expert matrices mix Q4_0 and Q8_0. */
+function widenQ4(m: QuantMatrix): QuantMatrix {
+  const rowQ = new Int8Array(m.cols);
+  const out = quantizeLike(m);
+  for (let r = 0; r < m.rows; r++) {
+    for (let c = 0; c < m.cols; c++) {
+      const w = m.weights[r * m.rowWords + (c >> 3)]!;
+      const j = c & 7;
+      const shift = j < 4 ? 8 * j : 8 * (j - 4) + 4;
+      rowQ[c] = ((w >>> shift) & 15) - 8;
+    }
+    for (let c = 0; c < m.cols; c++) {
+      const wi = r * out.rowWords + (c >> 2);
+      out.weights[wi] = (out.weights[wi]! | ((rowQ[c]! & 0xff) << (8 * (c & 3)))) >>> 0;
+    }
+  }
+  out.scales.set(m.scales);
+  return out;
+}
+
+function quantizeLike(m: QuantMatrix): QuantMatrix {
+  const rowWords = Math.ceil(m.cols / 16) * 4;
+  return { ...m, format: "q8", rowWords, weights: new Uint32Array(m.rows * rowWords), scales: new Uint32Array(m.scales.length) };
+}
+
+export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPlan, where: string): ModelWeights {
+  const names = file.format === "gguf" ? ggufNames : hfNames;
+  const r = new WeightReader(file, where);
+  const { hidden: D, heads, kvHeads, headDim, vocab, experts: E, expertIntermediate: I } = cfg;
+  const layers: LayerWeights[] = [];
+  const expertTensors: ((e: number) => ExpertMatrices)[] = [];
+  for (let l = 0; l < cfg.layers; l++) {
+    const attention: AttentionWeights = {
+      inputNorm: r.vector(names.inputNorm(l), D),
+      q: r.linear(names.q(l), heads * headDim, D, plan.dense),
+      k: r.linear(names.k(l), kvHeads * headDim, D, plan.dense),
+      v: r.linear(names.v(l), kvHeads * headDim, D, plan.dense),
+      o: r.linear(names.o(l), D, heads * headDim, plan.dense),
+      qNorm: r.vector(names.qNorm(l), headDim),
+      kNorm: r.vector(names.kNorm(l), headDim),
+      postNorm: r.vector(names.postNorm(l), D),
+    };
+    const layer: LayerWeights = { attention };
+    if (cfg.moeLayers[l]) {
+      // The router stays float: its top-k must match the reference's choices.
+      const router = r.tensor(names.router(l), [E, D]);
+      layer.router = toLinear(router, E, D, "none", where);
+      const experts = file.format === "gguf" ? ggufExperts(r, l, E, I, D) : hfExperts(r, l, E, I, D, plan.experts);
+      layer.expertFormat = experts.format;
+      expertTensors[l] = experts.get;
+    } else {
+      const F = cfg.denseIntermediate;
+      layer.mlp = {
+        gate: r.linear(names.mlp(l, "gate"), F, D, plan.dense),
+        up: r.linear(names.mlp(l, "up"), F, D, plan.dense),
+        down: r.linear(names.mlp(l, "down"), D, F, plan.dense),
+      };
+    }
+    layers.push(layer);
+  }
+  const embedding = r.tensor(names.embed, [vocab, D]);
+  const lmHead = cfg.tieEmbeddings || !r.has(names.lmHead)
+    ? toLinear(embedding, vocab, D, plan.dense, where)
+    : r.linear(names.lmHead, vocab, D, plan.dense);
+  return {
+    layers,
+    finalNorm: r.vector(names.finalNorm, D),
+    lmHead,
+    embed: embeddingReader(embedding, D, where),
+    expert: (l, e) => {
+      const get = expertTensors[l];
+      if (!get) throw new ModelWeightsError(`${where}: layer ${l} has no experts`);
+      return get(e);
+    },
+  };
+}
+
+function embeddingReader(t: TensorView, D: number, where: string): (id: number, out: Float32Array) => void {
+  if (isFloatDType(t.dtype)) {
+    const dtype = t.dtype;
+    const data = floatElements(dtype, t.bytes);
+    return (id, out) => readFloatRow(dtype, data, id, D, out);
+  }
+  const bb = blockBytes(t.dtype);
+  if (!bb || D % GGUF_BLOCK) throw new ModelWeightsError(`${where}: embedding ${t.name} of type ${t.dtype} cannot be read`);
+  const rowBytes = (D / GGUF_BLOCK) * bb;
+  const half = f16ToF32Table();
+  const bytes = t.bytes;
+  const q4 = t.dtype === "Q4_0";
+  return (id, out) => {
+    const base = id * rowBytes;
+    for (let b = 0; b < D / GGUF_BLOCK; b++) {
+      const o = base + b * bb;
+      const d = half[bytes[o]! | (bytes[o + 1]! << 8)]!;
+      const c0 = b * GGUF_BLOCK;
+      if (q4) {
+        for (let j = 0; j < 16; j++) {
+          const v = bytes[o + 2 + j]!;
+          out[c0 + j] = d * ((v & 15) - 8);
+          out[c0 + j + 16] = d * ((v >> 4) - 8);
+        }
+      } else {
+        for (let j = 0; j < 32; j++) out[c0 + j] = d * ((bytes[o + 2 + j]! << 24) >> 24);
+      }
+    }
+  };
+}
+
+interface LayerExperts {
+  format: "float" | QuantFormat;
+  get(e: number): ExpertMatrices;
+}
+
+/** GGUF stacks a layer's experts: ffn_{gate,up}_exps [E, I, D], ffn_down_exps [E, D, I]; expert e is a contiguous slice. */
+function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number): LayerExperts {
+  const gate = r.tensor(`blk.${l}.ffn_gate_exps.weight`, [E, I, D]);
+  const up = r.tensor(`blk.${l}.ffn_up_exps.weight`, [E, I, D]);
+  const down = r.tensor(`blk.${l}.ffn_down_exps.weight`, [E, D, I]);
+  const all = [gate, up, down];
+  const quantTypes = new Set(all.map((t) => t.dtype));
+  const float = all.every((t) => isFloatDType(t.dtype));
+  if (!float && !all.every((t) => t.dtype === "Q8_0" || t.dtype === "Q4_0")) {
+    throw new ModelWeightsError(`${r.where}: layer ${l} mixes float and quantized expert tensors (${[...quantTypes].join(", ")}); vkmoe needs them alike`);
+  }
+  const format: "float" | QuantFormat = float ? "float" : quantTypes.has("Q8_0") ? "q8" : "q4";
+  const slice = (t: TensorView, e: number, rows: number, cols: number): TensorView => {
+    const per = t.bytes.byteLength / E;
+    return { ...t, shape: [rows, cols], bytes: t.bytes.subarray(e * per, (e + 1) * per) };
+  };
+  const quant = (t: TensorView, rows: number, cols: number): QuantMatrix => {
+    const m = t.dtype === "Q8_0" ? fromGgufQ8_0(t.bytes, rows, cols) : fromGgufQ4_0(t.bytes, rows, cols);
+    return format === "q8" && m.format === "q4" ? widenQ4(m) : m;
+  };
+  return {
+    format,
+    get: (e) => {
+      const g = slice(gate, e, I, D), u = slice(up, e, I, D), d = slice(down, e, D, I);
+      if (format === "float") {
+        return { kind: "float", gate: toLinear(g, I, D, "none", r.where), up: toLinear(u, I, D, "none", r.where), down: toLinear(d, D, I, "none", r.where) };
+      }
+      return { kind: "quant", gate: quant(g, I, D), up: quant(u, I, D), down: quant(d, D, I) };
+    },
+  };
+}
+
+function hfExperts(r: WeightReader, l: number, E: number, I: number, D: number, quant: WeightQuant): LayerExperts {
+  const name = (e: number, m: string) => `model.layers.${l}.mlp.experts.${e}.${m}_proj.weight`;
+  // Check every expert's tensors now, so a bad file fails at load and not mid-generation.
+  for (let e = 0; e < E; e++) {
+    for (const [m, rows, cols] of [["gate", I, D], ["up", I, D], ["down", D, I]] as const) {
+      const t = r.tensor(name(e, m), [rows, cols]);
+      if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${r.where}: tensor ${t.name} is ${t.dtype}; Hugging Face weights must be F32, F16 or BF16`);
+    }
+  }
+  return {
+    format: quant === "none" ? "float" : quant,
+    get: (e) => {
+      const gate = r.tensor(name(e, "gate"), [I, D]), up = r.tensor(name(e, "up"), [I, D]), down = r.tensor(name(e, "down"), [D, I]);
+      if (quant === "none") return { kind: "float", gate: toLinear(gate, I, D, "none", r.where), up: toLinear(up, I, D, "none", r.where), down: toLinear(down, D, I, "none", r.where) };
+      const q = (t: TensorView, rows: number, cols: number) => quantizeFloat(t.dtype as FloatDType, floatElements(t.dtype as FloatDType, t.bytes), rows, cols, quant, t.name, r.where);
+      return { kind: "quant", gate: q(gate, I, D), up: q(up, I, D), down: q(down, D, I) };
+    },
+  };
+}

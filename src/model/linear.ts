@@ -23,9 +23,11 @@ export type FloatDType = "F32" | "F16" | "BF16";
 /** Typed view of a float tensor's bytes: in place when aligned, else one copy (safetensors allows odd offsets). */
 export function floatElements(dtype: FloatDType, bytes: Uint8Array): Float32Array | Uint16Array {
   const size = dtype === "F32" ? 4 : 2;
-  const Ctor = dtype === "F32" ? Float32Array : Uint16Array;
-  if (bytes.byteOffset % size === 0) return new Ctor(bytes.buffer, bytes.byteOffset, bytes.byteLength / size);
-  return new Ctor(bytes.slice().buffer);
+  const aligned = bytes.byteOffset % size === 0 ? bytes : bytes.slice();
+  const buffer = aligned.buffer as ArrayBuffer;
+  return dtype === "F32"
+    ? new Float32Array(buffer, aligned.byteOffset, aligned.byteLength / 4)
+    : new Uint16Array(buffer, aligned.byteOffset, aligned.byteLength / 2);
 }
 
 /** Writes row r of a float tensor [rows, cols] as f32 into out. */

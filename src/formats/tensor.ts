@@ -34,3 +34,12 @@ export interface GgufFile extends TensorFile {
   readonly version: number;
   readonly metadata: Readonly<Record<string, unknown>>;
 }
+
+/** A Hugging Face safetensors checkpoint: one file, or the shards a `model.safetensors.index.json` names. */
+export interface SafetensorsFile extends TensorFile {
+  readonly format: "safetensors";
+  /** The files mapped: one, or every shard in the order the index first names them. */
+  readonly files: readonly string[];
+  /** The `__metadata__` string maps of the files, merged (transformers writes `{ format: "pt" }`). */
+  readonly metadata: Readonly<Record<string, string>>;
+}

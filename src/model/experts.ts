@@ -19,6 +19,8 @@ export interface ExpertRunner extends Disposable {
   /** One line: where the experts run and why. */
   readonly why: string;
   forward(layer: number, x: Float32Array, r: Routing, y: Float32Array): void;
+  /** Validation-layer messages of the GPU path since the last call (VKMOE_VALIDATION=1). */
+  takeValidationMessages(): string[];
 }
 
 export interface ExpertRunnerOptions {
@@ -27,6 +29,8 @@ export interface ExpertRunnerOptions {
   env?: VkmoeEnv;
   /** Bytes of converted experts kept for the CPU paths (they would be converted again on every call). */
   cpuCacheBytes?: number;
+  /** Fraction of the experts uploaded so far, while they upload. */
+  progress?: (fraction: number) => void;
 }
 
 /** Converted experts, kept while they fit in a byte budget (oldest dropped first). */
@@ -88,6 +92,13 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
     for (const b of backends.values()) b[Symbol.dispose]();
     throw e;
   }
+  // Upload every expert now, so that the first tokens do not wait on uploads.
+  const moeLayers = weights.layers.flatMap((l, i) => (l.expertFormat !== undefined && l.expertFormat !== "float" ? [i] : []));
+  let done = 0;
+  for (const [f, backend] of backends) {
+    const mine = moeLayers.filter((l) => weights.layers[l]!.expertFormat === f);
+    backend.preload(mine, () => options.progress?.(++done / moeLayers.length));
+  }
   const byLayer = weights.layers.map((l) => (l.expertFormat === undefined ? undefined : l.expertFormat === "float" ? float! : backends.get(l.expertFormat)!));
   const parts = [...backends.values()].map((b) => b.why);
   if (float) {
@@ -99,6 +110,7 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
     mode,
     why: parts.join("; ") || "no MoE layers",
     forward: (layer, x, r, y) => byLayer[layer]!.forward(layer, x, r, y),
+    takeValidationMessages: () => [...backends.values()].flatMap((b) => b.takeValidationMessages()),
     [Symbol.dispose]: () => {
       for (const b of backends.values()) b[Symbol.dispose]();
     },

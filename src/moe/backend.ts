@@ -240,6 +240,11 @@ export class MoeBackend implements Disposable {
     return `GPU: ${this.gpu.ctx.device.info.name}, ${this.gpu.pool.addressing} addressing, ${layer.pipelines.path} path, ${fused}`;
   }
 
+  /** Khronos validation messages since the last call, one line each (with VKMOE_VALIDATION=1; tests fail on any). */
+  takeValidationMessages(): string[] {
+    return (this.gpu?.ctx.instance.takeMessages() ?? []).map((m) => `[${m.severity}] ${m.idName}: ${m.message}`);
+  }
+
   /** The Vulkan context when the GPU path is active (banner, benchmarks). */
   get context(): VulkanContext | undefined {
     return this.gpu?.ctx;
@@ -263,6 +268,41 @@ export class MoeBackend implements Disposable {
     if (allFinite(x)) return;
     const D = this.shape.hidden;
     for (let i = 0; i < x.length; i++) if (!Number.isFinite(x[i]!)) throw new MoeInputError(`x[${Math.floor(i / D)}][${i % D}] is ${x[i]}`);
+  }
+
+  /**
+   * Uploads every expert (and shared expert) of `layers` while they fit in the budget, never
+   * evicting: a model's load, so its first tokens do not wait on uploads. `progress(done, total)`
+   * after each layer. On the CPU path it does nothing. Returns what was loaded and skipped.
+   */
+  preload(layers: readonly number[], progress?: (done: number, total: number) => void): { loaded: number; skipped: number; bytes: number } {
+    const g = this.gpu;
+    const sum = { loaded: 0, skipped: 0, bytes: 0 };
+    if (!g) return sum;
+    const E = this.options.experts;
+    const count = E + (this.options.shared ? 1 : 0);
+    const layout = g.pool.layout;
+    for (let i = 0; i < layers.length; i++) {
+      const layer = layers[i]!;
+      const items = Array.from({ length: count }, (_, expert) => ({
+        layer,
+        expert,
+        source: {
+          byteLength: layout.bytes,
+          fill: (dest: Uint8Array) => {
+            const m = this.options.weights(layer, expert);
+            packExpert(layout, m.gate, m.up, m.down, dest);
+          },
+        },
+      }));
+      const r = g.pool.cache.preload(items);
+      sum.loaded += r.loaded;
+      sum.skipped += r.skipped;
+      sum.bytes += r.bytes;
+      progress?.(i + 1, layers.length);
+    }
+    g.pool.flush();
+    return sum;
   }
 
   /** y[S, D] = Σ_k w_k · expert_k(x) (+ shared). Synchronous. */

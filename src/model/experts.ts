@@ -97,7 +97,8 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
   let done = 0;
   for (const [f, backend] of backends) {
     const mine = moeLayers.filter((l) => weights.layers[l]!.expertFormat === f);
-    backend.preload(mine, () => options.progress?.(++done / moeLayers.length));
+    const r = backend.preload(mine, () => options.progress?.(++done / moeLayers.length));
+    if (r.skipped > 0) log(`vkmoe: ${r.loaded} of ${r.loaded + r.skipped} experts fit the GPU budget; the others upload when routed to, evicting colder ones`);
   }
   const byLayer = weights.layers.map((l) => (l.expertFormat === undefined ? undefined : l.expertFormat === "float" ? float! : backends.get(l.expertFormat)!));
   const parts = [...backends.values()].map((b) => b.why);

@@ -91,7 +91,7 @@ export class Model implements Disposable {
       }
       if (tokenizer.vocabSize > config.vocab) throw new ModelConfigError(`${path}: the tokenizer has ${tokenizer.vocabSize} tokens but the model only ${config.vocab} embedding rows`);
       progress("weights", 0);
-      const weights = loadWeights(file, config, plan, path);
+      const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
       const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env: options.env, progress: (f) => progress("experts", f) });
       progress("ready", 1);
       return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000);

@@ -20,15 +20,18 @@ function splitmix32(x: number): number {
 const BYTE_SUM_STD = Math.sqrt((4 * (256 * 256 - 1)) / 12);
 const BYTE_SUM_MEAN = 4 * 127.5;
 
-/** One independent stream of weights, from (seed, stream id): tensors get their own stream each. */
+/**
+ * One independent stream of weights, from (seed, tensor, chunk): every chunk of rows of every
+ * tensor gets its own, so chunks can be made in any order, or in parallel, with the same bytes.
+ */
 export class WeightStream {
   private s0: number;
   private s1: number;
   private s2: number;
   private s3: number;
 
-  constructor(seed: number, stream: number) {
-    let x = splitmix32((seed >>> 0) ^ Math.imul(stream + 1, 0x9e3779b1));
+  constructor(seed: number, tensor: number, chunk: number) {
+    let x = splitmix32(splitmix32(splitmix32(seed >>> 0) ^ tensor) ^ chunk);
     this.s0 = x = splitmix32(x);
     this.s1 = x = splitmix32(x);
     this.s2 = x = splitmix32(x);

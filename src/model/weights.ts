@@ -190,7 +190,7 @@ function quantizeLike(m: QuantMatrix): QuantMatrix {
   return { ...m, format: "q8", rowWords, weights: new Uint32Array(m.rows * rowWords), scales: new Uint32Array(m.scales.length) };
 }
 
-export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPlan, where: string): ModelWeights {
+export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPlan, where: string, progress?: (fraction: number) => void): ModelWeights {
   const names = file.format === "gguf" ? ggufNames : hfNames;
   const r = new WeightReader(file, where);
   const { hidden: D, heads, kvHeads, headDim, vocab, experts: E, expertIntermediate: I } = cfg;
@@ -224,6 +224,7 @@ export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPl
       };
     }
     layers.push(layer);
+    progress?.((l + 1) / cfg.layers);
   }
   const embedding = r.tensor(names.embed, [vocab, D]);
   const lmHead = cfg.tieEmbeddings || !r.has(names.lmHead)

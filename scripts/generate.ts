@@ -41,9 +41,33 @@ const options = {
   help: { type: "boolean", short: "h" },
 } as const;
 
+/**
+ * parseArgs refuses a value that starts with "-" ("argument is ambiguous"), so `--max-tokens -1` or
+ * `--repeat-last-n -1` would never reach the checks below: a negative number after a valued option
+ * is joined to it as `--name=-1`.
+ */
+function negativeValues(list: string[]): string[] {
+  const valued = new Map<string, string>();
+  for (const [name, o] of Object.entries(options)) {
+    if (o.type !== "string") continue;
+    valued.set(`--${name}`, name);
+    if ("short" in o) valued.set(`-${o.short}`, name);
+  }
+  const out: string[] = [];
+  for (let i = 0; i < list.length; i++) {
+    const name = valued.get(list[i]!);
+    const next = list[i + 1];
+    if (name !== undefined && next !== undefined && /^-(\d|\.\d)/.test(next)) {
+      out.push(`--${name}=${next}`);
+      i++;
+    } else out.push(list[i]!);
+  }
+  return out;
+}
+
 let raw: ReturnType<typeof parseArgs<{ options: typeof options; allowPositionals: false; strict: true }>>["values"];
 try {
-  raw = parseArgs({ args: args(), options, allowPositionals: false, strict: true }).values;
+  raw = parseArgs({ args: negativeValues(args()), options, allowPositionals: false, strict: true }).values;
 } catch (e) {
   fail(SCRIPT, `${(e as Error).message.split("\n")[0]}; ${USAGE}`);
 }
@@ -86,6 +110,7 @@ if (!parsed.success) {
 }
 const flags = parsed.data;
 if (flags.think && flags["no-think"]) fail(SCRIPT, "--think and --no-think contradict each other");
+if (flags.raw && flags.system !== undefined) fail(SCRIPT, "--system needs the chat template; it cannot go with --raw");
 if (flags.temperature !== undefined && flags.temp !== undefined) fail(SCRIPT, "--temperature and --temp are the same option; give one");
 if (flags.interactive && flags.raw) fail(SCRIPT, "-i is a chat; it cannot go with --raw");
 if (flags.interactive && (flags.json || flags["dump-logits"])) fail(SCRIPT, "-i cannot go with --json or --dump-logits");
@@ -180,6 +205,8 @@ async function main(): Promise<void> {
     }
     writeStderr(`${summary(r, device)}; load ${model.loadSeconds.toFixed(2)} s, peak RSS ${formatBytes(peakRssBytes() ?? 0)}\n`);
   } finally {
+    // With VKMOE_VALIDATION=1 the GPU path collects the Khronos layer's messages: each one is a line here.
+    for (const m of model.takeValidationMessages()) writeStderr(`vkmoe: validation: ${m}\n`);
     model[Symbol.dispose]();
   }
 }

@@ -40,8 +40,12 @@ const VALUE_TYPES = ["UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLO
 const ARRAY = 9;
 const MAX_DIMS = 8;
 
-/** Thrown inside the reader when a read runs past the bytes; turned into TruncatedFileError with context. */
-class OutOfBytes extends Error {}
+/** Thrown inside the reader when a read runs past the bytes; turned into TruncatedFileError with context (and `detail`, when it says more). */
+class OutOfBytes extends Error {
+  constructor(readonly detail?: string) {
+    super(detail);
+  }
+}
 
 class Reader {
   offset = 0;
@@ -98,8 +102,11 @@ class Reader {
         const elementType = this.u32();
         if (elementType === ARRAY && depth >= 3) throw new ModelFileError(this.file, "arrays nest deeper than 4 levels: the header is corrupt");
         if (!(elementType in VALUE_TYPES)) throw new ModelFileError(this.file, `an array has element type ${elementType}, which GGUF does not define`);
-        // Every element takes at least one byte: a longer count cannot fit in the file.
-        const count = this.size("an array length", this.bytes.byteLength - this.offset);
+        // Every element takes at least one byte: a count past the end of the file means the file was cut
+        // short (an interrupted download, the likely case) or the count is corrupt; both are told.
+        const count = this.size("an array length", 2 ** 48);
+        const left = this.bytes.byteLength - this.offset;
+        if (count > left) throw new OutOfBytes(`its array length ${count} needs more than the ${left} bytes left`);
         const out: GgufValue[] = new Array(count);
         for (let i = 0; i < count; i++) out[i] = this.value(elementType, depth + 1);
         return out;
@@ -160,7 +167,7 @@ export function parseGgufHeader(bytes: Uint8Array, file: string): GgufHeader {
     const dataOffset = Math.ceil(headerEnd / alignment) * alignment;
     return { version, metadata, tensors, headerEnd, dataOffset, alignment };
   } catch (e) {
-    if (e instanceof OutOfBytes) throw new TruncatedFileError(file, `the header ends early: the file stops (at byte ${bytes.byteLength}) inside ${where}`);
+    if (e instanceof OutOfBytes) throw new TruncatedFileError(file, `the header ends early: the file stops (at byte ${bytes.byteLength}) inside ${where}${e.detail ? ` (${e.detail})` : ""}`);
     throw e;
   }
 }

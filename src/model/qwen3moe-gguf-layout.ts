@@ -6,8 +6,8 @@
 import type { GgmlTypeName, GgufMetadata, GgufTensorSpec } from "../formats/gguf-writer.ts";
 import type { Qwen3MoeShape } from "./shapes.ts";
 
-export type ModelFileType = "q4_0" | "q8_0" | "f16";
-export const MODEL_FILE_TYPES: readonly ModelFileType[] = ["q4_0", "q8_0", "f16"];
+export const MODEL_FILE_TYPES = ["q4_0", "q8_0", "f16"] as const;
+export type ModelFileType = (typeof MODEL_FILE_TYPES)[number];
 
 /** llama_ftype numbers written as general.file_type. */
 const LLAMA_FTYPE: Record<ModelFileType, number> = { f16: 1, q4_0: 2, q8_0: 7 };

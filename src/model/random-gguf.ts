@@ -107,7 +107,10 @@ export async function writeRandomModel(o: RandomModelOptions): Promise<RandomMod
   };
   for (const job of chunkJobs(tensors, o.seed)) {
     const { last, ...chunk } = job;
-    window.push({ bytes: pool.make(chunk), tensor: job.tensor, last });
+    const bytes = pool.make(chunk);
+    // After one chunk fails, the rest of the window is rejected unawaited: not an unhandled rejection.
+    bytes.catch(() => {});
+    window.push({ bytes, tensor: job.tensor, last });
     if (window.length >= inFlight) await drainOne();
   }
   while (window.length > 0) await drainOne();

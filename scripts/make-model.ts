@@ -1,0 +1,91 @@
+// `bun run make-model --shape NAME --type q4_0|q8_0|f16 --out FILE [--seed N] [--layers N] [--threads N]`:
+// a random-weight Qwen3-MoE GGUF (llama.cpp arch qwen3moe) with the Qwen3 tokenizer, so full-size
+// benchmarks need no download. Progress goes to stderr; the last line (stdout) gives size and time.
+import { closeSync, openSync, renameSync, rmSync } from "node:fs";
+import { z } from "zod";
+import { MODEL_FILE_TYPES, qwen3MoeTensors } from "../src/model/qwen3moe-gguf-layout.ts";
+import { randomModelTensorBytes, writeRandomModel } from "../src/model/random-gguf.ts";
+import { SHAPE_NAMES, shapeByName } from "../src/model/shapes.ts";
+import { args, exit, fail, oneLine } from "./lib/cli.ts";
+import { formatBytes, Progress } from "./lib/progress.ts";
+
+const SCRIPT = "make-model";
+const USAGE = `usage: bun run make-model --shape ${SHAPE_NAMES.join("|")} --type ${MODEL_FILE_TYPES.join("|")} --out FILE [--seed N] [--layers N] [--threads N]`;
+
+const integer = z.string().regex(/^\d+$/, "must be a non-negative integer").transform(Number);
+const flagsSchema = z.strictObject({
+  shape: z.string().refine((s) => shapeByName(s) !== undefined, { message: `must be one of ${SHAPE_NAMES.join(", ")}` }),
+  type: z.enum(MODEL_FILE_TYPES, { message: `must be one of ${MODEL_FILE_TYPES.join(", ")}` }),
+  out: z.string().min(1, "needs a file name"),
+  seed: integer.pipe(z.number().max(0xffffffff, "must fit in 32 bits")).default(1),
+  // Fewer layers than the shape has: quick trials and per-layer timings of a big shape.
+  layers: integer.pipe(z.number().min(1, "must be at least 1")).optional(),
+  threads: integer.pipe(z.number().min(1, "must be at least 1").max(256, "must be at most 256")).default(defaultThreads()),
+});
+
+/** One worker per core, up to 16 (writing the file becomes the limit well before). */
+function defaultThreads(): number {
+  return Math.min(16, Math.max(1, navigator.hardwareConcurrency ?? 1));
+}
+
+/** `--name value` and `--name=value` pairs into an object; zod then names what is wrong with the values. */
+function collectFlags(list: string[]): Record<string, string> {
+  const flags: Record<string, string> = {};
+  for (let i = 0; i < list.length; i++) {
+    const a = list[i]!;
+    if (a === "--help" || a === "-h") {
+      console.log(USAGE);
+      exit(0);
+    }
+    if (!a.startsWith("--")) fail(SCRIPT, `unexpected argument ${JSON.stringify(a)}; ${USAGE}`);
+    const eq = a.indexOf("=");
+    const name = a.slice(2, eq < 0 ? undefined : eq);
+    if (!Object.hasOwn(flagsSchema.shape, name)) fail(SCRIPT, `unknown option --${name}; ${USAGE}`);
+    const value = eq < 0 ? list[++i] : a.slice(eq + 1);
+    if (value === undefined || (eq < 0 && value.startsWith("--"))) fail(SCRIPT, `--${name} needs a value; ${USAGE}`);
+    if (Object.hasOwn(flags, name)) fail(SCRIPT, `--${name} is given twice`);
+    flags[name] = value;
+  }
+  return flags;
+}
+
+const given = collectFlags(args());
+const parsed = flagsSchema.safeParse(given);
+if (!parsed.success) {
+  const problems = parsed.error.issues.map((issue) => {
+    const name = String(issue.path[0]);
+    return given[name] === undefined ? `--${name} is required` : `--${name} ${issue.message}`;
+  });
+  fail(SCRIPT, `${problems.join("; ")}; ${USAGE}`);
+}
+const flags = parsed.data;
+const base = shapeByName(flags.shape)!;
+const shape = flags.layers === undefined ? base : { ...base, layers: flags.layers };
+const fileType = flags.type;
+
+// Written under a temporary name, so an interrupted run leaves no file that looks complete.
+const partial = `${flags.out}.partial`;
+try {
+  closeSync(openSync(partial, "w")); // an unwritable --out fails now, before any progress line
+} catch (e) {
+  fail(SCRIPT, `cannot write --out ${flags.out}: ${oneLine(e)}`);
+}
+try {
+  const layers = shape.layers === base.layers ? "" : `, ${shape.layers} of ${base.layers} layers`;
+  const count = qwen3MoeTensors(shape, fileType).length;
+  const progress = new Progress(`${SCRIPT}: ${shape.name} ${fileType}${layers}, seed ${flags.seed}, ${flags.threads} threads, ~${formatBytes(randomModelTensorBytes(shape, fileType))}`, count, "tensors");
+  const report = await writeRandomModel({
+    shape,
+    fileType,
+    path: partial,
+    seed: flags.seed,
+    threads: flags.threads,
+    onTensor: () => progress.tick(),
+  });
+  progress.finish();
+  renameSync(partial, flags.out);
+  console.log(`${flags.out}: ${formatBytes(report.bytes)} (${report.bytes} bytes, ${report.tensors} tensors) in ${report.seconds.toFixed(1)} s`);
+} catch (e) {
+  rmSync(partial, { force: true });
+  fail(SCRIPT, oneLine(e));
+}

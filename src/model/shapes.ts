@@ -2,32 +2,13 @@
  * Named Qwen3-MoE shapes (llama.cpp arch `qwen3moe`): the dimensions a random-weight model file is
  * made with, so benchmarks of full-size models need no download.
  */
+import type { Qwen3MoeConfig } from "./config.ts";
 
-export interface Qwen3MoeShape {
-  name: string;
-  hidden: number;
-  layers: number;
-  /** Query heads. */
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-  experts: number;
-  /** Experts each token is routed to. */
-  topK: number;
-  /** Intermediate size of each routed expert. */
-  expertIntermediate: number;
-  /**
-   * config.json's intermediate_size, written as GGUF feed_forward_length as the converter does;
-   * no layer uses it, every layer being MoE.
-   */
-  denseIntermediate: number;
-  vocab: number;
-  ropeTheta: number;
-  rmsEps: number;
-  contextLength: number;
-  /** Router weights renormalised over the top-k (llama.cpp always does so for qwen3moe). */
-  normTopkProb: boolean;
-}
+/** A model's dimensions, named as Qwen3MoeConfig names them, plus the context length written to the file. */
+export type Qwen3MoeShape = { name: string; contextLength: number } & Pick<
+  Qwen3MoeConfig,
+  "hidden" | "layers" | "heads" | "kvHeads" | "headDim" | "experts" | "topK" | "expertIntermediate" | "denseIntermediate" | "vocab" | "ropeTheta" | "rmsEps" | "normTopkProb"
+>;
 
 /** Every row length (hidden, heads*headDim, expertIntermediate) is a multiple of 256, as K-quants need. */
 const tiny: Qwen3MoeShape = {

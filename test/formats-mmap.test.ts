@@ -25,6 +25,28 @@ describe("mapFile", () => {
     expect(() => file.view(disk.byteLength - 1, 2)).toThrow(RangeError);
   });
 
+  test("release() drops read pages from the process (RssFile) and the view still reads the same bytes", () => {
+    const rssFileKb = () => Number(/RssFile:\s+(\d+) kB/.exec(readFileSync("/proc/self/status", "utf8"))?.[1] ?? NaN);
+    if (Number.isNaN(rssFileKb())) return console.warn("skipping: no /proc/self/status RssFile (not Linux)");
+    const path = join(scratch, "release");
+    const data = new Uint8Array(64 << 20).map((_, i) => (i * 2654435761) >>> 24);
+    writeFileSync(path, data);
+    using file = mapFile(path);
+    const sum = (b: Uint8Array) => {
+      let s = 0;
+      for (let i = 0; i < b.length; i += 512) s += b[i]!;
+      return s;
+    };
+    const before = rssFileKb();
+    const first = sum(file.bytes);
+    const touched = rssFileKb();
+    expect(touched - before).toBeGreaterThan(60 << 10);
+    file.release(0, file.byteLength);
+    expect(touched - rssFileKb()).toBeGreaterThan(60 << 10);
+    expect(sum(file.bytes)).toBe(first);
+    expect(sum(file.bytes)).toBe(sum(data));
+  });
+
   test("a 0-byte file is an empty view", () => {
     const path = join(scratch, "empty");
     writeFileSync(path, "");

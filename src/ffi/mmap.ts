@@ -19,6 +19,12 @@ export interface MappedFile extends Disposable {
   readonly path: string;
   /** A view of [offset, offset + length), at any offset of a file of any size (one range at most 4 GiB under Bun). Valid until dispose. */
   view(offset: number, length: number): Uint8Array;
+  /**
+   * Drops the whole pages inside [offset, offset + length) from this process (MADV_DONTNEED), so
+   * data already copied elsewhere (uploaded to the GPU, converted) stops counting in its memory.
+   * Views stay valid: reading them again faults the pages back in from the file.
+   */
+  release(offset: number, length: number): void;
 }
 
 /** A file could not be opened or mapped. `errno` and `reason` are the C library's (strerror). */
@@ -49,6 +55,10 @@ const EISDIR = 21;
 const PROT_READ = 1;
 const MAP_PRIVATE = 2;
 const SEEK_END = 2;
+/** MADV_DONTNEED on Linux and macOS. */
+const MADV_DONTNEED = 4;
+/** The smallest page size of the platforms served; releasing inside 64 KiB boundaries is safe for 4, 16 and 64 KiB pages. */
+const RELEASE_ALIGN = 65536;
 const MAP_FAILED = (1n << 64n) - 1n; // (void *)-1 as an unsigned address
 /** Bun (JavaScriptCore) refuses an ArrayBuffer over 2^32 bytes ("Out of memory"); Deno's V8 allows more. Measured, Bun 1.4.4. */
 const WHOLE_VIEW_LIMIT = 2 ** 32;
@@ -64,6 +74,7 @@ function symbolsFor(os: string) {
     lseek: { args: ["i32", "u64", "i32"], returns: "u64" },
     mmap: { args: ["ptr", "u64", "i32", "i32", "i32", "u64"], returns: "ptr" },
     munmap: { args: ["ptr", "u64"], returns: "i32" },
+    madvise: { args: ["ptr", "u64", "i32"], returns: "i32" },
     close: { args: ["i32"], returns: "i32" },
     strerror: { args: ["i32"], returns: "ptr" },
     // errno is thread-local: libc hands out its address. The FFI call runs on this thread on both runtimes.
@@ -184,6 +195,14 @@ class Mapping implements MappedFile {
     // Views of a file that fits one ArrayBuffer share it; a larger file gets one ArrayBuffer per view.
     if (this.byteLength <= WHOLE_VIEW_LIMIT) return this.wholeView().subarray(offset, offset + length);
     return new Uint8Array(ffi.view(this.address + BigInt(offset), length));
+  }
+
+  release(offset: number, length: number): void {
+    this.assertOpen();
+    const start = Math.ceil(offset / RELEASE_ALIGN) * RELEASE_ALIGN;
+    const end = Math.min(this.byteLength, Math.floor((offset + length) / RELEASE_ALIGN) * RELEASE_ALIGN);
+    // Advice only: a failure leaves the pages resident, which is what no call would have done.
+    if (end > start) this.c.symbols.madvise(this.address + BigInt(start), BigInt(end - start), MADV_DONTNEED);
   }
 
   private wholeView(): Uint8Array {

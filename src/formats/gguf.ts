@@ -57,7 +57,7 @@ function tensorViews(file: MappedFile, header: GgufHeader): Map<string, TensorVi
       throw new TruncatedFileError(path,
         `${where} needs bytes ${start}..${start + byteLength} but the file ends at ${file.byteLength}: the file is truncated (an interrupted download?)`, { tensor: info.name });
     }
-    views.set(info.name, { name: info.name, dtype: encoding.dtype, shape, bytes: file.view(start, byteLength) });
+    views.set(info.name, { name: info.name, dtype: encoding.dtype, shape, bytes: file.view(start, byteLength), release: () => file.release(start, byteLength) });
   }
   return views;
 }

@@ -119,7 +119,7 @@ function parseShard(file: MappedFile): Shard {
     if (end - begin !== expected) {
       throw new ModelFileError(path, `${where} has data_offsets [${begin}, ${end}], ${end - begin} bytes, but its shape and dtype make ${expected}`, { tensor: name });
     }
-    tensors.set(name, { name, dtype, shape: entry.shape, bytes: file.view(dataStart + begin, end - begin) });
+    tensors.set(name, { name, dtype, shape: entry.shape, bytes: file.view(dataStart + begin, end - begin), release: () => file.release(dataStart + begin, end - begin) });
   }
   return { file, tensors, metadata: checkMetadata(rawMetadata, path) };
 }

@@ -17,6 +17,12 @@ export interface TensorView {
   shape: number[];
   /** The tensor's bytes inside the mapped file: valid while the file that made it is open. */
   bytes: Uint8Array;
+  /**
+   * Drops the tensor's pages from the process's memory once its data lives elsewhere (on the GPU,
+   * converted); `bytes` stays readable (the pages fault back in from the file). Absent on views
+   * not backed by a mapped file.
+   */
+  release?: () => void;
 }
 
 /** A parsed, mapped model file (or set of shards). Disposing it unmaps the memory every view points into. */

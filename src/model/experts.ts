@@ -98,6 +98,8 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
   for (const [f, backend] of backends) {
     const mine = moeLayers.filter((l) => weights.layers[l]!.expertFormat === f);
     const r = backend.preload(mine, () => options.progress?.(++done / moeLayers.length));
+    // On the GPU now: the file's copy need not stay in this process's memory.
+    if (backend.mode === "gpu") for (const l of r.complete) weights.releaseExperts(l);
     if (r.skipped > 0) log(`vkmoe: ${r.loaded} of ${r.loaded + r.skipped} experts fit the GPU budget; the others upload when routed to, evicting colder ones`);
   }
   const byLayer = weights.layers.map((l) => (l.expertFormat === undefined ? undefined : l.expertFormat === "float" ? float! : backends.get(l.expertFormat)!));

@@ -60,6 +60,8 @@ export interface ModelWeights {
   embed(id: number, out: Float32Array): void;
   /** Expert e of layer l, converted now (the caller caches). */
   expert(layer: number, e: number): ExpertMatrices;
+  /** Drops layer l's expert tensors from process memory (they live on the GPU now; a later read faults them back). */
+  releaseExperts(layer: number): void;
 }
 
 type Naming = {
@@ -145,13 +147,19 @@ class WeightReader {
   }
 }
 
+/** A matrix from a tensor; a converted copy lets the file's pages go (`release`), an in-place float view keeps them. */
 function toLinear(t: TensorView, rows: number, cols: number, quant: WeightQuant, where: string): Linear {
-  if (t.dtype === "Q8_0") return new QuantLinear(fromGgufQ8_0(t.bytes, rows, cols));
-  if (t.dtype === "Q4_0") return new QuantLinear(fromGgufQ4_0(t.bytes, rows, cols));
-  if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${where}: tensor ${t.name} has type ${t.dtype}`);
-  const data = floatElements(t.dtype, t.bytes);
-  if (quant === "none") return new FloatLinear(t.dtype, data, rows, cols);
-  return new QuantLinear(quantizeFloat(t.dtype, data, rows, cols, quant, t.name, where));
+  let m: QuantMatrix;
+  if (t.dtype === "Q8_0") m = fromGgufQ8_0(t.bytes, rows, cols);
+  else if (t.dtype === "Q4_0") m = fromGgufQ4_0(t.bytes, rows, cols);
+  else {
+    if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${where}: tensor ${t.name} has type ${t.dtype}`);
+    const data = floatElements(t.dtype, t.bytes);
+    if (quant === "none") return new FloatLinear(t.dtype, data, rows, cols);
+    m = quantizeFloat(t.dtype, data, rows, cols, quant, t.name, where);
+  }
+  t.release?.();
+  return new QuantLinear(m);
 }
 
 function quantizeFloat(dtype: FloatDType, data: Float32Array | Uint16Array, rows: number, cols: number, format: "q8" | "q4", name: string, where: string): QuantMatrix {
@@ -195,7 +203,7 @@ export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPl
   const r = new WeightReader(file, where);
   const { hidden: D, heads, kvHeads, headDim, vocab, experts: E, expertIntermediate: I } = cfg;
   const layers: LayerWeights[] = [];
-  const expertTensors: ((e: number) => ExpertMatrices)[] = [];
+  const expertTensors: LayerExperts[] = [];
   for (let l = 0; l < cfg.layers; l++) {
     const attention: AttentionWeights = {
       inputNorm: r.vector(names.inputNorm(l), D),
@@ -214,7 +222,7 @@ export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPl
       layer.router = toLinear(router, E, D, "none", where);
       const experts = file.format === "gguf" ? ggufExperts(r, l, E, I, D) : hfExperts(r, l, E, I, D, plan.experts);
       layer.expertFormat = experts.format;
-      expertTensors[l] = experts.get;
+      expertTensors[l] = experts;
     } else {
       const F = cfg.denseIntermediate;
       layer.mlp = {
@@ -236,9 +244,12 @@ export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPl
     lmHead,
     embed: embeddingReader(embedding, D, where),
     expert: (l, e) => {
-      const get = expertTensors[l];
-      if (!get) throw new ModelWeightsError(`${where}: layer ${l} has no experts`);
-      return get(e);
+      const experts = expertTensors[l];
+      if (!experts) throw new ModelWeightsError(`${where}: layer ${l} has no experts`);
+      return experts.get(e);
+    },
+    releaseExperts: (l) => {
+      for (const t of expertTensors[l]?.tensors ?? []) t.release?.();
     },
   };
 }
@@ -277,6 +288,8 @@ function embeddingReader(t: TensorView, D: number, where: string): (id: number, 
 interface LayerExperts {
   format: "float" | QuantFormat;
   get(e: number): ExpertMatrices;
+  /** The file tensors the experts are read from. */
+  tensors: TensorView[];
 }
 
 /** GGUF stacks a layer's experts: ffn_{gate,up}_exps [E, I, D], ffn_down_exps [E, D, I]; expert e is a contiguous slice. */
@@ -301,6 +314,7 @@ function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number
   };
   return {
     format,
+    tensors: all,
     get: (e) => {
       const g = slice(gate, e, I, D), u = slice(up, e, I, D), d = slice(down, e, D, I);
       if (format === "float") {
@@ -314,14 +328,17 @@ function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number
 function hfExperts(r: WeightReader, l: number, E: number, I: number, D: number, quant: WeightQuant): LayerExperts {
   const name = (e: number, m: string) => `model.layers.${l}.mlp.experts.${e}.${m}_proj.weight`;
   // Check every expert's tensors now, so a bad file fails at load and not mid-generation.
+  const tensors: TensorView[] = [];
   for (let e = 0; e < E; e++) {
     for (const [m, rows, cols] of [["gate", I, D], ["up", I, D], ["down", D, I]] as const) {
       const t = r.tensor(name(e, m), [rows, cols]);
       if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${r.where}: tensor ${t.name} is ${t.dtype}; Hugging Face weights must be F32, F16 or BF16`);
+      tensors.push(t);
     }
   }
   return {
     format: quant === "none" ? "float" : quant,
+    tensors,
     get: (e) => {
       const gate = r.tensor(name(e, "gate"), [I, D]), up = r.tensor(name(e, "up"), [I, D]), down = r.tensor(name(e, "down"), [D, I]);
       if (quant === "none") return { kind: "float", gate: toLinear(gate, I, D, "none", r.where), up: toLinear(up, I, D, "none", r.where), down: toLinear(down, D, I, "none", r.where) };

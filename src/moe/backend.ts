@@ -273,11 +273,12 @@ export class MoeBackend implements Disposable {
   /**
    * Uploads every expert (and shared expert) of `layers` while they fit in the budget, never
    * evicting: a model's load, so its first tokens do not wait on uploads. `progress(done, total)`
-   * after each layer. On the CPU path it does nothing. Returns what was loaded and skipped.
+   * after each layer. On the CPU path it does nothing. Returns what was loaded and skipped, and the
+   * layers whose experts are all resident.
    */
-  preload(layers: readonly number[], progress?: (done: number, total: number) => void): { loaded: number; skipped: number; bytes: number } {
+  preload(layers: readonly number[], progress?: (done: number, total: number) => void): { loaded: number; skipped: number; bytes: number; complete: number[] } {
     const g = this.gpu;
-    const sum = { loaded: 0, skipped: 0, bytes: 0 };
+    const sum = { loaded: 0, skipped: 0, bytes: 0, complete: [] as number[] };
     if (!g) return sum;
     const E = this.options.experts;
     const count = E + (this.options.shared ? 1 : 0);
@@ -299,6 +300,7 @@ export class MoeBackend implements Disposable {
       sum.loaded += r.loaded;
       sum.skipped += r.skipped;
       sum.bytes += r.bytes;
+      if (r.skipped === 0) sum.complete.push(layer);
       progress?.(i + 1, layers.length);
     }
     g.pool.flush();

@@ -21,6 +21,8 @@ export interface ExpertRunner extends Disposable {
   forward(layer: number, x: Float32Array, r: Routing, y: Float32Array): void;
   /** Validation-layer messages of the GPU path since the last call (VKMOE_VALIDATION=1). */
   takeValidationMessages(): string[];
+  /** Tests: the next GPU call fails as if the device were lost. */
+  simulateDeviceLoss(): void;
 }
 
 export interface ExpertRunnerOptions {
@@ -103,19 +105,23 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
     if (r.skipped > 0) log(`vkmoe: ${r.loaded} of ${r.loaded + r.skipped} experts fit the GPU budget; the others upload when routed to, evicting colder ones`);
   }
   const byLayer = weights.layers.map((l) => (l.expertFormat === undefined ? undefined : l.expertFormat === "float" ? float! : backends.get(l.expertFormat)!));
-  const parts = [...backends.values()].map((b) => b.why);
-  if (float) {
-    parts.push("float experts on the CPU (the GPU's MoE kernels take q4/q8 weights)");
-    log("vkmoe: float experts (--quant none or a float GGUF) run on the CPU; the GPU's MoE kernels take q4/q8 weights");
-  }
-  const mode = backends.size > 0 && !float && [...backends.values()].every((b) => b.mode === "gpu") ? "gpu" : "cpu";
+  if (float) log("vkmoe: float experts (--quant none or a float GGUF) run on the CPU; the GPU's MoE kernels take q4/q8 weights");
+  const all = [...backends.values()];
   return {
-    mode,
-    why: parts.join("; ") || "no MoE layers",
+    // Read each time: a lost device moves a backend to the CPU mid-generation.
+    get mode() {
+      return all.length > 0 && !float && all.every((b) => b.mode === "gpu") ? "gpu" : "cpu";
+    },
+    get why() {
+      const parts = all.map((b) => b.why);
+      if (float) parts.push("float experts on the CPU (the GPU's MoE kernels take q4/q8 weights)");
+      return parts.join("; ") || "no MoE layers";
+    },
     forward: (layer, x, r, y) => byLayer[layer]!.forward(layer, x, r, y),
-    takeValidationMessages: () => [...backends.values()].flatMap((b) => b.takeValidationMessages()),
+    takeValidationMessages: () => all.flatMap((b) => b.takeValidationMessages()),
+    simulateDeviceLoss: () => all.forEach((b) => b.injectDeviceLost()),
     [Symbol.dispose]: () => {
-      for (const b of backends.values()) b[Symbol.dispose]();
+      for (const b of all) b[Symbol.dispose]();
     },
   };
 }

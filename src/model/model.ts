@@ -111,6 +111,11 @@ export class Model implements Disposable {
     return this.experts.takeValidationMessages();
   }
 
+  /** Tests: the next GPU call of the experts fails as if the device were lost (they continue on the CPU). */
+  simulateDeviceLoss(): void {
+    this.experts.simulateDeviceLoss();
+  }
+
   session(options: SessionOptions = {}): Session {
     this.checkLive();
     return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options);

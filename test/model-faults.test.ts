@@ -1,0 +1,65 @@
+/**
+ * What can fail on a user's machine while a model runs: the device lost mid-generation (the experts
+ * continue on the CPU path, with one line, and the greedy ids stay the reference's), and a GPU
+ * budget too small for the experts (they upload when routed to, evicting colder ones; same answer).
+ * Lavapipe, validation layer on.
+ */
+import { expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { readConfig } from "../src/config.ts";
+import { generate } from "../src/engine/generate.ts";
+import { Model } from "../src/model/model.ts";
+import { fixture } from "./support/fixtures.ts";
+
+const FILE = "qwen3-moe-tiny.Q8_0.gguf";
+
+function referencePrompt(): { input_ids: number[]; greedy_new_ids: number[]; greedy_top1_margin: number[] } | undefined {
+  const path = fixture(FILE.replace(/\.gguf$/, ".reference.json"));
+  return path ? JSON.parse(readFileSync(path, "utf8")).prompts[0] : undefined;
+}
+
+const env = { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" as const };
+
+test("device lost at the 10th generated token: generation completes on the CPU with the reference's greedy ids, one line says why", async () => {
+  const p = referencePrompt();
+  const path = fixture(FILE);
+  if (!p || !path) return;
+  const lines: string[] = [];
+  using model = await Model.load(path, { env, log: (l) => lines.push(l) });
+  expect(model.device.mode).toBe("gpu");
+  const session = model.session({ ctx: 128 });
+  const run = generate(model, session, p.input_ids, { maxTokens: 24, sampling: { temperature: 0 }, stopAtEos: false });
+  let deltas = 0;
+  for (let r = run.next(); ; r = run.next()) {
+    if (r.done) {
+      expect(r.value.ids).toEqual(p.greedy_new_ids); // no margin of this prompt is below 0.01
+      break;
+    }
+    if (++deltas === 10) model.simulateDeviceLoss();
+  }
+  expect(model.device.mode).toBe("cpu");
+  const lost = lines.filter((l) => /device lost/.test(l));
+  expect(lost.length).toBe(1);
+  expect(model.takeValidationMessages()).toEqual([]);
+}, 120_000);
+
+test("a GPU budget that holds a few experts: they upload as routed, evicting colder ones, with the same logits", async () => {
+  const p = referencePrompt();
+  const path = fixture(FILE);
+  if (!p || !path) return;
+  const lines: string[] = [];
+  // 0.1 MB holds 7 of the 48 experts (13.3 kB each).
+  using small = await Model.load(path, { env, budgetMB: 0.1, log: (l) => lines.push(l) });
+  using full = await Model.load(path, { env: { ...env, VKMOE_GPU: false }, log: () => {} });
+  expect(small.device.mode).toBe("gpu");
+  expect(lines.some((l) => /of 48 experts fit the GPU budget/.test(l))).toBe(true);
+  const a = small.session({ ctx: 64 }).prefill(p.input_ids).slice();
+  const b = full.session({ ctx: 64 }).prefill(p.input_ids);
+  let num = 0, den = 0;
+  for (let i = 0; i < b.length; i++) {
+    num += (a[i]! - b[i]!) ** 2;
+    den += b[i]! ** 2;
+  }
+  expect(num / den).toBeLessThan(1e-8);
+  expect(small.takeValidationMessages()).toEqual([]);
+}, 120_000);

@@ -9,7 +9,7 @@ import type { Routing } from "../moe/routing.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import type { ExpertRunner } from "./experts.ts";
 import type { KvCache } from "./kv-cache.ts";
-import { applyRope, rmsNorm, routeTopK, ropeInverseFrequencies, silu } from "./ops.ts";
+import { applyRope, attendCpu, rmsNorm, routeTopK, ropeInverseFrequencies, silu } from "./ops.ts";
 import type { ModelWeights } from "./weights.ts";
 
 export const MAX_CHUNK = 64;
@@ -75,34 +75,7 @@ export class Decoder {
       values.set(v.subarray(t * row, (t + 1) * row), (p0 + t) * row);
     }
     const out = s.attn.subarray(0, S * H * hd);
-    out.fill(0);
-    const scale = 1 / Math.sqrt(hd);
-    const group = H / KV;
-    const scores = s.scores;
-    for (let t = 0; t < S; t++) {
-      const n = p0 + t + 1; // causal: positions 0..p0+t
-      for (let hh = 0; hh < H; hh++) {
-        const qo = (t * H + hh) * hd, ko = Math.floor(hh / group) * hd;
-        let max = -Infinity;
-        for (let p = 0; p < n; p++) {
-          let dot = 0;
-          const kb = p * row + ko;
-          for (let i = 0; i < hd; i++) dot += q[qo + i]! * keys[kb + i]!;
-          scores[p] = dot * scale;
-          if (scores[p]! > max) max = scores[p]!;
-        }
-        let sum = 0;
-        for (let p = 0; p < n; p++) {
-          scores[p] = Math.exp(scores[p]! - max);
-          sum += scores[p]!;
-        }
-        for (let p = 0; p < n; p++) {
-          const wgt = scores[p]! / sum;
-          const vb = p * row + ko;
-          for (let i = 0; i < hd; i++) out[qo + i] = out[qo + i]! + wgt * values[vb + i]!;
-        }
-      }
-    }
+    attendCpu(q, keys, values, S, p0, H, KV, hd, out, s.scores, s.acc);
     const o = s.o.subarray(0, S * D);
     a.o.apply(out, S, o);
     for (let i = 0; i < S * D; i++) h[i] = h[i]! + o[i]!;
@@ -148,6 +121,7 @@ function scratch(cfg: Qwen3MoeConfig) {
     attn: new Float32Array(S * qd),
     o: new Float32Array(S * D),
     scores: new Float64Array(cfg.maxPositions + MAX_CHUNK),
+    acc: new Float64Array(cfg.headDim),
     router: new Float32Array(S * Math.max(cfg.experts, 1)),
     probs: new Float64Array(Math.max(cfg.experts, 1)),
     ids: new Int32Array(S * Math.max(cfg.topK, 1)),

@@ -72,3 +72,46 @@ export function routeTopK(logits: Float32Array, E: number, k: number, normalize:
   }
   if (normalize) for (let j = 0; j < k; j++) weights[at + j] = weights[at + j]! / total;
 }
+
+/**
+ * Causal attention of one layer over an f32 KV cache, as the decoder's CPU path computes it: token
+ * t (of S, at position p0 + t) attends to positions 0..p0+t; query head h reads KV head
+ * floor(h / (heads / kvHeads)) (GQA); scores scaled by 1/sqrt(headDim), softmax, weighted sum of
+ * values, every sum in f64 (the weighted value sum too, rounded to f32 once at the end).
+ * q: [S][heads][headDim]; keys, values: [positions][kvHeads][headDim] from position 0;
+ * out: [S][heads][headDim]. `scores` is scratch of at least p0 + S entries.
+ */
+export function attendCpu(
+  q: Float32Array, keys: Float32Array, values: Float32Array, S: number, p0: number,
+  heads: number, kvHeads: number, headDim: number, out: Float32Array,
+  scores: Float64Array = new Float64Array(p0 + S), acc: Float64Array = new Float64Array(headDim),
+): void {
+  const hd = headDim, row = kvHeads * hd, group = heads / kvHeads;
+  const scale = 1 / Math.sqrt(hd);
+  for (let t = 0; t < S; t++) {
+    const n = p0 + t + 1; // causal: positions 0..p0+t
+    for (let hh = 0; hh < heads; hh++) {
+      const qo = (t * heads + hh) * hd, ko = Math.floor(hh / group) * hd;
+      let max = -Infinity;
+      for (let p = 0; p < n; p++) {
+        let dot = 0;
+        const kb = p * row + ko;
+        for (let i = 0; i < hd; i++) dot += q[qo + i]! * keys[kb + i]!;
+        scores[p] = dot * scale;
+        if (scores[p]! > max) max = scores[p]!;
+      }
+      let sum = 0;
+      for (let p = 0; p < n; p++) {
+        scores[p] = Math.exp(scores[p]! - max);
+        sum += scores[p]!;
+      }
+      acc.fill(0, 0, hd);
+      for (let p = 0; p < n; p++) {
+        const wgt = scores[p]! / sum;
+        const vb = p * row + ko;
+        for (let i = 0; i < hd; i++) acc[i] = acc[i]! + wgt * values[vb + i]!;
+      }
+      for (let i = 0; i < hd; i++) out[qo + i] = acc[i]!;
+    }
+  }
+}

@@ -1,0 +1,124 @@
+#version 450
+// dec_attention: decode attention over an f16 KV cache, split over the sequence (flash-decoding),
+// pass 1 of 2.  One workgroup per (chunk c, KV head kh, token group z) serves every query row that
+// reads kh: the G = heads / kvHeads query heads of each of its tokens (rows r = tl * G + g: token
+// t0 + tl, head kh * G + g), so each K and V row of the chunk is read from memory once for all of
+// them.  Token t sees positions 0 .. n + t - 1 (causal).  Writes, per (token, head, chunk), the
+// partial record [HEAD_DIM floats: sum_j exp(s_j - m) v_j][m][l = sum_j exp(s_j - m)][2 pad]; the
+// combine pass (dec_attention_combine) merges the chunks with the log-sum-exp rule.
+//
+// K and V: [ctx][kvHeads][HEAD_DIM] halves (IEEE binary16, two per uint, the lower half first),
+// read as uint/uvec4 and unpacked with unpackHalf2x16: no 16-bit storage feature needed.
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 64, local_size_x_id = 0) in;
+layout(constant_id = 1) const uint HEAD_DIM = 128u;   // 64, 128 or 256 (a multiple of 8)
+layout(constant_id = 2) const uint CHUNK = 64u;       // positions per workgroup
+layout(constant_id = 3) const uint MAX_ROWS = 8u;     // >= G * tokensPerGroup
+
+const uint WG = gl_WorkGroupSize.x;
+const uint HD4 = HEAD_DIM / 4u;
+const uint HD8 = HEAD_DIM / 8u;
+const uint HD2 = HEAD_DIM / 2u;
+const uint REC = HEAD_DIM + 4u;
+
+layout(set = 0, binding = 0) readonly buffer Q { vec4 q4[]; };
+layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
+layout(set = 0, binding = 2) readonly buffer V { uint v2[]; };
+layout(set = 0, binding = 3) writeonly buffer P { float part[]; };
+
+layout(push_constant) uniform Params {
+  uint n;              // positions seen by token 0 (token t sees n + t)
+  uint S;              // query tokens
+  uint heads;
+  uint kvHeads;
+  uint kOffset;        // this layer's keys, in uvec4 (8 halves)
+  uint vOffset;        // this layer's values, in uints (2 halves)
+  uint qOffset;        // q, in vec4 (4 floats)
+  uint numChunks;      // partial records per (token, head): the grid's x
+  uint tokensPerGroup; // tokens per workgroup (z splits S)
+  float scale;         // 1 / sqrt(HEAD_DIM)
+} p;
+
+shared vec4 qs[MAX_ROWS * HD4];
+shared float sc[MAX_ROWS * CHUNK];
+
+void main() {
+  const uint tid = gl_LocalInvocationIndex;
+  const uint c = gl_WorkGroupID.x, kh = gl_WorkGroupID.y;
+  const uint G = p.heads / p.kvHeads;
+  const uint t0 = gl_WorkGroupID.z * p.tokensPerGroup;
+  const uint T = min(p.tokensPerGroup, p.S - t0);
+  const uint R = G * T;
+  const uint start = c * CHUNK;
+  // positions of this chunk seen by the group's last token; none: a surplus workgroup
+  const uint seen = p.n + t0 + T - 1u;
+  if (start >= seen) return;
+  const uint len = min(CHUNK, seen - start);
+
+  for (uint i = tid; i < R * HD4; i += WG) {
+    const uint r = i / HD4, d = i % HD4;
+    const uint t = t0 + r / G, h = kh * G + r % G;
+    qs[i] = q4[p.qOffset + (t * p.heads + h) * HD4 + d];
+  }
+  barrier();
+
+  // scores: one thread per position, all rows at once (each K row loaded once)
+  for (uint j = tid; j < len; j += WG) {
+    const uint base = p.kOffset + ((start + j) * p.kvHeads + kh) * HD8;
+    float acc[MAX_ROWS];
+    [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) acc[r] = 0.0;
+    for (uint i = 0u; i < HD8; i++) {
+      const uvec4 w = k8[base + i];
+      const vec4 lo = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+      const vec4 hi = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
+      [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+        if (r < R) acc[r] += dot(qs[r * HD4 + 2u * i], lo) + dot(qs[r * HD4 + 2u * i + 1u], hi);
+      }
+    }
+    [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+      if (r < R) sc[r * CHUNK + j] = acc[r] * p.scale;
+    }
+  }
+  barrier();
+
+  // per row: max over its causal positions, exp, sum (masked positions weigh 0)
+  if (tid < R) {
+    const uint r = tid;
+    const uint t = t0 + r / G, h = kh * G + r % G;
+    // positions token t sees in this chunk: >= 1 for every chunk the combine reads of it; 0 past its context
+    const uint cnt = p.n + t > start ? min(len, p.n + t - start) : 0u;
+    float m = -3.0e38;
+    for (uint j = 0u; j < cnt; j++) m = max(m, sc[r * CHUNK + j]);
+    float l = 0.0;
+    for (uint j = 0u; j < len; j++) {
+      const float e = j < cnt ? exp(sc[r * CHUNK + j] - m) : 0.0;
+      sc[r * CHUNK + j] = e;
+      l += e;
+    }
+    const uint rec = ((t * p.heads + h) * p.numChunks + c) * REC;
+    part[rec + HEAD_DIM] = m;
+    part[rec + HEAD_DIM + 1u] = l;
+  }
+  barrier();
+
+  // weighted values: one thread per pair of dimensions, all rows at once (each V row loaded once)
+  for (uint u = tid; u < HD2; u += WG) {
+    vec2 acc[MAX_ROWS];
+    [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) acc[r] = vec2(0.0);
+    for (uint j = 0u; j < len; j++) {
+      const vec2 v = unpackHalf2x16(v2[p.vOffset + ((start + j) * p.kvHeads + kh) * HD2 + u]);
+      [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+        if (r < R) acc[r] += sc[r * CHUNK + j] * v;
+      }
+    }
+    [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+      if (r < R) {
+        const uint t = t0 + r / G, h = kh * G + r % G;
+        const uint rec = ((t * p.heads + h) * p.numChunks + c) * REC;
+        part[rec + 2u * u] = acc[r].x;
+        part[rec + 2u * u + 1u] = acc[r].y;
+      }
+    }
+  }
+}

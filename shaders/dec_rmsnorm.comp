@@ -1,0 +1,79 @@
+#version 450
+// dec_rmsnorm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for R rows of n, one workgroup per row
+// (also per head for the q/k norms: rows = tokens * heads, n = headDim). With ADD (flags bit 0),
+// x[r] += add[r] first (the residual), written back to x, and y is the norm of the sum: one pass
+// instead of two dispatches. As src/model/ops.ts rmsNorm: the normalised value x * inv is rounded
+// to f32 before w multiplies it (precise: no contraction). y may alias x (in place): every
+// element is read and written by the same invocation.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+layout(local_size_x = 256, local_size_x_id = 0) in;
+layout(constant_id = 2) const bool USE_SUBGROUP = true;
+
+layout(set = 0, binding = 0) buffer X { float x[]; };
+layout(set = 0, binding = 1) readonly buffer Add { float add[]; };
+layout(set = 0, binding = 2) readonly buffer W { float w[]; };
+layout(set = 0, binding = 3) buffer Y { float y[]; };
+
+layout(push_constant) uniform Params {
+    uint R;          // rows
+    uint n;          // row length
+    uint xOffset;    // floats
+    uint xStride;    // floats between rows of x (and of add)
+    uint addOffset;  // floats
+    uint wOffset;    // floats
+    uint yOffset;    // floats
+    uint yStride;    // floats between rows of y
+    float eps;
+    uint flags;      // bit 0: add the residual first
+} pc;
+
+const uint WG = gl_WorkGroupSize.x;
+shared float partial[WG];
+
+float workgroupSum(float v) {
+    if (USE_SUBGROUP) {
+        v = subgroupAdd(v);
+        if (subgroupElect()) partial[gl_SubgroupID] = v;
+        barrier();
+        const uint nsg = gl_NumSubgroups;
+        for (uint s = WG / 2u; s > 0u; s >>= 1u) {
+            if (gl_LocalInvocationIndex < s && gl_LocalInvocationIndex + s < nsg) partial[gl_LocalInvocationIndex] += partial[gl_LocalInvocationIndex + s];
+            barrier();
+        }
+    } else {
+        partial[gl_LocalInvocationIndex] = v;
+        barrier();
+        for (uint s = WG / 2u; s > 0u; s >>= 1u) {
+            if (gl_LocalInvocationIndex < s) partial[gl_LocalInvocationIndex] += partial[gl_LocalInvocationIndex + s];
+            barrier();
+        }
+    }
+    return partial[0];
+}
+
+void main() {
+    const uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (r >= pc.R) return;  // uniform per workgroup
+    const uint xo = pc.xOffset + r * pc.xStride;
+    const uint yo = pc.yOffset + r * pc.yStride;
+    const bool residual = (pc.flags & 1u) != 0u;
+    const uint ao = pc.addOffset + r * pc.xStride;
+    float ss = 0.0;
+    for (uint i = gl_LocalInvocationIndex; i < pc.n; i += WG) {
+        precise float v = x[xo + i];
+        if (residual) {
+            v = v + add[ao + i];
+            x[xo + i] = v;
+        }
+        ss += v * v;
+    }
+    const float total = workgroupSum(ss);
+    const float inv = 1.0 / sqrt(total / float(pc.n) + pc.eps);
+    for (uint i = gl_LocalInvocationIndex; i < pc.n; i += WG) {
+        precise float t = x[xo + i] * inv;
+        precise float o = w[pc.wOffset + i] * t;
+        y[yo + i] = o;
+    }
+}

@@ -1,0 +1,211 @@
+/**
+ * Host side of the decode attention kernel (shaders/dec_attention.comp + dec_attention_combine.comp):
+ * S = 1..4 query tokens at the end of a context, over an f16 KV cache, split over the sequence
+ * (flash-decoding). Pass 1 runs one workgroup per (chunk of `chunk` positions, KV head, token
+ * group) for all the query heads of that KV head (each K/V row of the chunk read once for all of
+ * them) and writes per-(token, head, chunk) partials (max, sum of exp, weighted value sum); pass 2
+ * merges them with the log-sum-exp rule into out [S][heads][headDim] f32.
+ *
+ * The combine is a second dispatch (not a last-workgroup-with-atomic-counter tail): it needs no
+ * counter to zero between calls, no coherent/volatile reads of other workgroups' partials and no
+ * memory-model fences, is deterministic, and costs one barrier plus a dispatch of S x heads small
+ * workgroups.
+ *
+ * Layouts: q [S][heads][headDim] f32 (qOffset floats, a multiple of 4); keys and values
+ * [ctx][kvHeads][headDim] IEEE halves per layer, one buffer each, the layer's first element at
+ * `cacheOffset` halves (a multiple of 8; `layerOffset()`); out [S][heads][headDim] f32 at
+ * outOffset floats. Partials: record (token t, head h, chunk c) at ((t*heads + h)*numChunks + c)
+ * * (headDim + 4) floats: headDim weighted-value floats, m, l, 2 pad.
+ */
+import { InvalidArgumentError } from "../../errors.ts";
+import type { CommandBuffer } from "../../vk/commands.ts";
+import { DescriptorPool } from "../../vk/descriptors.ts";
+import type { Device } from "../../vk/device.ts";
+import type { Buffer } from "../../vk/memory.ts";
+import { ComputePipeline } from "../../vk/pipeline.ts";
+import { shaderFile } from "../shaders.ts";
+
+/** Pass 1: q, keys, values, partials; push n, S, heads, kvHeads, kOffset (uvec4), vOffset (uint), qOffset (vec4), numChunks, tokensPerGroup, scale (f32). */
+export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 4, pushConstantBytes: 40 } as const;
+/** Pass 2: partials, out; push n, S, heads, numChunks, outOffset (floats). */
+export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 2, pushConstantBytes: 20 } as const;
+
+export const MAX_ATTENTION_TOKENS = 4;
+export const ATTENTION_HEAD_DIMS = [64, 128, 256] as const;
+export const ATTENTION_GQA = [1, 2, 4, 8] as const;
+
+export interface DecoderAttentionOptions {
+  heads: number;
+  kvHeads: number;
+  /** 64, 128 or 256. */
+  headDim: number;
+  /** Positions per pass-1 workgroup (default 64). */
+  chunk?: number;
+  /** Threads per workgroup of both passes (default 64). */
+  workgroupSize?: number;
+  /** Descriptor-set pairs `bind` may allocate (default 8). */
+  maxBindings?: number;
+}
+
+/** The buffers of one binding; see the module comment for layouts. */
+export interface AttentionBuffers {
+  q: Buffer;
+  keys: Buffer;
+  values: Buffer;
+  /** At least `partialBytes(maxPositions, S)` bytes. */
+  partials: Buffer;
+  out: Buffer;
+}
+
+/** Descriptor sets of both passes for one set of buffers (from `bind`). */
+export interface AttentionBinding {
+  readonly split: bigint;
+  readonly combine: bigint;
+  readonly partials: Buffer;
+}
+
+export interface AttentionCall {
+  /** Positions seen by the first query token (its own included): token t sees n + t. */
+  n: number;
+  /** Query tokens, 1..4. */
+  S: number;
+  /** The layer's first key/value element, in halves (a multiple of 8); default 0. */
+  cacheOffset?: number;
+  /** Floats; a multiple of 4; default 0. */
+  qOffset?: number;
+  /** Floats; default 0. */
+  outOffset?: number;
+  /**
+   * Size the grid (and the partials stride) for this many positions instead of n + S - 1: surplus
+   * workgroups exit at once. Default n + S - 1.
+   */
+  maxPositions?: number;
+}
+
+export class DecoderAttention implements Disposable {
+  readonly device: Device;
+  readonly heads: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly group: number;
+  readonly chunk: number;
+  readonly workgroupSize: number;
+  private readonly splitPipelines = new Map<number, ComputePipeline>();
+  private readonly combinePipeline: ComputePipeline;
+  private readonly pool: DescriptorPool;
+  private readonly pc = new DataView(new ArrayBuffer(40));
+
+  constructor(device: Device, options: DecoderAttentionOptions) {
+    const { heads, kvHeads, headDim } = options;
+    const chunk = options.chunk ?? 64, wg = options.workgroupSize ?? 64, maxBindings = options.maxBindings ?? 8;
+    if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(headDim)) throw new InvalidArgumentError(`headDim must be 64, 128 or 256, got ${headDim}`);
+    if (!Number.isInteger(kvHeads) || kvHeads < 1 || !Number.isInteger(heads) || heads % kvHeads !== 0) {
+      throw new InvalidArgumentError(`heads (${heads}) must be a positive multiple of kvHeads (${kvHeads})`);
+    }
+    const group = heads / kvHeads;
+    if (!(ATTENTION_GQA as readonly number[]).includes(group)) throw new InvalidArgumentError(`heads / kvHeads must be 1, 2, 4 or 8, got ${group}`);
+    if (!Number.isInteger(chunk) || chunk < 1 || chunk > 1024) throw new InvalidArgumentError(`chunk must be an integer in 1..1024, got ${chunk}`);
+    if (!Number.isInteger(wg) || wg < MAX_ATTENTION_TOKENS * group || wg > device.info.limits.maxComputeWorkGroupInvocations) {
+      throw new InvalidArgumentError(`workgroupSize ${wg} must be at least ${MAX_ATTENTION_TOKENS * group} (heads per KV head x 4 tokens) and at most maxComputeWorkGroupInvocations`);
+    }
+    if (this.sharedBytes(group, headDim, chunk) > device.info.limits.maxComputeSharedMemorySize) {
+      throw new InvalidArgumentError(`chunk ${chunk} needs ${this.sharedBytes(group, headDim, chunk)} B of shared memory for one token (limit ${device.info.limits.maxComputeSharedMemorySize})`);
+    }
+    this.device = device;
+    this.heads = heads;
+    this.kvHeads = kvHeads;
+    this.headDim = headDim;
+    this.group = group;
+    this.chunk = chunk;
+    this.workgroupSize = wg;
+    this.combinePipeline = new ComputePipeline(device, {
+      spirv: shaderFile(DEC_ATTENTION_COMBINE.name), storageBuffers: DEC_ATTENTION_COMBINE.storageBuffers,
+      pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim, 2: chunk },
+    });
+    this.pool = new DescriptorPool(device, 2 * maxBindings, 6 * maxBindings);
+  }
+
+  private sharedBytes(rows: number, headDim = this.headDim, chunk = this.chunk): number {
+    return 4 * rows * (headDim + chunk);
+  }
+
+  /** Tokens one pass-1 workgroup serves for S tokens: as many as fit its shared memory. */
+  tokensPerGroup(S: number): number {
+    let T = S;
+    while (T > 1 && this.sharedBytes(this.group * T) > this.device.info.limits.maxComputeSharedMemorySize) T--;
+    return T;
+  }
+
+  /** Pass-1 workgroups along x (and partial records per row) for a context of `positions`. */
+  chunks(positions: number): number {
+    return Math.ceil(positions / this.chunk);
+  }
+
+  /** Bytes of partials scratch for S tokens when the last token sees `maxPositions` positions. */
+  partialBytes(maxPositions: number, S: number = MAX_ATTENTION_TOKENS): number {
+    return 4 * S * this.heads * this.chunks(maxPositions) * (this.headDim + 4);
+  }
+
+  /** The first key/value element of `layer` in a cache of `ctx` positions per layer (halves). */
+  layerOffset(layer: number, ctx: number): number {
+    return layer * ctx * this.kvHeads * this.headDim;
+  }
+
+  private splitPipeline(rows: number): ComputePipeline {
+    let p = this.splitPipelines.get(rows);
+    if (!p) {
+      p = new ComputePipeline(this.device, {
+        spirv: shaderFile(DEC_ATTENTION.name), storageBuffers: DEC_ATTENTION.storageBuffers, pushConstantBytes: DEC_ATTENTION.pushConstantBytes,
+        specialization: { 0: this.workgroupSize, 1: this.headDim, 2: this.chunk, 3: rows },
+      });
+      this.splitPipelines.set(rows, p);
+    }
+    return p;
+  }
+
+  /** Descriptor sets for these buffers (written once; reuse the binding for every call on them). */
+  bind(b: AttentionBuffers): AttentionBinding {
+    // every split pipeline shares one set layout (4 storage buffers), so any of them allocates it
+    const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }]);
+    const combine = this.pool.allocate(this.combinePipeline, [{ buffer: b.partials }, { buffer: b.out }]);
+    return { split, combine, partials: b.partials };
+  }
+
+  /**
+   * Records both passes and the barrier between them into `cb`. The caller orders q / cache
+   * writes before (a compute or transfer barrier) and reads of out after.
+   */
+  record(cb: CommandBuffer, binding: AttentionBinding, call: AttentionCall): void {
+    const { n, S } = call;
+    const cacheOffset = call.cacheOffset ?? 0, qOffset = call.qOffset ?? 0, outOffset = call.outOffset ?? 0;
+    if (!Number.isInteger(S) || S < 1 || S > MAX_ATTENTION_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${MAX_ATTENTION_TOKENS}, got ${S}`);
+    if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`n must be a positive integer, got ${n}`);
+    const positions = call.maxPositions ?? n + S - 1;
+    if (!Number.isInteger(positions) || positions < n + S - 1) throw new InvalidArgumentError(`maxPositions ${positions} is below n + S - 1 = ${n + S - 1}`);
+    if (!Number.isInteger(cacheOffset) || cacheOffset < 0 || cacheOffset % 8 !== 0) throw new InvalidArgumentError(`cacheOffset must be a non-negative multiple of 8 halves, got ${cacheOffset}`);
+    if (!Number.isInteger(qOffset) || qOffset < 0 || qOffset % 4 !== 0) throw new InvalidArgumentError(`qOffset must be a non-negative multiple of 4 floats, got ${qOffset}`);
+    if (!Number.isInteger(outOffset) || outOffset < 0) throw new InvalidArgumentError(`outOffset must be a non-negative integer, got ${outOffset}`);
+    const numChunks = this.chunks(positions);
+    const need = this.partialBytes(positions, S);
+    if (BigInt(need) > binding.partials.size) throw new InvalidArgumentError(`partials scratch of ${binding.partials.size} B, ${need} B needed`);
+    const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
+    if (numChunks > maxX) throw new InvalidArgumentError(`${numChunks} chunks exceed maxComputeWorkGroupCount[0] (${maxX}): use a larger chunk`);
+    const T = this.tokensPerGroup(S);
+    const split = this.splitPipeline(this.group * T);
+    const pc = this.pc;
+    const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
+    words.forEach((w, i) => pc.setUint32(4 * i, w, true));
+    pc.setFloat32(36, 1 / Math.sqrt(this.headDim), true);
+    cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, 40)).dispatch(numChunks, this.kvHeads, Math.ceil(S / T));
+    cb.barrier("computeToCompute");
+    [n, S, this.heads, numChunks, outOffset].forEach((w, i) => pc.setUint32(4 * i, w, true));
+    cb.bind(this.combinePipeline, binding.combine).pushConstants(this.combinePipeline, new Uint8Array(pc.buffer, 0, 20)).dispatch(this.heads, S);
+  }
+
+  [Symbol.dispose](): void {
+    this.pool[Symbol.dispose]();
+    for (const p of this.splitPipelines.values()) p[Symbol.dispose]();
+    this.splitPipelines.clear();
+    this.combinePipeline[Symbol.dispose]();
+  }
+}

@@ -1,0 +1,7 @@
+/** GPU kernels of the decoder's dense ops (shaders/dec_*.comp); see shaders/README.md for their interfaces. */
+export { DecoderKernel, pushWords, submitAndWait, type DecoderKernelOptions } from "./common.ts";
+export { DEC_RMSNORM, RMSNORM_MAX_N, RmsNormKernel, type RmsNormArgs, type RmsNormKernelOptions } from "./rmsnorm.ts";
+export { DEC_ROPE_KV, ROPE_MAX_POSITION, RopeKvKernel, type RopeKvArgs, type RopeKvKernelOptions } from "./rope-kv.ts";
+export { ARGMAX_NONE, DEC_ARGMAX, ArgmaxKernel, type ArgmaxArgs, type ArgmaxKernelOptions } from "./argmax.ts";
+export { DEC_TOPK, TOPK_MAX, TopKKernel, type TopKArgs, type TopKKernelOptions } from "./topk.ts";
+export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions } from "./attention.ts";

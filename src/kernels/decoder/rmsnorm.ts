@@ -1,0 +1,69 @@
+/** RMSNorm of rows on the GPU (shaders/dec_rmsnorm.comp), optionally with the residual add fused in. */
+import { InvalidArgumentError } from "../../errors.ts";
+import type { CommandBuffer } from "../../vk/commands.ts";
+import type { Device } from "../../vk/device.ts";
+import type { Buffer } from "../../vk/memory.ts";
+import type { ShaderInterface } from "../shaders.ts";
+import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+
+/** x rw, add r, w r, y w; push R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, eps (f32), flags: 40 B. */
+export const DEC_RMSNORM: ShaderInterface = { name: "dec_rmsnorm", storageBuffers: 4, pushConstantBytes: 40 };
+export const RMSNORM_MAX_N = 8192;
+
+export interface RmsNormArgs {
+  /** Input rows (updated in place to x + add when `add` is given). */
+  x: Buffer;
+  /** Weights of n floats at wOffset. */
+  w: Buffer;
+  /** Output rows; may be x (in place). */
+  y: Buffer;
+  /** Residual: x[r] += add[r] first (same row stride as x). */
+  add?: Buffer;
+  rows: number;
+  n: number;
+  eps: number;
+  /** Element offsets and row strides (default: 0 and n). */
+  xOffset?: number;
+  xStride?: number;
+  addOffset?: number;
+  wOffset?: number;
+  yOffset?: number;
+  yStride?: number;
+}
+
+export interface RmsNormKernelOptions extends DecoderKernelOptions {
+  /** Threads per workgroup (one row each): a power of two, default 256. */
+  workgroupSize?: number;
+  /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
+  useSubgroup?: boolean;
+}
+
+export class RmsNormKernel extends DecoderKernel {
+  readonly workgroupSize: number;
+
+  constructor(device: Device, options: RmsNormKernelOptions = {}) {
+    const wg = options.workgroupSize ?? 256;
+    if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
+    const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
+    super(device, DEC_RMSNORM, { 0: wg, 2: sub ? 1 : 0 }, options);
+    this.workgroupSize = wg;
+  }
+
+  /** Records one dispatch (one workgroup per row). The caller places barriers around it. */
+  record(cb: CommandBuffer, a: RmsNormArgs): CommandBuffer {
+    const { rows: R, n } = a;
+    if (!Number.isInteger(R) || R < 1) throw new InvalidArgumentError(`rows must be a positive integer, got ${R}`);
+    if (!Number.isInteger(n) || n < 1 || n > RMSNORM_MAX_N) throw new InvalidArgumentError(`n must be an integer in 1..${RMSNORM_MAX_N}, got ${n}`);
+    if (!(a.eps >= 0 && Number.isFinite(a.eps))) throw new InvalidArgumentError(`eps must be finite and >= 0, got ${a.eps}`);
+    const xOffset = a.xOffset ?? 0, xStride = a.xStride ?? n, addOffset = a.addOffset ?? 0;
+    const wOffset = a.wOffset ?? 0, yOffset = a.yOffset ?? 0, yStride = a.yStride ?? n;
+    checkRange("rmsnorm x", a.x, xOffset, (R - 1) * xStride + n);
+    if (a.add) checkRange("rmsnorm add", a.add, addOffset, (R - 1) * xStride + n);
+    checkRange("rmsnorm w", a.w, wOffset, n);
+    checkRange("rmsnorm y", a.y, yOffset, (R - 1) * yStride + n);
+    const set = this.setFor([a.x, a.add ?? a.x, a.w, a.y]);
+    const [gx, gy] = this.grid(R);
+    const pc = pushWords([R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, a.eps, a.add ? 1 : 0], [8]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}

@@ -1,0 +1,200 @@
+/**
+ * dec_attention (split over the sequence + log-sum-exp combine) on the real driver against
+ * attendCpu (f64) over the same f16-rounded keys and values: head_dim 64/128/256 x GQA 1/2/4/8 x
+ * n in {1, 7, 3*C+5} x S in {1, 3}, plus long contexts (4096), S = 4, a chunk size other than 64,
+ * a layer offset into a two-layer cache and a q/out offset. Output buffers carry sentinel words.
+ *
+ * Bound: NMSE <= 1e-10 per case. Both sides use the same f16 keys/values; the GPU's errors are f32
+ * rounding of the dot products (head_dim terms, relative ~1e-7 on scores of magnitude <= ~10), of
+ * exp, and of per-chunk f32 sums of at most C terms plus a combine over <= 64 chunks; each is a
+ * relative error of order 1e-6 at worst, so squared errors of order 1e-12 and below.
+ */
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { DecoderAttention } from "../src/kernels/decoder/attention.ts";
+import { attendCpu } from "../src/model/ops.ts";
+import { f16BitsToF32, f32ToF16Bits } from "../src/quant/half.ts";
+import { nmse, randomGaussianF32 } from "../src/quant/index.ts";
+import { CommandPool } from "../src/vk/commands.ts";
+import { Buffer } from "../src/vk/memory.ts";
+import { Fence, Submission } from "../src/vk/sync.ts";
+import { uploadBytes } from "../src/vk/transfer.ts";
+import { finish, openTestContext } from "./support/gpu.ts";
+
+const ctx = openTestContext();
+const device = ctx.device;
+afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
+const ops = new Map<string, DecoderAttention>();
+afterAll(() => {
+  for (const op of ops.values()) op[Symbol.dispose]();
+  finish(ctx);
+});
+
+const BOUND = 1e-10;
+const SENTINEL = 0x7fc0dead;
+const SENTINEL_WORDS = 16;
+let seed = 100;
+let worst = 0;
+
+interface Case {
+  headDim: number;
+  kvHeads: number;
+  group: number;
+  n: number;
+  S: number;
+  chunk?: number;
+  /** Cache layers (the case uses the last one) and positions per layer. */
+  layers?: number;
+  qStd?: number;
+  qOffset?: number;
+  outOffset?: number;
+  /** Record for this many positions (surplus workgroups exit). */
+  maxPositions?: number;
+}
+
+/** Random f32 values rounded to f16: the halves for the GPU and their exact values for the CPU. */
+function halves(count: number, s: number): { bits: Uint16Array; values: Float32Array } {
+  const x = randomGaussianF32(count, s);
+  const bits = new Uint16Array(count);
+  const values = new Float32Array(count);
+  for (let i = 0; i < count; i++) {
+    bits[i] = f32ToF16Bits(x[i]!);
+    values[i] = f16BitsToF32(bits[i]!);
+  }
+  return { bits, values };
+}
+
+function bytesOf(a: ArrayBufferView): Uint8Array {
+  return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+}
+
+/** Runs one case on the GPU and returns the NMSE against attendCpu. */
+function runCase(c: Case): number {
+  const { headDim: hd, kvHeads: KV, group: G, n, S } = c;
+  const H = KV * G;
+  const layers = c.layers ?? 1;
+  const positions = n + S - 1;
+  const ctxLen = positions + 3; // a few unused positions past the context
+  const qOffset = c.qOffset ?? 0, outOffset = c.outOffset ?? 0;
+  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}`;
+  let op = ops.get(key);
+  if (!op) ops.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 32 })));
+  const perLayer = ctxLen * KV * hd;
+  const k = halves(layers * perLayer, seed++);
+  const v = halves(layers * perLayer, seed++);
+  const q = randomGaussianF32(S * H * hd, seed++, c.qStd ?? 1);
+  const layer = layers - 1;
+  const cacheOffset = op.layerOffset(layer, ctxLen);
+
+  using qBuf = new Buffer(device, { size: BigInt(4 * (qOffset + q.length)), memory: "upload" });
+  new Float32Array(qBuf.host()).set(q, qOffset);
+  using kBuf = new Buffer(device, { size: BigInt(k.bits.byteLength), memory: "device" });
+  using vBuf = new Buffer(device, { size: BigInt(v.bits.byteLength), memory: "device" });
+  uploadBytes(device, kBuf, 0n, bytesOf(k.bits));
+  uploadBytes(device, vBuf, 0n, bytesOf(v.bits));
+  using partials = new Buffer(device, { size: BigInt(op.partialBytes(c.maxPositions ?? positions, S)), memory: "device" });
+  const outFloats = outOffset + S * H * hd;
+  using out = new Buffer(device, { size: BigInt(4 * (outFloats + SENTINEL_WORDS)), memory: "readback" });
+  new Uint32Array(out.host()).fill(SENTINEL);
+
+  using pool = new CommandPool(device);
+  const cb = pool.allocate().begin();
+  const binding = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out });
+  op.record(cb, binding, { n, S, cacheOffset, qOffset, outOffset, maxPositions: c.maxPositions });
+  cb.barrier("computeToHost").end();
+  using fence = new Fence(device);
+  using submission = new Submission(device, [cb], { fence });
+  submission.submit();
+  if (!fence.wait()) throw new Error("attention timed out");
+
+  const got = new Float32Array(out.host(), 4 * outOffset, S * H * hd).slice();
+  const head = new Uint32Array(out.host(), 0, outOffset);
+  const tail = new Uint32Array(out.host(), 4 * outFloats, SENTINEL_WORDS);
+  if (head.some((w) => w !== SENTINEL) || tail.some((w) => w !== SENTINEL)) throw new Error("a sentinel word around out was overwritten");
+  const ref = new Float32Array(S * H * hd);
+  const lk = k.values.subarray(layer * perLayer, (layer + 1) * perLayer);
+  const lv = v.values.subarray(layer * perLayer, (layer + 1) * perLayer);
+  attendCpu(q, lk, lv, S, n - 1, H, KV, hd, ref);
+  const e = nmse(ref, got);
+  worst = Math.max(worst, e);
+  return e;
+}
+
+const label = (c: Case) => `hd ${c.headDim} G ${c.group} KV ${c.kvHeads} n ${c.n} S ${c.S}${c.chunk ? ` C ${c.chunk}` : ""}`;
+
+describe("attendCpu (the oracle) on cases with a closed form", () => {
+  test("one position gives that value row of head h's KV head floor(h / G); zero keys give the mean of the causal values", () => {
+    const hd = 4, KV = 2, G = 4, H = KV * G, S = 3, p0 = 5;
+    const keys = new Float32Array((p0 + S) * KV * hd); // all zero: every score equal
+    const values = randomGaussianF32((p0 + S) * KV * hd, 7);
+    const q = randomGaussianF32(S * H * hd, 8);
+    const one = new Float32Array(H * hd);
+    attendCpu(q, keys, values, 1, 0, H, KV, hd, one);
+    for (let h = 0; h < H; h++) for (let i = 0; i < hd; i++) expect(one[h * hd + i]).toBe(values[Math.floor(h / G) * hd + i]!);
+    const out = new Float32Array(S * H * hd);
+    attendCpu(q, keys, values, S, p0, H, KV, hd, out);
+    for (let t = 0; t < S; t++) for (let h = 0; h < H; h++) for (let i = 0; i < hd; i++) {
+      let mean = 0;
+      for (let p = 0; p <= p0 + t; p++) mean += values[(p * KV + Math.floor(h / G)) * hd + i]!;
+      mean /= p0 + t + 1;
+      expect(Math.abs(out[(t * H + h) * hd + i]! - mean)).toBeLessThan(1e-6);
+    }
+  });
+});
+
+describe("dec_attention vs attendCpu over f16 keys/values (NMSE <= 1e-10)", () => {
+  const C = 64;
+  for (const headDim of [64, 128, 256]) {
+    test(`head_dim ${headDim}: GQA 1/2/4/8 x n in {1, 7, 3C+5} x S in {1, 3}`, () => {
+      for (const group of [1, 2, 4, 8]) for (const n of [1, 7, 3 * C + 5]) for (const S of [1, 3]) {
+        const c: Case = { headDim, kvHeads: 2, group, n, S, qStd: 2 };
+        const e = runCase(c);
+        if (!(e <= BOUND)) throw new Error(`${label(c)}: NMSE ${e}`);
+      }
+    }, 120_000);
+  }
+
+  test("long contexts (4096 positions), S = 1 and 3, peaky scores", () => {
+    for (const c of [
+      { headDim: 128, kvHeads: 1, group: 4, n: 4096, S: 1, qStd: 3 },
+      { headDim: 128, kvHeads: 1, group: 4, n: 4094, S: 3, qStd: 3 },
+      { headDim: 256, kvHeads: 1, group: 2, n: 4096, S: 3 },
+    ] satisfies Case[]) {
+      const e = runCase(c);
+      if (!(e <= BOUND)) throw new Error(`${label(c)}: NMSE ${e}`);
+    }
+  }, 120_000);
+
+  test("S = 4 (head_dim 256, GQA 8: tokens split over z where shared memory is short), chunk 16 and 100, layer and q/out offsets", () => {
+    for (const c of [
+      { headDim: 256, kvHeads: 1, group: 8, n: 130, S: 4 },
+      { headDim: 64, kvHeads: 4, group: 2, n: 50, S: 4, chunk: 16 },
+      { headDim: 128, kvHeads: 2, group: 1, n: 301, S: 3, chunk: 100 },
+      { headDim: 128, kvHeads: 2, group: 4, n: 70, S: 3, layers: 3, qOffset: 8, outOffset: 5 },
+      { headDim: 64, kvHeads: 2, group: 2, n: 7, S: 3, maxPositions: 4096 }, // a grid sized for 4096: surplus workgroups exit
+    ] satisfies Case[]) {
+      const e = runCase(c);
+      if (!(e <= BOUND)) throw new Error(`${label(c)}: NMSE ${e}`);
+    }
+  }, 120_000);
+
+  test("bad shapes and calls throw before anything is recorded", () => {
+    expect(() => new DecoderAttention(device, { heads: 12, kvHeads: 4, headDim: 128 })).toThrow(/1, 2, 4 or 8/);
+    expect(() => new DecoderAttention(device, { heads: 8, kvHeads: 2, headDim: 96 })).toThrow(/64, 128 or 256/);
+    using op = new DecoderAttention(device, { heads: 4, kvHeads: 2, headDim: 64, maxBindings: 1 });
+    using small = new Buffer(device, { size: 64n, memory: "device" });
+    const binding = op.bind({ q: small, keys: small, values: small, partials: small, out: small });
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    expect(() => op.record(cb, binding, { n: 1, S: 5 })).toThrow(/S must be/);
+    expect(() => op.record(cb, binding, { n: 0, S: 1 })).toThrow(/n must be/);
+    expect(() => op.record(cb, binding, { n: 1, S: 1, cacheOffset: 4 })).toThrow(/multiple of 8/);
+    expect(() => op.record(cb, binding, { n: 100, S: 1 })).toThrow(/partials scratch/);
+    cb.end();
+  });
+
+  test("worst NMSE of the suite", () => {
+    console.log(`dec_attention: worst NMSE ${worst.toExponential(2)} (bound ${BOUND})`);
+    expect(worst).toBeGreaterThan(0);
+    expect(worst).toBeLessThanOrEqual(BOUND);
+  });
+});

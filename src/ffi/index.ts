@@ -5,6 +5,7 @@ export type * from "./types.ts";
 export { LibraryNotFoundError, UnsupportedRuntimeError } from "./errors.ts";
 export { NativeArena } from "./arena.ts";
 export { storeFence } from "./fence.ts";
+export { collectGarbage } from "./gc.ts";
 export { FileMapError, mapFile, type MappedFile } from "./mmap.ts";
 
 async function loadRuntime(): Promise<Ffi> {

@@ -3,10 +3,13 @@
  * transformers' rule: layer i is MoE iff i is not in mlp_only_layers, num_experts > 0 and
  * (i + 1) % decoder_sparse_step == 0. A dense layer is down(silu(gate x) ⊙ up x), which is what
  * an MoE layer with one expert routed at weight 1 computes: the same weights in both places must
- * give the same logits. (A transformers reference for such a model can be made with
- * scripts/fixtures/make-dense-layers-fixture.py where torch is installed; not run yet.)
+ * give the same logits. And transformers' own logits and routing for a small random checkpoint with
+ * dense layers (test/fixtures/qwen3-moe-dense-layers, made by scripts/fixtures/make-dense-layers-fixture.py).
  */
 import { expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { openTensorFile } from "../src/formats/index.ts";
+import { repoRoot } from "./support/paths.ts";
 import { configFromHf } from "../src/model/config.ts";
 import { Decoder } from "../src/model/decoder.ts";
 import { openExperts } from "../src/model/experts.ts";
@@ -80,4 +83,28 @@ test("a dense layer computes what a one-expert MoE layer with the same weights d
   const nmse = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + (v - b[i]!) ** 2, 0) / b.reduce((s, v) => s + v * v, 0);
   expect(nmse(middleDense, allMoe)).toBeLessThan(1e-12);
   expect(nmse(sparseStep, allMoe)).toBeLessThan(1e-12);
+});
+
+test("a checkpoint with dense layers (mlp_only_layers [0], decoder_sparse_step 2) matches transformers' logits and routing", async () => {
+  // Made by scripts/fixtures/make-dense-layers-fixture.py with transformers 5.17 (f32 weights and compute).
+  const dir = `${repoRoot}test/fixtures/qwen3-moe-dense-layers`;
+  const ref = JSON.parse(readFileSync(`${dir}/reference.json`, "utf8"));
+  const refBytes = readFileSync(`${dir}/reference-logits.f32`);
+  const refLogits = new Float32Array(refBytes.buffer, refBytes.byteOffset, refBytes.byteLength / 4);
+  const cfg = configFromHf(JSON.parse(readFileSync(`${dir}/config.json`, "utf8")));
+  expect(cfg.moeLayers).toEqual(ref.layer_kinds.map((k: string) => k === "Qwen3MoeSparseMoeBlock"));
+  using file = await openTensorFile(dir);
+  const weights = loadWeights(file, cfg, { experts: "none", dense: "none" }, dir);
+  using experts = openExperts(cfg, weights, { log: () => {} });
+  const decoder = new Decoder(cfg, weights, experts);
+  const ids: number[] = ref.input_ids;
+  const kv = new KvCache(cfg.layers, 32, cfg.kvHeads, cfg.headDim);
+  const logits = new Float32Array(ids.length * cfg.vocab);
+  const routes: number[][][] = [];
+  decoder.forward(ids, kv, ids.length, logits, {
+    routing: (_l, r, S, k) => routes.push(Array.from({ length: S }, (_, t) => Array.from(r.subarray(t * k, (t + 1) * k)))),
+  });
+  const nmse = (a: Float32Array, b: Float32Array) => a.reduce((s, v, i) => s + (v - b[i]!) ** 2, 0) / b.reduce((s, v) => s + v * v, 0);
+  expect(nmse(logits, refLogits)).toBeLessThan(1e-8);
+  expect(routes).toEqual(ref.router_topk_per_moe_layer);
 });

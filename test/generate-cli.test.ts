@@ -11,6 +11,9 @@
  * the GPU with VKMOE_VALIDATION=1. That nothing is left on the GPU is given by the process exit:
  * every run here is a separate process, so its device, memory and mappings end with it.
  */
+import { openGguf } from "../src/formats/gguf.ts";
+import { ChatTemplate } from "../src/tokenizer/chat-template.ts";
+import { TextTokenizer } from "../src/tokenizer/tokenizer.ts";
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
@@ -426,4 +429,21 @@ test.concurrent("Deno gives Bun's greedy ids", async () => {
   expect(d.prompt_ids).toEqual(b.prompt_ids);
   expect(d.ids).toEqual(b.ids);
   expect(d.text).toBe(b.text);
+}, TEST_TIMEOUT_MS);
+
+test.concurrent("-i: a chat of two turns from stdin; the second runs only its new tokens (the KV cache of the first is kept)", async () => {
+  if (!ready()) return;
+  const r = await cli(["--model", q8!, "-i", "--temperature", "0", "--max-tokens", "4"], { stdin: "Hello\nAnd again?\n\n" });
+  expect(r.code, show(r)).toBe(0);
+  expect(r.timedOut).toBe(false);
+  const turns = [...r.stderr.matchAll(/prompt: (\d+) tokens, [\d.]+ tok\/s; generated: (\d+) tokens/g)].map((m) => [Number(m[1]), Number(m[2])]);
+  expect(turns.length, show(r)).toBe(2);
+  const [, [secondPrompt]] = turns as [[number, number], [number, number]];
+  // Without the kept cache the second turn would run the whole conversation again: at least as
+  // many tokens as the conversation with an empty first answer renders to.
+  using file = await openGguf(q8!);
+  const tokenizer = TextTokenizer.fromGgufMetadata(file.metadata as Record<string, unknown>);
+  const template = ChatTemplate.fromGgufMetadata(file.metadata as Record<string, unknown>);
+  const whole = tokenizer.encode(template.render([{ role: "user", content: "Hello" }, { role: "assistant", content: "" }, { role: "user", content: "And again?" }])).length;
+  expect(secondPrompt).toBeLessThan(whole);
 }, TEST_TIMEOUT_MS);

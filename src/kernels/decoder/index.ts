@@ -5,3 +5,4 @@ export { DEC_ROPE_KV, ROPE_MAX_POSITION, RopeKvKernel, type RopeKvArgs, type Rop
 export { ARGMAX_NONE, DEC_ARGMAX, ArgmaxKernel, type ArgmaxArgs, type ArgmaxKernelOptions } from "./argmax.ts";
 export { DEC_TOPK, TOPK_MAX, TopKKernel, type TopKArgs, type TopKKernelOptions } from "./topk.ts";
 export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions } from "./attention.ts";
+export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type GemvHalfKernelOptions, type HalfDType } from "./gemv-half.ts";

@@ -7,6 +7,7 @@ import { z } from "zod";
 import { VkmoeError } from "../src/errors.ts";
 import { generate, Model, peakRssBytes, promptIds, QUANT_CHOICES, type GenerateResult, type Session } from "../src/engine/index.ts";
 import { samplingFromModel } from "../src/sampling/defaults.ts";
+import type { ResolvedSamplingOptions } from "../src/sampling/options.ts";
 import type { ChatMessage } from "../src/tokenizer/chat-template.ts";
 import { args, exit, fail, oneLine, stderrIsTTY, writeStderr } from "./lib/cli.ts";
 import { formatBytes } from "./lib/progress.ts";
@@ -212,7 +213,7 @@ async function main(): Promise<void> {
 }
 
 /** -i: a chat with history; the session keeps the conversation's KV cache and only the new turn is run. */
-async function chat(model: Model, session: Session, sampling: object, device: string): Promise<void> {
+async function chat(model: Model, session: Session, sampling: ResolvedSamplingOptions, device: string): Promise<void> {
   const { createInterface } = await import("node:readline");
   const rl = createInterface({ input: (globalThis as any).process.stdin, output: (globalThis as any).process.stderr, terminal: stderrIsTTY() });
   const history: ChatMessage[] = [];

@@ -13,8 +13,10 @@ import { GemvHalfKernel, submitAndWait, type HalfDType } from "../src/kernels/de
 import { FloatLinear } from "../src/model/linear.ts";
 import { f32ToBf16Bits, f32ToF16Bits } from "../src/quant/half.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
-import { Buffer, type MemoryUse } from "../src/vk/memory.ts";
+import type { MemoryUse } from "../src/vk/memory.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
+import { f32, hostBuffer as deviceHostBuffer, u32, SENTINEL, SENTINEL_WORDS as TAIL } from "./support/host-buffers.ts";
+import { nmse as nmseOf } from "../src/quant/metrics.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -29,26 +31,8 @@ afterAll(() => {
   finish(ctx);
 });
 
-const SENTINEL = 0x7fc0dead;
-const TAIL = 16;
 let seed = 101;
-
-function hostBuffer(words: number, memory: MemoryUse = "readback"): Buffer {
-  const b = new Buffer(device, { size: BigInt(4 * (words + TAIL)), memory });
-  new Uint32Array(b.host()).fill(SENTINEL);
-  return b;
-}
-const f32 = (b: Buffer, n: number, at = 0) => new Float32Array(b.host(), 4 * at, n);
-const u32 = (b: Buffer, n: number, at = 0) => new Uint32Array(b.host(), 4 * at, n);
-
-function nmseOf(ref: ArrayLike<number>, got: ArrayLike<number>): number {
-  let e = 0, r = 0;
-  for (let i = 0; i < ref.length; i++) {
-    e += (ref[i]! - got[i]!) ** 2;
-    r += ref[i]! ** 2;
-  }
-  return r === 0 ? (e === 0 ? 0 : Infinity) : e / r;
-}
+const hostBuffer = (words: number, memory?: MemoryUse) => deviceHostBuffer(device, words, memory);
 
 /** n random 16-bit floats of `dtype` (normal samples rounded), in bulk. */
 function randomHalves(n: number, dtype: HalfDType, s: number): Uint16Array {

@@ -11,9 +11,11 @@ import { f32ToF16Bits } from "../src/quant/half.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { argmax, selectTopK } from "../src/sampling/select.ts";
 import { CommandPool } from "../src/vk/commands.ts";
-import { Buffer, type MemoryUse } from "../src/vk/memory.ts";
+import type { Buffer, MemoryUse } from "../src/vk/memory.ts";
 import { Fence, Submission } from "../src/vk/sync.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
+import { expectTail, f32, hostBuffer as deviceHostBuffer, u32, SENTINEL, SENTINEL_WORDS as TAIL } from "./support/host-buffers.ts";
+import { nmse as nmseOf } from "../src/quant/metrics.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -32,32 +34,9 @@ afterAll(() => {
   finish(ctx);
 });
 
-const SENTINEL = 0x7fc0dead;
-const TAIL = 16;
 let seed = 7;
+const hostBuffer = (words: number, memory?: MemoryUse) => deviceHostBuffer(device, words, memory);
 
-/** A host-visible buffer of `words` 4-byte elements plus TAIL sentinel words, all set to SENTINEL. */
-function hostBuffer(words: number, memory: MemoryUse = "readback"): Buffer {
-  const b = new Buffer(device, { size: BigInt(4 * (words + TAIL)), memory });
-  new Uint32Array(b.host()).fill(SENTINEL);
-  return b;
-}
-const f32 = (b: Buffer, n: number, at = 0) => new Float32Array(b.host(), 4 * at, n);
-const u32 = (b: Buffer, n: number, at = 0) => new Uint32Array(b.host(), 4 * at, n);
-function expectTail(b: Buffer, words: number, what: string): void {
-  const tail = u32(b, TAIL, words);
-  const bad = tail.findIndex((w) => w !== SENTINEL);
-  if (bad >= 0) throw new Error(`${what}: sentinel word ${bad} past the end overwritten (0x${tail[bad]!.toString(16)})`);
-}
-
-function nmseOf(ref: ArrayLike<number>, got: ArrayLike<number>): number {
-  let e = 0, r = 0;
-  for (let i = 0; i < ref.length; i++) {
-    e += (ref[i]! - got[i]!) ** 2;
-    r += ref[i]! ** 2;
-  }
-  return r === 0 ? (e === 0 ? 0 : Infinity) : e / r;
-}
 function maxRel(ref: ArrayLike<number>, got: ArrayLike<number>): number {
   let m = 0;
   for (let i = 0; i < ref.length; i++) {

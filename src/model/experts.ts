@@ -70,7 +70,7 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
   try {
     for (const f of formats) {
       if (f === "float") {
-        float = new FloatExperts(cfg, weights, cacheBytes);
+        float = new FloatExperts(cfg, weights);
         continue;
       }
       const cache = new ExpertCache<ExpertWeights>(cacheBytes);
@@ -134,13 +134,13 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
 
 /** Float experts on the CPU: y = Σ w · down(silu(gate x) ⊙ up x). */
 class FloatExperts {
-  private readonly cache: ExpertCache<Extract<ExpertMatrices, { kind: "float" }>>;
+  /** Views over the mapped file cost nothing to keep, so every expert's Linear objects are kept once made. */
+  private readonly cache = new Map<number, Extract<ExpertMatrices, { kind: "float" }>>();
   private readonly g: Float32Array;
   private readonly u: Float32Array;
   private readonly out: Float32Array;
 
-  constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights, cacheBytes: number) {
-    this.cache = new ExpertCache(cacheBytes);
+  constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights) {
     this.g = new Float32Array(cfg.expertIntermediate);
     this.u = new Float32Array(cfg.expertIntermediate);
     this.out = new Float32Array(cfg.hidden);
@@ -153,8 +153,9 @@ class FloatExperts {
       const xs = x.subarray(s * D, (s + 1) * D);
       for (let j = 0; j < r.k; j++) {
         const id = r.ids[s * r.k + j]!;
-        // Views over the mapped file cost nothing to keep: the cache holds the small objects only.
-        const m = this.cache.get(layer * E + id, () => this.weights.expert(layer, id) as Extract<ExpertMatrices, { kind: "float" }>, () => 1);
+        const key = layer * E + id;
+        let m = this.cache.get(key);
+        if (!m) this.cache.set(key, (m = this.weights.expert(layer, id) as Extract<ExpertMatrices, { kind: "float" }>));
         m.gate.apply(xs, 1, this.g);
         m.up.apply(xs, 1, this.u);
         for (let i = 0; i < I; i++) this.g[i] = silu(this.g[i]!) * this.u[i]!;

@@ -6,7 +6,8 @@
  */
 import type { TensorFile, TensorView } from "../formats/tensor.ts";
 import { fromGgufQ4_0, fromGgufQ8_0 } from "../quant/gguf.ts";
-import { f16ToF32Table } from "../quant/half.ts";
+import { dequantize } from "../quant/dequantize.ts";
+import { createQuantMatrix, getQ, setQ } from "../quant/layout.ts";
 import { quantize } from "../quant/quantize.ts";
 import type { QuantFormat, QuantMatrix } from "../quant/types.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
@@ -112,9 +113,6 @@ const ggufNames: Naming = {
   mlp: (l, m) => `blk.${l}.ffn_${m}.weight`,
 };
 
-const GGUF_BLOCK = 32;
-const blockBytes = (dtype: TensorView["dtype"]) => (dtype === "Q8_0" ? 34 : dtype === "Q4_0" ? 18 : 0);
-
 class WeightReader {
   constructor(readonly file: TensorFile, readonly where: string) {}
 
@@ -167,35 +165,16 @@ function quantizeFloat(dtype: FloatDType, data: Float32Array | Uint16Array, rows
   try {
     return quantize(source, rows, cols, { format, groupSize: 32, scaleType: "f16" });
   } catch (e) {
-    // A group whose scale overflows f16 keeps f32 scales.
-    if ((e as Error).name === "ScaleRangeError") return quantize(source, rows, cols, { format, groupSize: 32, scaleType: "f32" });
     throw new ModelWeightsError(`${where}: cannot quantize ${name}: ${(e as Error).message}`);
   }
 }
 
-/** GGUF Q4_0 widened to q8 (same scale, q in -8..7): lossless, for layers whose expert matrices mix Q4_0 and Q8_0. */
-function widenQ4(m: QuantMatrix): QuantMatrix {
-  const rowQ = new Int8Array(m.cols);
-  const out = quantizeLike(m);
-  for (let r = 0; r < m.rows; r++) {
-    for (let c = 0; c < m.cols; c++) {
-      const w = m.weights[r * m.rowWords + (c >> 3)]!;
-      const j = c & 7;
-      const shift = j < 4 ? 8 * j : 8 * (j - 4) + 4;
-      rowQ[c] = ((w >>> shift) & 15) - 8;
-    }
-    for (let c = 0; c < m.cols; c++) {
-      const wi = r * out.rowWords + (c >> 2);
-      out.weights[wi] = (out.weights[wi]! | ((rowQ[c]! & 0xff) << (8 * (c & 3)))) >>> 0;
-    }
-  }
+/** GGUF Q4_0 widened to q8 (same scales, q in -8..7): lossless, for layers whose expert matrices mix Q4_0 and Q8_0. */
+export function widenQ4(m: QuantMatrix): QuantMatrix {
+  const out = createQuantMatrix("q8", m.rows, m.cols, m.groupSize, m.scaleType);
+  for (let r = 0; r < m.rows; r++) for (let c = 0; c < m.cols; c++) setQ(out, r, c, getQ(m, r, c));
   out.scales.set(m.scales);
   return out;
-}
-
-function quantizeLike(m: QuantMatrix): QuantMatrix {
-  const rowWords = Math.ceil(m.cols / 16) * 4;
-  return { ...m, format: "q8", rowWords, weights: new Uint32Array(m.rows * rowWords), scales: new Uint32Array(m.scales.length) };
 }
 
 export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPlan, where: string, progress?: (fraction: number) => void): ModelWeights {
@@ -260,29 +239,11 @@ function embeddingReader(t: TensorView, D: number, where: string): (id: number, 
     const data = floatElements(dtype, t.bytes);
     return (id, out) => readFloatRow(dtype, data, id, D, out);
   }
-  const bb = blockBytes(t.dtype);
-  if (!bb || D % GGUF_BLOCK) throw new ModelWeightsError(`${where}: embedding ${t.name} of type ${t.dtype} cannot be read`);
-  const rowBytes = (D / GGUF_BLOCK) * bb;
-  const half = f16ToF32Table();
-  const bytes = t.bytes;
-  const q4 = t.dtype === "Q4_0";
-  return (id, out) => {
-    const base = id * rowBytes;
-    for (let b = 0; b < D / GGUF_BLOCK; b++) {
-      const o = base + b * bb;
-      const d = half[bytes[o]! | (bytes[o + 1]! << 8)]!;
-      const c0 = b * GGUF_BLOCK;
-      if (q4) {
-        for (let j = 0; j < 16; j++) {
-          const v = bytes[o + 2 + j]!;
-          out[c0 + j] = d * ((v & 15) - 8);
-          out[c0 + j + 16] = d * ((v >> 4) - 8);
-        }
-      } else {
-        for (let j = 0; j < 32; j++) out[c0 + j] = d * ((bytes[o + 2 + j]! << 24) >> 24);
-      }
-    }
-  };
+  if (t.dtype !== "Q8_0" && t.dtype !== "Q4_0") throw new ModelWeightsError(`${where}: embedding ${t.name} of type ${t.dtype} cannot be read`);
+  // One row at a time through the lossless GGUF conversion: a token's embedding is 1 x D.
+  const rowBytes = t.bytes.byteLength / (t.shape[0] ?? 1);
+  const convert = t.dtype === "Q8_0" ? fromGgufQ8_0 : fromGgufQ4_0;
+  return (id, out) => out.set(dequantize(convert(t.bytes.subarray(id * rowBytes, (id + 1) * rowBytes), 1, D)));
 }
 
 interface LayerExperts {

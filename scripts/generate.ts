@@ -168,7 +168,7 @@ async function main(): Promise<void> {
   try {
     const sampling = samplingFromModel(model.generationDefaults, userSampling);
     const session = model.session({ ctx: flags.ctx });
-    const device = `${model.device.mode === "gpu" ? "GPU" : "CPU"} (${model.device.why})`;
+    const device = `${model.device.mode} (${model.device.why})`;
     if (flags.interactive) return await chat(model, session, sampling, device);
     const prompt = flags.prompt ?? (await readStdin());
     const ids = promptIds(model, prompt, { raw: flags.raw, system: flags.system, enableThinking });
@@ -198,6 +198,9 @@ async function main(): Promise<void> {
           prompt_s: t.promptSeconds,
           decode_s: t.decodeSeconds,
           load_s: model.loadSeconds,
+          first_token_s: t.promptSeconds,
+          submits_per_token: session.counts.tokens > 0 ? session.counts.submits / session.counts.tokens : 0,
+          dispatches_per_token: session.dispatchesPerToken,
         },
         mode: model.device.mode,
         device: model.device.why,

@@ -3,7 +3,10 @@
 // pass 1 of 2.  One workgroup per (chunk c, KV head kh, token group z) serves every query row that
 // reads kh: the G = heads / kvHeads query heads of each of its tokens (rows r = tl * G + g: token
 // t0 + tl, head kh * G + g), so each K and V row of the chunk is read from memory once for all of
-// them.  Token t sees positions 0 .. n + t - 1 (causal).  Writes, per (token, head, chunk), the
+// them.  Token t sees positions 0 .. n + t - 1 (causal), where n = p.n, plus positions[posIndex]
+// when flags bit 0 is set (so one recorded command buffer serves any position: the host writes
+// the word between submits), capped at limit - (S - 1) so the last token never reads past the
+// `limit` positions the grid, the partials and the cache were sized for.  Writes, per (token, head, chunk), the
 // partial record [HEAD_DIM floats: sum_j exp(s_j - m) v_j][m][l = sum_j exp(s_j - m)][2 pad]; the
 // combine pass (dec_attention_combine) merges the chunks with the log-sum-exp rule.
 //
@@ -12,7 +15,7 @@
 #extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 64, local_size_x_id = 0) in;
-layout(constant_id = 1) const uint HEAD_DIM = 128u;   // 64, 128 or 256 (a multiple of 8)
+layout(constant_id = 1) const uint HEAD_DIM = 128u;   // 32, 64, 128 or 256 (a multiple of 8)
 layout(constant_id = 2) const uint CHUNK = 64u;       // positions per workgroup
 layout(constant_id = 3) const uint MAX_ROWS = 8u;     // >= G * tokensPerGroup
 
@@ -26,6 +29,7 @@ layout(set = 0, binding = 0) readonly buffer Q { vec4 q4[]; };
 layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
 layout(set = 0, binding = 2) readonly buffer V { uint v2[]; };
 layout(set = 0, binding = 3) writeonly buffer P { float part[]; };
+layout(set = 0, binding = 4) readonly buffer Pos { uint positions[]; };  // any buffer when flags bit 0 is clear
 
 layout(push_constant) uniform Params {
   uint n;              // positions seen by token 0 (token t sees n + t)
@@ -38,7 +42,16 @@ layout(push_constant) uniform Params {
   uint numChunks;      // partial records per (token, head): the grid's x
   uint tokensPerGroup; // tokens per workgroup (z splits S)
   float scale;         // 1 / sqrt(HEAD_DIM)
+  uint posIndex;       // the word of positions[] added to n (flags bit 0)
+  uint flags;          // bit 0: n += positions[posIndex]
+  uint limit;          // positions the last token may see at most (>= n + S - 1): n is capped at limit - (S - 1)
 } p;
+
+// n of this call: p.n (+ positions[posIndex]), capped (without overflow) so n + S - 1 <= limit
+uint contextN() {
+  const uint extra = (p.flags & 1u) != 0u ? positions[p.posIndex] : 0u;
+  return p.n + min(extra, p.limit - (p.S - 1u) - p.n);
+}
 
 shared vec4 qs[MAX_ROWS * HD4];
 shared float sc[MAX_ROWS * CHUNK];
@@ -51,8 +64,9 @@ void main() {
   const uint T = min(p.tokensPerGroup, p.S - t0);
   const uint R = G * T;
   const uint start = c * CHUNK;
+  const uint n = contextN();
   // positions of this chunk seen by the group's last token; none: a surplus workgroup
-  const uint seen = p.n + t0 + T - 1u;
+  const uint seen = n + t0 + T - 1u;
   if (start >= seen) return;
   const uint len = min(CHUNK, seen - start);
 
@@ -87,7 +101,7 @@ void main() {
     const uint r = tid;
     const uint t = t0 + r / G, h = kh * G + r % G;
     // positions token t sees in this chunk: >= 1 for every chunk the combine reads of it; 0 past its context
-    const uint cnt = p.n + t > start ? min(len, p.n + t - start) : 0u;
+    const uint cnt = n + t > start ? min(len, n + t - start) : 0u;
     float m = -3.0e38;
     for (uint j = 0u; j < cnt; j++) m = max(m, sc[r * CHUNK + j]);
     float l = 0.0;

@@ -2,14 +2,16 @@
 // dec_gemv_half: y[s, o] = sum_i W[o, i] * x[s, i] for S = 1..8 tokens, W row-major [O][I] of
 // 16-bit floats (f16, or bf16 with flags bit 0) packed two per uint, element 2j of the flat
 // array in the low half (a float GGUF / safetensors tensor as it is): with I odd, rows start
-// mid-word.  x f32 [S][I] at xOffset, y f32 [S][O] at yOffset, f32 accumulation.
+// mid-word.  With flags bit 1, W is f32 instead, one element per uint (weightOffset then counts
+// f32 elements).  x f32 [S][I] at xOffset, y f32 [S][O] at yOffset, f32 accumulation.
 //
 // One workgroup per block of ROWS_PER_WG rows; thread t takes the 8-column chunks t, t + WG, ...
 // of all the block's rows, and each weight is read once for all S tokens (S * ROWS_PER_WG
 // accumulators).  Then subgroupAdd and shared memory across subgroups (or a shared-memory tree).
 // Weight loads: uvec4 when I % 8 == 0 and weightOffset % 4 == 0, else 4 uint loads per chunk
 // when I is even, else one load per half; the last partial chunk (I % 8 != 0) is read half by
-// half, with weights and x past I taken as 0.
+// half, with weights and x past I taken as 0.  f32 weights: two uvec4 loads per chunk when
+// I % 4 == 0 and weightOffset % 4 == 0, else 8 uint loads; the tail element by element.
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -32,15 +34,16 @@ layout(push_constant, std430) uniform PC {
     uint O;
     uint I;
     uint S;             // 1..8
-    uint weightOffset;  // uints (two halves each)
+    uint weightOffset;  // uints (two halves each; f32 weights: one element each)
     uint xOffset;       // floats
     uint yOffset;       // floats
-    uint flags;         // bit 0: bf16 (else f16)
+    uint flags;         // bit 0: bf16 (else f16); bit 1: f32 weights (bit 0 ignored)
 } pc;
 
 shared float red[WG * R];
 
 bool bf16() { return (pc.flags & 1u) != 0u; }
+bool f32w() { return (pc.flags & 2u) != 0u; }
 
 // The two 16-bit floats of word w: (element of the low half, element of the high half).
 vec2 decode2(uint w) {
@@ -53,6 +56,12 @@ float loadHalf(uint h) {
     const uint w = w1[h >> 1u];
     const uint b = ((h & 1u) != 0u) ? (w >> 16u) : (w & 0xFFFFu);
     return bf16() ? uintBitsToFloat(b << 16u) : unpackHalf2x16(b).x;
+}
+
+// Element (row, col) of W as a float, any dtype (the tail).
+float loadWeight(uint row, uint col) {
+    if (f32w()) return uintBitsToFloat(w1[pc.weightOffset + row * pc.I + col]);
+    return loadHalf(2u * pc.weightOffset + row * pc.I + col);
 }
 
 float acc[R][MAX_S];
@@ -72,13 +81,25 @@ void main() {
     const bool vecW = ((I & 7u) | (pc.weightOffset & 3u)) == 0u;
     const bool evenI = (I & 1u) == 0u;
     const bool vecX = ((I | pc.xOffset) & 3u) == 0u;
+    const bool f32W = f32w();
+    const bool vecW32 = ((I | pc.weightOffset) & 3u) == 0u;
 
     for (uint c = t; c < nFull; c += WG) {
         vec4 wlo[R], whi[R];  // columns 8c + 0..3 and 8c + 4..7 of each row
         [[unroll]] for (uint r = 0u; r < R; ++r) {
             const uint row = min(rowBase + r, pc.O - 1u);  // rows past O: read row O-1, not stored
             uvec4 q;
-            if (vecW) {
+            if (f32W) {
+                const uint b = pc.weightOffset + row * I + 8u * c;
+                if (vecW32) {
+                    wlo[r] = uintBitsToFloat(w4[b >> 2u]);
+                    whi[r] = uintBitsToFloat(w4[(b >> 2u) + 1u]);
+                } else {
+                    wlo[r] = uintBitsToFloat(uvec4(w1[b], w1[b + 1u], w1[b + 2u], w1[b + 3u]));
+                    whi[r] = uintBitsToFloat(uvec4(w1[b + 4u], w1[b + 5u], w1[b + 6u], w1[b + 7u]));
+                }
+                continue;
+            } else if (vecW) {
                 q = w4[(pc.weightOffset >> 2u) + row * (I >> 3u) + c];
             } else if (evenI) {
                 const uint b = pc.weightOffset + row * (I >> 1u) + 4u * c;
@@ -127,7 +148,7 @@ void main() {
             const uint col = 8u * nFull + k;
             [[unroll]] for (uint r = 0u; r < R; ++r) {
                 const uint row = min(rowBase + r, pc.O - 1u);
-                const float wv = loadHalf(2u * pc.weightOffset + row * I + col);
+                const float wv = loadWeight(row, col);
                 [[unroll]] for (uint s = 0u; s < MAX_S; ++s) {
                     if (s < S) acc[r][s] = fma(wv, xs[pc.xOffset + s * I + col], acc[r][s]);
                 }

@@ -23,6 +23,12 @@ const envSchema = z.strictObject({
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
   VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),
   VKMOE_CACHE_DIR: z.string().min(1).optional(),
+  /**
+   * The whole token on the GPU where every expert is resident: "auto" on a GPU (a CPU Vulkan
+   * device such as Lavapipe runs the CPU decoder, faster there), "on" on any device, "off" never
+   * (the CPU decoder with the experts per layer).
+   */
+  VKMOE_GRAPH: mode3.default("auto"),
 });
 
 export type VkmoeEnv = z.infer<typeof envSchema>;

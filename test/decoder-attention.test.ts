@@ -4,6 +4,13 @@
  * n in {1, 7, 3*C+5} x S in {1, 3}, plus long contexts (4096), S = 4, a chunk size other than 64,
  * a layer offset into a two-layer cache and a q/out offset. Output buffers carry sentinel words.
  *
+ * Replay: n from a positions buffer (token 0 sees n + positions[posIndex]). One command buffer is
+ * recorded per case with the grid sized for maxPositions = ctx and replayed for several words
+ * written between submits (q rewritten too), each against a fresh attendCpu: head_dim 64/128/256 x
+ * GQA 1/2/4/8 over several chunks, words up to ctx - 1 with ctx 4096 and 32768, S = 3, chunk 16,
+ * posIndex > 0, words past the context (capped at ctx - (S - 1)). Negative control: each replay's
+ * output against the reference of the previous (stale) word and of the word ignored fails the bound.
+ *
  * Bound: NMSE <= 1e-10 per case. Both sides use the same f16 keys/values; the GPU's errors are f32
  * rounding of the dot products (head_dim terms, relative ~1e-7 on scores of magnitude <= ~10), of
  * exp, and of per-chunk f32 sums of at most C terms plus a combine over <= 64 chunks; each is a
@@ -19,13 +26,16 @@ import { Buffer } from "../src/vk/memory.ts";
 import { Fence, Submission } from "../src/vk/sync.ts";
 import { uploadBytes } from "../src/vk/transfer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
+import { SENTINEL as TAIL_SENTINEL, expectTail, hostBuffer, u32 } from "./support/host-buffers.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 const ops = new Map<string, DecoderAttention>();
+const replayOps = new Map<string, DecoderAttention>();
 afterAll(() => {
   for (const op of ops.values()) op[Symbol.dispose]();
+  for (const op of replayOps.values()) op[Symbol.dispose]();
   finish(ctx);
 });
 
@@ -143,7 +153,7 @@ describe("attendCpu (the oracle) on cases with a closed form", () => {
 
 describe("dec_attention vs attendCpu over f16 keys/values (NMSE <= 1e-10)", () => {
   const C = 64;
-  for (const headDim of [64, 128, 256]) {
+  for (const headDim of [32, 64, 128, 256]) {
     test(`head_dim ${headDim}: GQA 1/2/4/8 x n in {1, 7, 3C+5} x S in {1, 3}`, () => {
       for (const group of [1, 2, 4, 8]) for (const n of [1, 7, 3 * C + 5]) for (const S of [1, 3]) {
         const c: Case = { headDim, kvHeads: 2, group, n, S, qStd: 2 };
@@ -196,5 +206,168 @@ describe("dec_attention vs attendCpu over f16 keys/values (NMSE <= 1e-10)", () =
     console.log(`dec_attention: worst NMSE ${worst.toExponential(2)} (bound ${BOUND})`);
     expect(worst).toBeGreaterThan(0);
     expect(worst).toBeLessThanOrEqual(BOUND);
+  });
+});
+
+interface ReplayCase {
+  headDim: number;
+  kvHeads: number;
+  group: number;
+  /** Cache rows = maxPositions (the grid and partials are sized for it, once). */
+  ctx: number;
+  S?: number;
+  /** The base added to the word (default 1: decode, token at position word sees word + 1). */
+  n?: number;
+  /** The words written into positions[posIndex] before each replay. */
+  words: number[];
+  posIndex?: number;
+  chunk?: number;
+}
+
+interface Replay {
+  word: number;
+  /** attendCpu's p0 for this word: position of token 0 (capped as the shader caps n). */
+  p0: number;
+  got: Float32Array;
+  q: Float32Array;
+  nmse: number;
+}
+
+/** Position of token 0 for a word: n + word positions seen by token 0, capped at ctx - (S - 1). */
+const p0Of = (n: number, word: number, S: number, ctx: number) => Math.min(n + word, ctx - (S - 1)) - 1;
+
+/**
+ * Records ONE command buffer on a binding with a positions buffer (maxPositions = ctx) and
+ * replays it once per word (the word and q rewritten by the host between submits); each output
+ * against attendCpu at that word's position. Returns the replays and a reference function for
+ * the negative controls.
+ */
+function replayCase(c: ReplayCase): { replays: Replay[]; reference: (q: Float32Array, p0: number) => Float32Array } {
+  const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen } = c;
+  const S = c.S ?? 1, n = c.n ?? 1, posIndex = c.posIndex ?? 0;
+  const H = KV * G;
+  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}`;
+  let op = replayOps.get(key);
+  if (!op) replayOps.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 8 })));
+  const perLayer = ctxLen * KV * hd;
+  const k = halves(perLayer, seed++);
+  const v = halves(perLayer, seed++);
+
+  using qBuf = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "upload" });
+  using kBuf = new Buffer(device, { size: BigInt(k.bits.byteLength), memory: "device" });
+  using vBuf = new Buffer(device, { size: BigInt(v.bits.byteLength), memory: "device" });
+  uploadBytes(device, kBuf, 0n, bytesOf(k.bits));
+  uploadBytes(device, vBuf, 0n, bytesOf(v.bits));
+  using partials = new Buffer(device, { size: BigInt(op.partialBytes(ctxLen, S)), memory: "device" });
+  const outFloats = S * H * hd;
+  using out = hostBuffer(device, outFloats);
+  // the other words hold a value a wrong posIndex would visibly use
+  using pos = hostBuffer(device, posIndex + 1, "upload");
+  u32(pos, posIndex + 1).fill(ctxLen >>> 1);
+
+  using pool = new CommandPool(device);
+  const cb = pool.allocate().begin();
+  const binding = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out, positions: pos });
+  op.record(cb, binding, { n, S, posIndex, maxPositions: ctxLen });
+  cb.barrier("computeToHost").end();
+  using fence = new Fence(device);
+  using submission = new Submission(device, [cb], { fence });
+
+  const reference = (q: Float32Array, p0: number) => {
+    const ref = new Float32Array(S * H * hd);
+    attendCpu(q, k.values, v.values, S, p0, H, KV, hd, ref);
+    return ref;
+  };
+  const replays: Replay[] = [];
+  for (const word of c.words) {
+    const q = randomGaussianF32(S * H * hd, seed++, 2);
+    new Float32Array(qBuf.host()).set(q);
+    u32(pos, 1, posIndex)[0] = word;
+    new Uint32Array(out.host()).fill(TAIL_SENTINEL);
+    submission.submit();
+    if (!fence.wait()) throw new Error("attention replay timed out");
+    fence.reset();
+    const got = new Float32Array(out.host(), 0, outFloats).slice();
+    expectTail(out, outFloats, "attention out");
+    const p0 = p0Of(n, word, S, ctxLen);
+    const e = nmse(reference(q, p0), got);
+    replayWorst = Math.max(replayWorst, e);
+    replays.push({ word, p0, got, q, nmse: e });
+  }
+  return { replays, reference };
+}
+
+let replayWorst = 0;
+const replayLabel = (c: ReplayCase, r: Replay) =>
+  `hd ${c.headDim} G ${c.group} KV ${c.kvHeads} ctx ${c.ctx} S ${c.S ?? 1} n ${c.n ?? 1} word ${r.word}${c.chunk ? ` C ${c.chunk}` : ""}`;
+
+function expectReplays(c: ReplayCase): Replay[] {
+  const { replays } = replayCase(c);
+  for (const r of replays) if (!(r.nmse <= BOUND)) throw new Error(`${replayLabel(c, r)}: NMSE ${r.nmse}`);
+  return replays;
+}
+
+describe("dec_attention replayed: n from a positions buffer, one recording for maxPositions = ctx (NMSE <= 1e-10)", () => {
+  const C = 64;
+  for (const headDim of [64, 128, 256]) {
+    test(`head_dim ${headDim}: GQA 1/2/4/8, ctx 3C+37, decode (S 1, n 1) at words 0, 1, C-1, C, 2C+5, ctx-1 (out of order)`, () => {
+      const ctx = 3 * C + 37;
+      for (const group of [1, 2, 4, 8]) expectReplays({ headDim, kvHeads: 2, group, ctx, words: [C - 1, 0, 2 * C + 5, ctx - 1, 1, C] });
+    }, 120_000);
+  }
+
+  test("far from 0: ctx 4096 (64 chunks) and 32768 (512 chunks), decode at words near the end, in the middle and back", () => {
+    expectReplays({ headDim: 128, kvHeads: 1, group: 4, ctx: 4096, words: [4095, 2047, 3000, 65, 4094] });
+    expectReplays({ headDim: 256, kvHeads: 2, group: 8, ctx: 4096, words: [4000, 1234] });
+    expectReplays({ headDim: 64, kvHeads: 2, group: 2, ctx: 4096, words: [3333, 4095] });
+    expectReplays({ headDim: 128, kvHeads: 1, group: 8, ctx: 32768, words: [32767, 20000, 12345] });
+  }, 300_000);
+
+  test("S = 3 and 4 with a base n, chunk 16, posIndex 3", () => {
+    expectReplays({ headDim: 128, kvHeads: 2, group: 4, ctx: 300, S: 3, n: 1, words: [0, 200, 297] });
+    expectReplays({ headDim: 256, kvHeads: 1, group: 8, ctx: 260, S: 4, n: 5, words: [0, 100, 251] });
+    expectReplays({ headDim: 64, kvHeads: 4, group: 2, ctx: 150, S: 3, n: 2, chunk: 16, words: [17, 0, 145] });
+    expectReplays({ headDim: 64, kvHeads: 2, group: 1, ctx: 500, posIndex: 3, words: [499, 10, 250] });
+  }, 120_000);
+
+  test("words past the context are capped at ctx - (S - 1) positions (no reads past the cache, the grid or the partials)", () => {
+    const c: ReplayCase = { headDim: 64, kvHeads: 2, group: 4, ctx: 200, S: 2, words: [199, 200, 5000, 0xffffffff] };
+    const replays = expectReplays(c);
+    for (const r of replays) expect(r.p0).toBe(c.ctx - 2); // token 0 at ctx - 2, token 1 at ctx - 1: sees the whole cache
+  }, 60_000);
+
+  test("negative control: each replay against the reference of the previous (stale) word and of the word ignored fails the bound", () => {
+    const c: ReplayCase = { headDim: 128, kvHeads: 2, group: 4, ctx: 1000, words: [10, 11, 500, 999, 998] };
+    const { replays, reference } = replayCase(c);
+    let least = Infinity;
+    replays.forEach((r, i) => {
+      expect(r.nmse).toBeLessThanOrEqual(BOUND);
+      const ignored = nmse(reference(r.q, 0), r.got); // n alone: token 0 sees 1 position
+      least = Math.min(least, ignored);
+      if (i > 0) least = Math.min(least, nmse(reference(r.q, replays[i - 1]!.p0), r.got)); // the previous replay's word
+    });
+    console.log(`  dec_attention replay negative control: least NMSE ${least.toExponential(2)} (bound ${BOUND})`);
+    expect(least).toBeGreaterThan(1e3 * BOUND);
+  }, 60_000);
+
+  test("bad replay calls throw before anything is recorded", () => {
+    using op = new DecoderAttention(device, { heads: 4, kvHeads: 2, headDim: 64, maxBindings: 2 });
+    using small = new Buffer(device, { size: 64n, memory: "device" });
+    using pos = new Buffer(device, { size: 8n, memory: "upload" });
+    const withPos = op.bind({ q: small, keys: small, values: small, partials: small, out: small, positions: pos });
+    const without = op.bind({ q: small, keys: small, values: small, partials: small, out: small });
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    expect(() => op.record(cb, withPos, { n: 1, S: 1 })).toThrow(/maxPositions is required/);
+    expect(() => op.record(cb, withPos, { n: 1, S: 1, maxPositions: 1, posIndex: 2 })).toThrow(/posIndex 2 is outside/);
+    expect(() => op.record(cb, withPos, { n: 3, S: 2, maxPositions: 3 })).toThrow(/below n \+ S - 1/);
+    expect(() => op.record(cb, without, { n: 1, S: 1, posIndex: 0 })).toThrow(/posIndex needs/);
+    cb.end();
+  });
+
+  test("worst NMSE of the replays", () => {
+    console.log(`dec_attention replay: worst NMSE ${replayWorst.toExponential(2)} (bound ${BOUND})`);
+    expect(replayWorst).toBeGreaterThan(0);
+    expect(replayWorst).toBeLessThanOrEqual(BOUND);
   });
 });

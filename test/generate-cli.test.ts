@@ -134,7 +134,7 @@ interface JsonOut {
   ids: number[];
   text: string;
   finish_reason: string;
-  timings: { prompt_tps: number; decode_tps: number; load_s: number };
+  timings: { prompt_tps: number; decode_tps: number; load_s: number; submits_per_token: number; dispatches_per_token: number };
   device: string;
   mode: string;
 }
@@ -409,11 +409,13 @@ test.concurrent("stdin is the prompt when --prompt is absent", async () => {
   expect(out.prompt_ids).toEqual(ref.prompts[0].input_ids);
 }, TEST_TIMEOUT_MS);
 
-test.concurrent("on the GPU (validation layer on): mode gpu, no validation messages", async () => {
+test.concurrent("on the GPU (validation layer on): mode resident, one submit per token, no validation messages", async () => {
   if (!ready()) return;
-  const r = await cli(["--model", q8!, "--raw", "--prompt", reference().rawText, "--temperature", "0", "--max-tokens", "4", "--json"], { gpu: true, env: { VKMOE_VALIDATION: "1" } });
+  const r = await cli(["--model", q8!, "--raw", "--prompt", reference().rawText, "--temperature", "0", "--max-tokens", "4", "--json"], { gpu: true, env: { VKMOE_VALIDATION: "1", VKMOE_GRAPH: "on" } });
   const out = expectJson(r);
-  expect(out.mode, show(r)).toBe("gpu");
+  expect(out.mode, show(r)).toBe("resident");
+  expect(out.timings.submits_per_token).toBe(1);
+  expect(out.timings.dispatches_per_token).toBeGreaterThan(0);
   expect(out.ids.length).toBe(4);
   expect(out.prompt_ids).toEqual(reference().q8.prompts[0].input_ids);
   // The script prints each message the layer collected as "vkmoe: validation: ..."; the layer's own output would say VUID-/Validation Error.

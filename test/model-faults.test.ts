@@ -19,30 +19,33 @@ function referencePrompt(): { input_ids: number[]; greedy_new_ids: number[]; gre
   return path ? JSON.parse(readFileSync(path, "utf8")).prompts[0] : undefined;
 }
 
-const env = { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" as const };
+const env = { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" as const, VKMOE_GRAPH: "on" as const };
 
-test("device lost at the 10th generated token: generation completes on the CPU with the reference's greedy ids, one line says why", async () => {
-  const p = referencePrompt();
-  const path = fixture(FILE);
-  if (!p || !path) return;
-  const lines: string[] = [];
-  using model = await Model.load(path, { env, log: (l) => lines.push(l) });
-  expect(model.device.mode).toBe("gpu");
-  const session = model.session({ ctx: 128 });
-  const run = generate(model, session, p.input_ids, { maxTokens: 24, sampling: { temperature: 0 }, stopAtEos: false });
-  let deltas = 0;
-  for (let r = run.next(); ; r = run.next()) {
-    if (r.done) {
-      expect(r.value.ids).toEqual(p.greedy_new_ids); // no margin of this prompt is below 0.01
-      break;
+for (const mode of ["resident", "per-layer"] as const) {
+  test(`${mode}: device lost at the 10th generated token: generation completes on the CPU with the reference's greedy ids, one line says why`, async () => {
+    const p = referencePrompt();
+    const path = fixture(FILE);
+    if (!p || !path) return;
+    const lines: string[] = [];
+    using model = await Model.load(path, { env: { ...env, VKMOE_GRAPH: mode === "resident" ? "on" : "off" }, log: (l) => lines.push(l) });
+    expect(model.device.mode).toBe(mode);
+    const session = model.session({ ctx: 128 });
+    const run = generate(model, session, p.input_ids, { maxTokens: 24, sampling: { temperature: 0 }, stopAtEos: false });
+    let deltas = 0;
+    for (let r = run.next(); ; r = run.next()) {
+      if (r.done) {
+        expect(r.value.ids).toEqual(p.greedy_new_ids); // no margin of this prompt is below 0.01
+        break;
+      }
+      if (++deltas === 10) model.simulateDeviceLoss();
     }
-    if (++deltas === 10) model.simulateDeviceLoss();
-  }
-  expect(model.device.mode).toBe("cpu");
-  const lost = lines.filter((l) => /device lost/.test(l));
-  expect(lost.length).toBe(1);
-  expect(model.takeValidationMessages()).toEqual([]);
-}, 120_000);
+    expect(model.device.mode).toBe("cpu");
+    expect(session.path).toBe("cpu-decoder");
+    const lost = lines.filter((l) => /device lost/.test(l));
+    expect(lost.length).toBe(1);
+    expect(model.takeValidationMessages()).toEqual([]);
+  }, 120_000);
+}
 
 test("a GPU budget that holds a few experts: they upload as routed, evicting colder ones, with the same logits", async () => {
   const p = referencePrompt();
@@ -52,7 +55,7 @@ test("a GPU budget that holds a few experts: they upload as routed, evicting col
   // 0.1 MB holds 7 of the 48 experts (13.3 kB each).
   using small = await Model.load(path, { env, budgetMB: 0.1, log: (l) => lines.push(l) });
   using full = await Model.load(path, { env: { ...env, VKMOE_GPU: false }, log: () => {} });
-  expect(small.device.mode).toBe("gpu");
+  expect(small.device.mode).toBe("per-layer");
   expect(lines.some((l) => /of 48 experts fit the GPU budget/.test(l))).toBe(true);
   const a = small.session({ ctx: 64 }).prefill(p.input_ids).slice();
   const b = full.session({ ctx: 64 }).prefill(p.input_ids);

@@ -112,9 +112,15 @@ describe("Hugging Face directory, float (quant none)", () => {
 
 const ggufCases: { file: string; path: string; env: Partial<VkmoeEnv>; bound: number; margin: number }[] = [];
 for (const file of ["qwen3-moe-tiny.Q8_0.gguf", "qwen3-moe-tiny.Q4_0.gguf"]) {
-  ggufCases.push({ file, path: "GPU float", env: { VKMOE_IDP: "off" }, bound: 1e-8, margin: 0.01 });
+  // The whole token on the GPU keeps its KV cache in f16 (transformers: f32): 4.8e-7 and 1.2e-6 on
+  // the Q8_0 file, and on the Q4_0 file's chat prompt 9.2e-4, where the rounded keys move a router
+  // choice of this random model (test/model-graph.test.ts holds it to the CPU decoder rounding
+  // its cache the same way, at 1e-6). Its bound here is 2e-3; the greedy ids are checked as for
+  // the others. The experts per layer (f32 cache on the host) are held to 1e-8.
+  ggufCases.push({ file, path: "GPU float", env: { VKMOE_IDP: "off", VKMOE_GRAPH: "on" }, bound: 2e-3, margin: 0.01 });
+  ggufCases.push({ file, path: "GPU float per-layer", env: { VKMOE_IDP: "off", VKMOE_GRAPH: "off" }, bound: 1e-8, margin: 0.01 });
   ggufCases.push({ file, path: "CPU", env: { VKMOE_GPU: false }, bound: 1e-8, margin: 0.01 });
-  ggufCases.push({ file, path: "GPU integer-dot", env: { VKMOE_IDP: "on" }, bound: 5e-3, margin: 0.1 });
+  ggufCases.push({ file, path: "GPU integer-dot", env: { VKMOE_IDP: "on", VKMOE_GRAPH: "on" }, bound: 5e-3, margin: 0.1 });
 }
 
 describe("GGUF against transformers over the file's own tensors", () => {
@@ -123,8 +129,8 @@ describe("GGUF against transformers over the file's own tensors", () => {
       const ref = reference(c.file);
       using model = (await load(c.file, env(c.env)))!;
       if (!ref || !model) return;
-      expect(model.device.mode).toBe(c.path === "CPU" ? "cpu" : "gpu");
-      if (c.path !== "CPU") expect(model.device.why).toContain(c.path === "GPU float" ? "float path" : "integer-dot path");
+      expect(model.device.mode).toBe(c.path === "CPU" ? "cpu" : c.path.endsWith("per-layer") ? "per-layer" : "resident");
+      if (c.path !== "CPU") expect(model.device.why).toContain(c.path.startsWith("GPU float") ? "float path" : "integer-dot path");
       const errors = checkLogits(model, ref, c.bound);
       const steps = ref.prompts.map((p) => checkGreedy(model, p, c.margin).compared);
       console.log(`${c.file} ${c.path}: logits NMSE ${errors.map((e) => e.toExponential(1)).join(", ")}; greedy ids equal for ${steps.join(" and ")} steps`);
@@ -136,15 +142,16 @@ describe("GGUF against transformers over the file's own tensors", () => {
 describe("Hugging Face directory quantized on load (experts q4, dense q8)", () => {
   test("the GPU and the CPU path agree on the same quantized weights", async () => {
     const ref = reference("qwen3-moe-tiny");
-    using gpu = (await load("qwen3-moe-tiny", env({ VKMOE_IDP: "off" })))!;
+    using gpu = (await load("qwen3-moe-tiny", env({ VKMOE_IDP: "off", VKMOE_GRAPH: "on" })))!;
     using cpu = (await load("qwen3-moe-tiny", env({ VKMOE_GPU: false })))!;
     if (!ref || !gpu || !cpu) return;
-    expect(gpu.device.mode).toBe("gpu");
+    expect(gpu.device.mode).toBe("resident");
     const V = cpu.config.vocab;
     ref.prompts.forEach((p, i) => {
+      // the CPU decoder rounds its KV cache to f16 as the GPU's is: the same computation
       const a = gpu.session({ ctx: 64 }).prefill(p.input_ids).slice();
-      const b = cpu.session({ ctx: 64 }).prefill(p.input_ids);
-      expect(nmse(b, a)).toBeLessThan(1e-8);
+      const b = cpu.session({ ctx: 64, cpuCache: "f16" }).prefill(p.input_ids);
+      expect(nmse(b, a)).toBeLessThan(1e-6); // as test/model-graph.test.ts: f16 roundings flip where f32 and f64 sums differ
       // 4-bit experts move this random model far from the float reference (NMSE 0.06-0.08); still the same model.
       expect(nmse(ref.logits.subarray(i * V, (i + 1) * V), b)).toBeLessThan(0.3);
     });

@@ -70,8 +70,12 @@ export function* generate(model: Model, session: Session, promptIds: readonly nu
     }
     return false;
   };
+  // Greedy without penalties: the device returns the argmax itself, and no logits are read back.
+  const argmaxOnDevice = sampler.argmaxOnly;
+  let nextId: number | undefined;
   while (ids.length < options.maxTokens) {
-    const id = sampler.sample(logits, history);
+    const id = nextId ?? sampler.sample(logits, history);
+    if (id < 0) throw new InvalidArgumentError("no token can be chosen: every logit is NaN or -Infinity");
     ids.push(id);
     history.push(id);
     if (eos.has(id)) {
@@ -84,7 +88,8 @@ export function* generate(model: Model, session: Session, promptIds: readonly nu
       break;
     }
     if (ids.length >= options.maxTokens || session.length >= session.ctx) break;
-    logits = session.step(id);
+    if (argmaxOnDevice) nextId = session.stepGreedy(id).id;
+    else logits = session.step(id);
     decodeTokens++;
   }
   if (stoppedBy === undefined || "eos" in stoppedBy) {

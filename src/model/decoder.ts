@@ -71,8 +71,8 @@ export class Decoder {
     for (let t = 0; t < S; t++) {
       applyRope(q, t * H * hd, H, hd, p0 + t, this.inv);
       applyRope(k, t * row, KV, hd, p0 + t, this.inv);
-      keys.set(k.subarray(t * row, (t + 1) * row), (p0 + t) * row);
-      values.set(v.subarray(t * row, (t + 1) * row), (p0 + t) * row);
+      kv.store(keys, k.subarray(t * row, (t + 1) * row), p0 + t);
+      kv.store(values, v.subarray(t * row, (t + 1) * row), p0 + t);
     }
     const out = s.attn.subarray(0, S * H * hd);
     attendCpu(q, keys, values, S, p0, H, KV, hd, out, s.scores, s.acc);

@@ -24,6 +24,10 @@ export interface ExpertRunner extends Disposable {
   takeValidationMessages(): string[];
   /** Tests: the next GPU call fails as if the device were lost. */
   simulateDeviceLoss(): void;
+  /** The device was lost under the decode graph: every backend to the CPU, silently (the session says it in one line). */
+  abandonGpu(why: string): void;
+  /** The one GPU backend every MoE layer runs on, when there is one (the decode graph routes on its device). */
+  readonly gpuBackend: MoeBackend | undefined;
 }
 
 export interface ExpertRunnerOptions {
@@ -34,6 +38,8 @@ export interface ExpertRunnerOptions {
   cpuCacheBytes?: number;
   /** Fraction of the experts uploaded so far, while they upload. */
   progress?: (fraction: number) => void;
+  /** Khronos synchronization validation too (with VKMOE_VALIDATION=1; tests). */
+  syncValidation?: boolean;
 }
 
 /** Converted experts, kept while they fit in a byte budget (oldest dropped first). */
@@ -87,6 +93,7 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
         // The GPU path asks once per upload; its CPU path asks on every call, so those are kept.
         weights: (l, e) => (backend?.mode === "cpu" ? cache.get(l * E + e, () => convert(l, e), quantBytes) : convert(l, e)),
         budgetMB: options.budgetMB,
+        syncValidation: options.syncValidation ?? false,
         log,
       }, options.env);
       backends.set(f, backend);
@@ -124,6 +131,10 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
       return parts.join("; ") || "no MoE layers";
     },
     forward: (layer, x, r, y) => byLayer[layer]!.forward(layer, x, r, y),
+    abandonGpu: (why) => all.forEach((b) => b.abandonGpu(why)),
+    get gpuBackend() {
+      return all.length === 1 && !float && all[0]!.mode === "gpu" ? all[0] : undefined;
+    },
     takeValidationMessages: () => all.flatMap((b) => b.takeValidationMessages()),
     simulateDeviceLoss: () => all.forEach((b) => b.injectDeviceLost()),
     [Symbol.dispose]: () => {

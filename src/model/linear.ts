@@ -48,7 +48,7 @@ export class FloatLinear implements Linear {
   readonly kind: string;
   readonly bytes: number;
   private readonly row: Float32Array;
-  constructor(readonly dtype: FloatDType, private readonly data: Float32Array | Uint16Array, readonly rows: number, readonly cols: number) {
+  constructor(readonly dtype: FloatDType, readonly data: Float32Array | Uint16Array, readonly rows: number, readonly cols: number) {
     this.kind = dtype.toLowerCase();
     this.bytes = data.byteLength;
     this.row = new Float32Array(cols);

@@ -5,7 +5,8 @@
  */
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { VkmoeEnv } from "../config.ts";
+import { readConfig, type VkmoeEnv } from "../config.ts";
+import { GraphUnsupportedError, openDeviceDecoder, type DeviceDecoder } from "../graph/index.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { openTensorFile } from "../formats/index.ts";
 import type { GgufFile, TensorFile } from "../formats/tensor.ts";
@@ -31,7 +32,16 @@ export interface LoadOptions {
   /** Called as loading advances: stage name and fraction done in [0, 1]. */
   progress?: (stage: string, fraction: number) => void;
   env?: VkmoeEnv;
+  /** Khronos synchronization validation too (with VKMOE_VALIDATION=1; slow: tests). */
+  syncValidation?: boolean;
 }
+
+/**
+ * Where a model's tokens run: "resident", every op of a token on the GPU in one submit (every
+ * expert resident); "per-layer", the CPU decoder with the experts on the GPU layer by layer (the
+ * expert cache and the hybrid CPU share); "cpu", everything on the CPU.
+ */
+export type RunMode = "resident" | "per-layer" | "cpu";
 
 export interface ModelSource {
   path: string;
@@ -53,6 +63,10 @@ export class Model implements Disposable {
     private readonly experts: ExpertRunner,
     /** Seconds from load() to ready. */
     readonly loadSeconds: number,
+    private deviceDecoder: DeviceDecoder | undefined,
+    /** Why the model is not resident (empty when it is). */
+    private whyNotResident: string,
+    private readonly log: (line: string) => void,
   ) {}
 
   static async load(path: string, options: LoadOptions = {}): Promise<Model> {
@@ -92,18 +106,48 @@ export class Model implements Disposable {
       if (tokenizer.vocabSize > config.vocab) throw new ModelConfigError(`${path}: the tokenizer has ${tokenizer.vocabSize} tokens but the model only ${config.vocab} embedding rows`);
       progress("weights", 0);
       const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
-      const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env: options.env, progress: (f) => progress("experts", f) });
+      const env = options.env ?? readConfig();
+      const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, progress: (f) => progress("experts", f) });
+      let deviceDecoder: DeviceDecoder | undefined, whyNot = "";
+      const backend = experts.gpuBackend;
+      if (env.VKMOE_GRAPH === "off") whyNot = "VKMOE_GRAPH=off";
+      else if (!backend) whyNot = experts.why;
+      else {
+        progress("graph", 0);
+        try {
+          deviceDecoder = openDeviceDecoder(config, weights, backend, env.VKMOE_GRAPH);
+        } catch (e) {
+          if (!(e instanceof GraphUnsupportedError)) {
+            experts[Symbol.dispose]();
+            throw e;
+          }
+          whyNot = e.message;
+        }
+      }
+      if (backend && !deviceDecoder) log(`vkmoe: per-layer mode (the experts on the GPU, the rest of the token on the CPU): ${whyNot}`);
       progress("ready", 1);
-      return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000);
+      return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, deviceDecoder, whyNot, log);
     } catch (e) {
       file[Symbol.dispose]();
       throw e;
     }
   }
 
-  /** Where the routed experts run ("gpu" or "cpu") and why, in one line. */
-  get device(): { mode: "gpu" | "cpu"; why: string } {
-    return { mode: this.experts.mode, why: this.experts.why };
+  /**
+   * Where tokens run and why, in one line: "resident" (the whole token on the GPU), "per-layer"
+   * (the experts on the GPU), or "cpu". `experts` says where the routed experts run.
+   */
+  get device(): { mode: RunMode; why: string; experts: "gpu" | "cpu" } {
+    const experts = this.experts.mode;
+    if (this.deviceDecoder) return { mode: "resident", why: `${this.deviceDecoder.why}; experts: ${this.experts.why}`, experts };
+    if (experts === "gpu") return { mode: "per-layer", why: `${this.experts.why}; not resident: ${this.whyNotResident}`, experts };
+    return { mode: "cpu", why: this.experts.why, experts };
+  }
+
+  /** The GPU expert cache's counters (hits, misses, evictions, uploads...), undefined on the CPU path. */
+  expertCacheStats(): Record<string, number> | undefined {
+    const cache = this.experts.gpuBackend?.stats().cache;
+    return cache ? { ...cache } as unknown as Record<string, number> : undefined;
   }
 
   /** Validation-layer messages of the GPU path since the last call (VKMOE_VALIDATION=1), one line each. */
@@ -114,11 +158,24 @@ export class Model implements Disposable {
   /** Tests: the next GPU call of the experts fails as if the device were lost (they continue on the CPU). */
   simulateDeviceLoss(): void {
     this.experts.simulateDeviceLoss();
+    this.deviceDecoder?.simulateDeviceLoss();
   }
 
   session(options: SessionOptions = {}): Session {
     this.checkLive();
-    return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options);
+    return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options, this.deviceDecoder, this.log, (why) => this.deviceLost(why));
+  }
+
+  /** A session lost the device: the graph and the experts' GPU path are dropped; sessions continue on the CPU. */
+  private deviceLost(why: string): void {
+    try {
+      this.deviceDecoder?.[Symbol.dispose]();
+    } catch {
+      // nothing more to free on a lost device
+    }
+    this.deviceDecoder = undefined;
+    this.whyNotResident = why;
+    this.experts.abandonGpu(why);
   }
 
   private checkLive(): void {
@@ -128,6 +185,8 @@ export class Model implements Disposable {
   [Symbol.dispose](): void {
     if (this.disposed) return;
     this.disposed = true;
+    this.deviceDecoder?.[Symbol.dispose]();
+    this.deviceDecoder = undefined;
     this.experts[Symbol.dispose]();
     this.file[Symbol.dispose]();
   }

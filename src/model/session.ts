@@ -1,44 +1,89 @@
 /**
  * One sequence's state over a loaded model: its KV cache and position. `prefill(ids)` runs a prompt
- * (in chunks of up to 64 tokens, through the same layer calls as decode) and `step(id)` one token;
- * each returns the next token's logits (a view reused by the next call).
+ * and `step(id)` one token; each returns the next token's logits (a view reused by the next call).
+ *
+ * Where the model runs the whole token on the GPU ("resident" mode) the session holds a device
+ * sequence (an f16 KV cache in device memory, one submit per token); otherwise the CPU decoder
+ * runs chunks of up to 64 tokens with the experts per layer. A device lost mid-generation moves
+ * the session to the CPU path: the tokens so far are run again there, with one line.
  */
+import type { DeviceDecoder, DeviceSequence } from "../graph/index.ts";
+import { isDeviceLost } from "../graph/index.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import { Decoder, MAX_CHUNK, type DecoderObserver } from "./decoder.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ContextLengthError } from "./errors.ts";
 import { KvCache } from "./kv-cache.ts";
+import { argmax } from "../sampling/select.ts";
 
 export interface SessionOptions {
   /** Context length in tokens (prompt + generation); default min(4096, the model's maximum). */
   ctx?: number;
+  /** Time each device token with GPU timestamps (benchmarks). */
+  timing?: boolean;
+  /**
+   * The CPU decoder's KV cache: "f32" (default), or "f16", rounding as the GPU's f16 cache does
+   * (tests: the CPU decoder as the whole-token GPU path's exact oracle). The device path is f16.
+   */
+  cpuCache?: "f32" | "f16";
 }
 
-export class Session {
+/** Where a session's tokens run: the whole token on the GPU, or the CPU decoder (experts per layer). */
+export type SessionPath = "device" | "cpu-decoder";
+
+export class Session implements Disposable {
   readonly ctx: number;
-  private readonly kv: KvCache;
+  private kv: KvCache | undefined;
+  private readonly cpuCache: "f32" | "f16";
+  private device: DeviceSequence | undefined;
   private readonly logits: Float32Array;
-  /** Taps for tests and debugging (per-layer hidden states, routing). */
+  /** Taps for tests and debugging (per-layer hidden states on the CPU decoder; routing on both). */
   observer: DecoderObserver | undefined;
   /** The token ids the cache holds, in order. */
   readonly tokens: number[] = [];
+  /** Tokens run and submits made (one per token on the device path, none on the CPU decoder's). */
+  readonly counts = { tokens: 0, submits: 0 };
 
-  constructor(private readonly decoder: Decoder, readonly config: Qwen3MoeConfig, options: SessionOptions = {}) {
+  constructor(
+    private readonly decoder: Decoder,
+    readonly config: Qwen3MoeConfig,
+    options: SessionOptions = {},
+    deviceDecoder?: DeviceDecoder,
+    private readonly log: (line: string) => void = (line) => console.error(line),
+    /** Told when the device is lost (the model drops its GPU paths). */
+    private readonly onDeviceLost: (why: string) => void = () => {},
+  ) {
     const ctx = options.ctx ?? Math.min(4096, config.maxPositions);
     if (!Number.isInteger(ctx) || ctx < 1) throw new ContextLengthError(`context length must be a positive integer, got ${ctx}`);
     if (ctx > config.maxPositions) throw new ContextLengthError(`context length ${ctx} exceeds the model's maximum of ${config.maxPositions} tokens`);
     this.ctx = ctx;
-    this.kv = new KvCache(config.layers, ctx, config.kvHeads, config.headDim);
+    this.cpuCache = options.cpuCache ?? "f32";
+    if (deviceDecoder) this.device = deviceDecoder.sequence(ctx, { timing: options.timing });
+    else this.kv = new KvCache(config.layers, ctx, config.kvHeads, config.headDim, this.cpuCache);
     this.logits = new Float32Array(config.vocab);
   }
 
-  get length(): number {
-    return this.kv.length;
+  get path(): SessionPath {
+    return this.device ? "device" : "cpu-decoder";
   }
 
-  /** Bytes of the KV cache. */
+  get length(): number {
+    return this.tokens.length;
+  }
+
+  /** Bytes of the KV cache (device memory on the device path). */
   get cacheBytes(): number {
-    return this.kv.bytes;
+    return this.device ? this.device.cacheBytes : this.kv!.bytes;
+  }
+
+  /** GPU µs of the last device token (with `timing`), 0 on the CPU decoder. */
+  get lastGpuUs(): number {
+    return this.device?.lastGpuUs ?? 0;
+  }
+
+  /** Dispatches per decode token on the device path (0 on the CPU decoder). */
+  get dispatchesPerToken(): number {
+    return this.device ? this.device.dispatchesOf("logits") : 0;
   }
 
   /** Runs `ids` after what the session holds; returns the logits after the last one. */
@@ -46,11 +91,16 @@ export class Session {
     if (ids.length === 0) throw new ContextLengthError("prefill needs at least one token");
     this.checkRoom(ids.length);
     this.checkIds(ids);
+    if (this.device) {
+      const r = this.onDevice(ids, (d, i, pos) => d.run(ids[i]!, pos, i === ids.length - 1 ? "logits" : "none").logits);
+      if (r) return r;
+    }
     for (let i = 0; i < ids.length; i += MAX_CHUNK) {
       const chunk = Array.prototype.slice.call(ids, i, Math.min(ids.length, i + MAX_CHUNK)) as number[];
       const last = i + MAX_CHUNK >= ids.length;
-      this.decoder.forward(chunk, this.kv, last ? 1 : 0, last ? this.logits : undefined, this.observer);
+      this.decoder.forward(chunk, this.kv!, last ? 1 : 0, last ? this.logits : undefined, this.observer);
       for (const id of chunk) this.tokens.push(id);
+      this.counts.tokens += chunk.length;
     }
     return this.logits;
   }
@@ -60,30 +110,128 @@ export class Session {
     return this.prefill([id]);
   }
 
+  /**
+   * Runs one token and returns the greedy next id (and its logit) without reading the logits back
+   * on the device path; the CPU decoder takes the sampler's argmax of its logits (ties: the lowest id;
+   * -1 when every logit is NaN or -Infinity, as on the device).
+   */
+  stepGreedy(id: number): { id: number; value: number } {
+    this.checkRoom(1);
+    this.checkIds([id]);
+    if (this.device) {
+      const r = this.onDevice([id], (d, _i, pos) => d.run(id, pos, "argmax"));
+      if (r) return { id: r.id!, value: r.value! };
+    }
+    const logits = this.prefill([id]);
+    const best = argmax(logits);
+    return { id: best, value: best < 0 ? -Infinity : logits[best]! };
+  }
+
+  /**
+   * Profiling (device path only): runs one token through a recording with a timestamp after every
+   * op and returns each op's GPU µs, in order; the token joins the session as a step would.
+   */
+  profileStep(id: number): { op: string; us: number }[] {
+    if (!this.device) throw new InvalidArgumentError(`profiling needs the whole token on the GPU (this session runs on the ${this.path})`);
+    this.checkRoom(1);
+    this.checkIds([id]);
+    const split = this.device.profile(id, this.tokens.length, "argmax");
+    this.tokens.push(id);
+    this.counts.tokens++;
+    this.counts.submits++;
+    return split;
+  }
+
   /** Logits of every position of `ids` (tests: top-k per position), [ids.length, vocab]. */
   prefillAll(ids: ArrayLike<number>): Float32Array {
     this.checkRoom(ids.length);
     this.checkIds(ids);
     const V = this.config.vocab;
     const out = new Float32Array(ids.length * V);
+    if (this.device) {
+      const done = this.onDevice(ids, (d, i, pos) => {
+        out.set(d.run(ids[i]!, pos, "logits").logits!, i * V);
+        return true;
+      });
+      if (done) return out;
+    }
     for (let i = 0; i < ids.length; i += MAX_CHUNK) {
       const chunk = Array.prototype.slice.call(ids, i, Math.min(ids.length, i + MAX_CHUNK)) as number[];
-      this.decoder.forward(chunk, this.kv, chunk.length, out.subarray(i * V, (i + chunk.length) * V), this.observer);
+      this.decoder.forward(chunk, this.kv!, chunk.length, out.subarray(i * V, (i + chunk.length) * V), this.observer);
       for (const id of chunk) this.tokens.push(id);
+      this.counts.tokens += chunk.length;
     }
     return out;
   }
 
+  /**
+   * Runs ids[i] at their positions on the device, one token a submit; returns the last result. On
+   * a lost device the session moves to the CPU decoder (the tokens before this call run again
+   * there) and returns undefined: the caller then runs `ids` on the CPU path.
+   */
+  private onDevice<T>(ids: ArrayLike<number>, run: (d: DeviceSequence, i: number, position: number) => T): T | undefined {
+    const d = this.device!;
+    const start = this.tokens.length;
+    let result: T | undefined;
+    try {
+      if (this.observer?.hidden) throw new InvalidArgumentError("hidden-state observers need the CPU decoder (VKMOE_GRAPH=off)");
+      for (let i = 0; i < ids.length; i++) {
+        result = run(d, i, start + i);
+        this.tokens.push(ids[i]!);
+        this.counts.tokens++;
+        this.counts.submits++;
+        if (this.observer?.routing) this.reportRouting(d);
+      }
+      return result;
+    } catch (e) {
+      if (!isDeviceLost(e)) {
+        this.tokens.length = start; // the failed call's tokens are not in the cache
+        throw e;
+      }
+      this.toCpu(start);
+      return undefined;
+    }
+  }
+
+  private reportRouting(d: DeviceSequence): void {
+    const k = this.config.topK, chosen = d.lastRouting();
+    this.config.moeLayers.forEach((moe, l) => {
+      if (moe) this.observer!.routing!(l, chosen.subarray(l * k, (l + 1) * k), 1, k);
+    });
+  }
+
+  /** After a lost device: the first `keep` tokens run again on the CPU decoder, which holds the session from now on. */
+  private toCpu(keep: number): void {
+    this.log(`vkmoe: device lost; continuing on the CPU path (${keep} tokens run again there)`);
+    try {
+      this.device?.[Symbol.dispose]();
+    } catch {
+      // the device is gone: nothing more to free
+    }
+    this.device = undefined;
+    this.onDeviceLost("device lost");
+    const tokens = this.tokens.slice(0, keep);
+    this.tokens.length = 0;
+    this.kv = new KvCache(this.config.layers, this.ctx, this.config.kvHeads, this.config.headDim, this.cpuCache);
+    if (tokens.length > 0) {
+      for (let i = 0; i < tokens.length; i += MAX_CHUNK) {
+        const chunk = tokens.slice(i, i + MAX_CHUNK);
+        this.decoder.forward(chunk, this.kv, 0, undefined);
+        for (const id of chunk) this.tokens.push(id);
+      }
+    }
+  }
+
   /** Drops everything after the first `keep` tokens (a chat turn reuses its shared prefix). */
   truncate(keep = 0): void {
-    if (keep < 0 || keep > this.kv.length) throw new ContextLengthError(`cannot keep ${keep} of ${this.kv.length} tokens`);
-    this.kv.length = keep;
+    if (keep < 0 || keep > this.tokens.length) throw new ContextLengthError(`cannot keep ${keep} of ${this.tokens.length} tokens`);
+    if (this.kv) this.kv.length = keep;
     this.tokens.length = keep;
   }
 
   private checkRoom(n: number): void {
-    if (this.kv.length + n > this.ctx) {
-      throw new ContextLengthError(`${this.kv.length + n} tokens do not fit the context of ${this.ctx} (${this.kv.length} held, ${n} more); raise --ctx (model maximum ${this.config.maxPositions})`);
+    if (this.tokens.length + n > this.ctx) {
+      throw new ContextLengthError(`${this.tokens.length + n} tokens do not fit the context of ${this.ctx} (${this.tokens.length} held, ${n} more); raise --ctx (model maximum ${this.config.maxPositions})`);
     }
   }
 
@@ -93,5 +241,10 @@ export class Session {
       const id = ids[i]!;
       if (!Number.isInteger(id) || id < 0 || id >= V) throw new InvalidArgumentError(`token id ${id} at ${i} is outside the vocabulary 0..${V - 1}`);
     }
+  }
+
+  [Symbol.dispose](): void {
+    this.device?.[Symbol.dispose]();
+    this.device = undefined;
   }
 }

@@ -19,6 +19,7 @@ import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
+import { MoeGraphStage } from "./graph-stage.ts";
 import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { decidePrelaunch } from "./prelaunch-policy.ts";
@@ -252,6 +253,18 @@ export class MoeBackend implements Disposable {
 
   get pool(): ExpertPool | undefined {
     return this.gpu?.pool;
+  }
+
+  /**
+   * The decode graph's MoE stage for `moeLayers` on the GPU path (src/graph/): throws
+   * ExpertsNotResidentError unless every routed expert of those layers is resident, and
+   * InvalidArgumentError on the CPU path or with a shared expert (not in the graph yet).
+   */
+  graphStage(moeLayers: readonly number[], maxTokens: number): MoeGraphStage {
+    const g = this.gpu;
+    if (!g) throw new InvalidArgumentError(`the MoE layer runs on the CPU (${this.whyCpu})`);
+    if (this.options.shared) throw new InvalidArgumentError("a shared expert is not in the decode graph yet");
+    return new MoeGraphStage(g.ctx.device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens });
   }
 
   /** Everything about a call's input but x's values (checkValues). */
@@ -555,6 +568,13 @@ export class MoeBackend implements Disposable {
   private dropGpu(why: string): void {
     this[Symbol.dispose]();
     this.toCpu(why);
+  }
+
+  /** The device was lost elsewhere (the decode graph on the same device): CPU from now on, no line (the caller says it). */
+  abandonGpu(why: string): void {
+    if (!this.gpu) return;
+    this[Symbol.dispose]();
+    this.whyCpu = why;
   }
 
   /** Fault hook for tests: the next GPU wait reports VK_ERROR_DEVICE_LOST. */

@@ -287,19 +287,20 @@ export class GpuLayer implements Disposable {
   /** Fault hook: the next wait throws DeviceLostError (after really waiting, so teardown stays valid). */
   injectDeviceLost = false;
   /** Rows per workgroup of the grouped kernels (kernel config). */
-  private readonly rows: number;
+  readonly rows: number;
   /** Sequence number of the last call submitted (completion word). */
   private seq = 0;
   /** The next call's tables: the caller fills them, submit() copies them into the ticket. */
   readonly tables: CallTables;
-  private readonly pushGateUp = new Uint32Array(9);
-  private readonly pushDown = new Uint32Array(9);
+  // Push constants of each stage (also recorded by the decode graph's MoE stage, graph-stage.ts).
+  readonly pushGateUp = new Uint32Array(9);
+  readonly pushDown = new Uint32Array(9);
   /** The fused kernel: gate+up's push constants, then the down matrix's rowWords, groupsPerRow, weight and scale offsets. */
-  private readonly pushFused = new Uint32Array(13);
-  private readonly pushSum: Uint32Array;
+  readonly pushFused = new Uint32Array(13);
+  readonly pushSum: Uint32Array;
   /** quantize_act: I = D, S = MAX_TOKENS (the indirect group count bounds the real S), groupsPerRow, xOffset, xqRowWords. */
-  private readonly pushQuantize: Uint32Array;
-  private readonly quantizeThreadsPerToken: number;
+  readonly pushQuantize: Uint32Array;
+  readonly quantizeThreadsPerToken: number;
   /** Calls of at most this many tokens run the fused command buffer. */
   readonly fusedTokens: number;
   /** Fused calls are pre-launched (see the header). Scripts that time the GPU turn it off (setPrelaunch). */
@@ -491,6 +492,11 @@ export class GpuLayer implements Disposable {
       this.record(t);
     }
     return free;
+  }
+
+  /** The slab array binding (descriptor path): every bound slab, `placeholder` in the free elements. */
+  slabArray(placeholder: Buffer): BufferBinding[] {
+    return this.boundSlabs.map((b) => ({ buffer: b ? b.buffer : placeholder }));
   }
 
   private writeSlabArray(t: Ticket): void {

@@ -116,6 +116,11 @@ export class Sampler {
     return this.options.seed;
   }
 
+  /** Greedy with no penalty: the next id is the argmax of the raw logits (the engine may take it from the device). */
+  get argmaxOnly(): boolean {
+    return this.greedy && !this.penalize;
+  }
+
   /** Rewinds the random stream to the start of this sampler's seed. */
   reset(): void {
     this.random.reset();

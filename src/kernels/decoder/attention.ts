@@ -16,6 +16,14 @@
  * `cacheOffset` halves (a multiple of 8; `layerOffset()`); out [S][heads][headDim] f32 at
  * outOffset floats. Partials: record (token t, head h, chunk c) at ((t*heads + h)*numChunks + c)
  * * (headDim + 4) floats: headDim weighted-value floats, m, l, 2 pad.
+ *
+ * Replay at any position: a binding made with a `positions` buffer (u32 words) reads the context
+ * length on the GPU: token 0 sees n + positions[posIndex] positions (n from the call, the base),
+ * so one recording with the grid sized for `maxPositions` serves every position the host writes
+ * into the word between submits (decode: S = 1, n = 1, positions[0] = p). Both passes cap that n
+ * at maxPositions - (S - 1), so a stale or out-of-range word never reads past the cache, the grid
+ * or the partials. Without a positions buffer another of the binding's buffers (q) is bound in
+ * its place and the flag is clear.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -25,13 +33,17 @@ import type { Buffer } from "../../vk/memory.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
 
-/** Pass 1: q, keys, values, partials; push n, S, heads, kvHeads, kOffset (uvec4), vOffset (uint), qOffset (vec4), numChunks, tokensPerGroup, scale (f32). */
-export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 4, pushConstantBytes: 40 } as const;
-/** Pass 2: partials, out; push n, S, heads, numChunks, outOffset (floats). */
-export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 2, pushConstantBytes: 20 } as const;
+/**
+ * Pass 1: q, keys, values, partials, positions; push n, S, heads, kvHeads, kOffset (uvec4), vOffset
+ * (uint), qOffset (vec4), numChunks, tokensPerGroup, scale (f32), posIndex, flags (bit 0: n +=
+ * positions[posIndex]), limit (n capped at limit - (S - 1)): 52 B.
+ */
+export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushConstantBytes: 52 } as const;
+/** Pass 2: partials, out, positions; push n, S, heads, numChunks, outOffset (floats), posIndex, flags, limit (as pass 1): 32 B. */
+export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 3, pushConstantBytes: 32 } as const;
 
 export const MAX_ATTENTION_TOKENS = 4;
-export const ATTENTION_HEAD_DIMS = [64, 128, 256] as const;
+export const ATTENTION_HEAD_DIMS = [32, 64, 128, 256] as const;
 export const ATTENTION_GQA = [1, 2, 4, 8] as const;
 
 export interface DecoderAttentionOptions {
@@ -55,6 +67,11 @@ export interface AttentionBuffers {
   /** At least `partialBytes(maxPositions, S)` bytes. */
   partials: Buffer;
   out: Buffer;
+  /**
+   * u32 words; when given, every call on this binding adds positions[posIndex] (read on the GPU
+   * when the command buffer runs) to its n, and must give maxPositions.
+   */
+  positions?: Buffer;
 }
 
 /** Descriptor sets of both passes for one set of buffers (from `bind`). */
@@ -62,11 +79,19 @@ export interface AttentionBinding {
   readonly split: bigint;
   readonly combine: bigint;
   readonly partials: Buffer;
+  /** The positions buffer of `AttentionBuffers`, if any. */
+  readonly positions?: Buffer;
 }
 
 export interface AttentionCall {
-  /** Positions seen by the first query token (its own included): token t sees n + t. */
+  /**
+   * Positions seen by the first query token (its own included): token t sees n + t. On a binding
+   * with a positions buffer this is the base: token 0 sees n + positions[posIndex] (capped at
+   * maxPositions - (S - 1)).
+   */
   n: number;
+  /** The word of the binding's positions buffer added to n (default 0); only with a positions buffer. */
+  posIndex?: number;
   /** Query tokens, 1..4. */
   S: number;
   /** The layer's first key/value element, in halves (a multiple of 8); default 0. */
@@ -77,7 +102,9 @@ export interface AttentionCall {
   outOffset?: number;
   /**
    * Size the grid (and the partials stride) for this many positions instead of n + S - 1: surplus
-   * workgroups exit at once. Default n + S - 1.
+   * workgroups exit at once. Default n + S - 1; required on a binding with a positions buffer
+   * (the grid cannot be sized from a word the GPU reads), where it is also the most positions the
+   * last token sees (the keys/values must hold that many).
    */
   maxPositions?: number;
 }
@@ -93,12 +120,12 @@ export class DecoderAttention implements Disposable {
   private readonly splitPipelines = new Map<number, ComputePipeline>();
   private readonly combinePipeline: ComputePipeline;
   private readonly pool: DescriptorPool;
-  private readonly pc = new DataView(new ArrayBuffer(40));
+  private readonly pc = new DataView(new ArrayBuffer(DEC_ATTENTION.pushConstantBytes));
 
   constructor(device: Device, options: DecoderAttentionOptions) {
     const { heads, kvHeads, headDim } = options;
     const chunk = options.chunk ?? 64, wg = options.workgroupSize ?? 64, maxBindings = options.maxBindings ?? 8;
-    if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(headDim)) throw new InvalidArgumentError(`headDim must be 64, 128 or 256, got ${headDim}`);
+    if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(headDim)) throw new InvalidArgumentError(`headDim must be 32, 64, 128 or 256, got ${headDim}`);
     if (!Number.isInteger(kvHeads) || kvHeads < 1 || !Number.isInteger(heads) || heads % kvHeads !== 0) {
       throw new InvalidArgumentError(`heads (${heads}) must be a positive multiple of kvHeads (${kvHeads})`);
     }
@@ -122,7 +149,7 @@ export class DecoderAttention implements Disposable {
       spirv: shaderFile(DEC_ATTENTION_COMBINE.name), storageBuffers: DEC_ATTENTION_COMBINE.storageBuffers,
       pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim, 2: chunk },
     });
-    this.pool = new DescriptorPool(device, 2 * maxBindings, 6 * maxBindings);
+    this.pool = new DescriptorPool(device, 2 * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers) * maxBindings);
   }
 
   private sharedBytes(rows: number, headDim = this.headDim, chunk = this.chunk): number {
@@ -165,23 +192,37 @@ export class DecoderAttention implements Disposable {
 
   /** Descriptor sets for these buffers (written once; reuse the binding for every call on them). */
   bind(b: AttentionBuffers): AttentionBinding {
-    // every split pipeline shares one set layout (4 storage buffers), so any of them allocates it
-    const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }]);
-    const combine = this.pool.allocate(this.combinePipeline, [{ buffer: b.partials }, { buffer: b.out }]);
-    return { split, combine, partials: b.partials };
+    // every split pipeline shares one set layout (5 storage buffers), so any of them allocates it;
+    // without a positions buffer q stands in for it (never read: the flag is clear)
+    const pos = b.positions ?? b.q;
+    const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos }]);
+    const combine = this.pool.allocate(this.combinePipeline, [{ buffer: b.partials }, { buffer: b.out }, { buffer: pos }]);
+    return b.positions ? { split, combine, partials: b.partials, positions: b.positions } : { split, combine, partials: b.partials };
   }
 
   /**
-   * Records both passes and the barrier between them into `cb`. The caller orders q / cache
-   * writes before (a compute or transfer barrier) and reads of out after.
+   * Records both passes and the barrier between them into `cb`. The caller orders q / cache (and
+   * positions-word) writes before (a compute or transfer barrier; a host write before the submit
+   * needs none) and reads of out after.
    */
   record(cb: CommandBuffer, binding: AttentionBinding, call: AttentionCall): void {
     const { n, S } = call;
     const cacheOffset = call.cacheOffset ?? 0, qOffset = call.qOffset ?? 0, outOffset = call.outOffset ?? 0;
     if (!Number.isInteger(S) || S < 1 || S > MAX_ATTENTION_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${MAX_ATTENTION_TOKENS}, got ${S}`);
     if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`n must be a positive integer, got ${n}`);
+    const fromBuffer = binding.positions !== undefined;
+    const posIndex = call.posIndex ?? 0;
+    if (fromBuffer) {
+      if (call.maxPositions === undefined) throw new InvalidArgumentError("maxPositions is required on a binding with a positions buffer");
+      if (!Number.isInteger(posIndex) || posIndex < 0 || BigInt(4 * (posIndex + 1)) > binding.positions!.size) {
+        throw new InvalidArgumentError(`posIndex ${posIndex} is outside the positions buffer (${binding.positions!.size} B)`);
+      }
+    } else if (call.posIndex !== undefined) {
+      throw new InvalidArgumentError("posIndex needs a binding with a positions buffer");
+    }
     const positions = call.maxPositions ?? n + S - 1;
     if (!Number.isInteger(positions) || positions < n + S - 1) throw new InvalidArgumentError(`maxPositions ${positions} is below n + S - 1 = ${n + S - 1}`);
+    if (positions > 0xffffffff) throw new InvalidArgumentError(`maxPositions ${positions} exceeds u32`);
     if (!Number.isInteger(cacheOffset) || cacheOffset < 0 || cacheOffset % 8 !== 0) throw new InvalidArgumentError(`cacheOffset must be a non-negative multiple of 8 halves, got ${cacheOffset}`);
     if (!Number.isInteger(qOffset) || qOffset < 0 || qOffset % 4 !== 0) throw new InvalidArgumentError(`qOffset must be a non-negative multiple of 4 floats, got ${qOffset}`);
     if (!Number.isInteger(outOffset) || outOffset < 0) throw new InvalidArgumentError(`outOffset must be a non-negative integer, got ${outOffset}`);
@@ -193,13 +234,15 @@ export class DecoderAttention implements Disposable {
     const T = this.tokensPerGroup(S);
     const split = this.splitPipeline(this.group * T);
     const pc = this.pc;
+    const flags = fromBuffer ? 1 : 0;
     const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
     words.forEach((w, i) => pc.setUint32(4 * i, w, true));
     pc.setFloat32(36, 1 / Math.sqrt(this.headDim), true);
-    cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, 40)).dispatch(numChunks, this.kvHeads, Math.ceil(S / T));
+    [posIndex, flags, positions].forEach((w, i) => pc.setUint32(40 + 4 * i, w, true));
+    cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, DEC_ATTENTION.pushConstantBytes)).dispatch(numChunks, this.kvHeads, Math.ceil(S / T));
     cb.barrier("computeToCompute");
-    [n, S, this.heads, numChunks, outOffset].forEach((w, i) => pc.setUint32(4 * i, w, true));
-    cb.bind(this.combinePipeline, binding.combine).pushConstants(this.combinePipeline, new Uint8Array(pc.buffer, 0, 20)).dispatch(this.heads, S);
+    [n, S, this.heads, numChunks, outOffset, posIndex, flags, positions].forEach((w, i) => pc.setUint32(4 * i, w, true));
+    cb.bind(this.combinePipeline, binding.combine).pushConstants(this.combinePipeline, new Uint8Array(pc.buffer, 0, DEC_ATTENTION_COMBINE.pushConstantBytes)).dispatch(this.heads, S);
   }
 
   [Symbol.dispose](): void {

@@ -1,7 +1,8 @@
 /**
- * Dense GEMV with f16 or bf16 weights on the GPU (shaders/dec_gemv_half.comp): y[s, o] =
+ * Dense GEMV with f16, bf16 or f32 weights on the GPU (shaders/dec_gemv_half.comp): y[s, o] =
  * Σ_i W[o, i] x[s, i] for S = 1..8 tokens, W row-major [rows][cols] of 16-bit floats packed two
- * per uint (the float GGUF / safetensors tensor as it is, odd cols included), f32 accumulation.
+ * per uint (the float GGUF / safetensors tensor as it is, odd cols included) or of f32 (one per
+ * uint, used as they are: float checkpoints run without rounding their weights), f32 accumulation.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -10,14 +11,19 @@ import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 
-/** weights `uint[]` r, x r, y w; push O, I, S, weightOffset (uints), xOffset, yOffset (floats), flags (bit 0 bf16): 28 B. */
+/** weights `uint[]` r, x r, y w; push O, I, S, weightOffset (uints), xOffset, yOffset (floats), flags (bit 0 bf16, bit 1 f32): 28 B. */
 export const DEC_GEMV_HALF: ShaderInterface = { name: "dec_gemv_half", storageBuffers: 3, pushConstantBytes: 28 };
 export const GEMV_HALF_MAX_S = 8;
 
 export type HalfDType = "f16" | "bf16";
+/** What the weights are: 16-bit floats (two per uint) or f32 (one per uint). */
+export type GemvWeightDType = HalfDType | "f32";
 
 export interface GemvHalfArgs {
-  /** rows x cols 16-bit floats from uint `weightOffset` (element 2j of the flat array in the low half). */
+  /**
+   * rows x cols weights from uint `weightOffset`: 16-bit floats (element 2j of the flat array in
+   * the low half) or f32 (one per uint).
+   */
   weights: Buffer;
   /** S rows of cols floats from xOffset. */
   x: Buffer;
@@ -26,8 +32,11 @@ export interface GemvHalfArgs {
   rows: number;
   cols: number;
   S: number;
-  dtype: HalfDType;
-  /** In uints (pairs of halves); a multiple of 4 with cols % 8 == 0 gets 16-byte weight loads. */
+  dtype: GemvWeightDType;
+  /**
+   * In uints: pairs of halves for f16/bf16 (a multiple of 4 with cols % 8 == 0 gets 16-byte weight
+   * loads), f32 elements for f32 (a multiple of 4 with cols % 4 == 0 gets 16-byte weight loads).
+   */
   weightOffset?: number;
   /** In floats; a multiple of 4 with cols % 4 == 0 gets vec4 x loads. */
   xOffset?: number;
@@ -64,17 +73,24 @@ export class GemvHalfKernel extends DecoderKernel {
     if (!Number.isInteger(O) || O < 1) throw new InvalidArgumentError(`rows must be a positive integer, got ${O}`);
     if (!Number.isInteger(I) || I < 1) throw new InvalidArgumentError(`cols must be a positive integer, got ${I}`);
     if (!Number.isInteger(S) || S < 1 || S > GEMV_HALF_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${GEMV_HALF_MAX_S}, got ${S}`);
-    if (a.dtype !== "f16" && a.dtype !== "bf16") throw new InvalidArgumentError(`dtype must be "f16" or "bf16", got ${String(a.dtype)}`);
+    if (a.dtype !== "f16" && a.dtype !== "bf16" && a.dtype !== "f32") throw new InvalidArgumentError(`dtype must be "f16", "bf16" or "f32", got ${String(a.dtype)}`);
     const weightOffset = a.weightOffset ?? 0, xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
-    const halves = O * I;
-    // the shader indexes halves with 32-bit integers: 2 * weightOffset + O * I must stay below 2^32
-    if (2 * weightOffset + halves + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${halves} halves at uint ${weightOffset} exceed 32-bit half indexing`);
-    checkRange("gemv-half weights", a.weights, weightOffset, Math.ceil(halves / 2));
+    if (!Number.isInteger(weightOffset) || weightOffset < 0) throw new InvalidArgumentError(`weightOffset must be a non-negative integer, got ${weightOffset}`);
+    const elements = O * I;
+    if (a.dtype === "f32") {
+      // f32: the shader indexes uints (one element each): weightOffset + O * I must stay below 2^32
+      if (weightOffset + elements + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${elements} f32 at uint ${weightOffset} exceed 32-bit indexing`);
+      checkRange("gemv-half weights", a.weights, weightOffset, elements);
+    } else {
+      // the shader indexes halves with 32-bit integers: 2 * weightOffset + O * I must stay below 2^32
+      if (2 * weightOffset + elements + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${elements} halves at uint ${weightOffset} exceed 32-bit half indexing`);
+      checkRange("gemv-half weights", a.weights, weightOffset, Math.ceil(elements / 2));
+    }
     checkRange("gemv-half x", a.x, xOffset, S * I);
     checkRange("gemv-half y", a.y, yOffset, S * O);
     const set = this.setFor([a.weights, a.x, a.y]);
     const [gx, gy] = this.grid(Math.ceil(O / this.rowsPerWorkgroup));
-    const pc = pushWords([O, I, S, weightOffset, xOffset, yOffset, a.dtype === "bf16" ? 1 : 0]);
+    const pc = pushWords([O, I, S, weightOffset, xOffset, yOffset, a.dtype === "f32" ? 2 : a.dtype === "bf16" ? 1 : 0]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }

@@ -1,0 +1,432 @@
+/**
+ * The whole token on the GPU: every op of a Qwen3-MoE decode step recorded once into one command
+ * buffer and replayed, one submit and one wait per token. The host writes the token's embedding
+ * row and its position into mapped memory; the GPU runs per layer
+ *   RMSNorm (+ the residual) → q, k, v → q/k head norms → RoPE + f16 KV-cache append →
+ *   split attention (+ combine) → o → RMSNorm (+ residual) → router → dec_route (softmax, top-k,
+ *   the MoE tables from the resident experts' handles) → the MoE call,
+ * then the final norm, lm_head and either nothing (prefill), the logits copied to host memory,
+ * or the greedy argmax.
+ *
+ * `DecodeGraph` holds what a model needs once (dense weights, norms, kernels, scratch, the MoE
+ * stage); `GraphSequence` one sequence's KV cache and recordings. Sequences run one at a time
+ * (each call waits), so they share the scratch.
+ */
+import { InvalidArgumentError } from "../errors.ts";
+import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
+import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBinding } from "../kernels/decoder/attention.ts";
+import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
+import { RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
+import { RouteKernel } from "../kernels/decoder/route.ts";
+import type { MoeGraphStage } from "../moe/graph-stage.ts";
+import type { Qwen3MoeConfig } from "../model/config.ts";
+import { ropeInverseFrequencies } from "../model/ops.ts";
+import type { ModelWeights } from "../model/weights.ts";
+import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
+import type { Device } from "../vk/device.ts";
+import { Buffer } from "../vk/memory.ts";
+import { DeviceLostError } from "../vk/errors.ts";
+import { Fence, QueryPool, Submission } from "../vk/sync.ts";
+import { uploadBytes } from "../vk/transfer.ts";
+import { DeviceLinear, LinearKernels } from "./device-linear.ts";
+import { GraphUnsupportedError } from "./errors.ts";
+
+/** What a replay ends with: nothing (a prompt token), the logits in host memory, or the greedy id. */
+export type GraphOutput = "none" | "logits" | "argmax";
+
+interface LayerOnDevice {
+  q: DeviceLinear;
+  k: DeviceLinear;
+  v: DeviceLinear;
+  o: DeviceLinear;
+  router: DeviceLinear;
+  /** Offsets of this layer's norm weights in the norms buffer (floats). */
+  inputNorm: number;
+  postNorm: number;
+  qNorm: number;
+  kNorm: number;
+}
+
+export class DecodeGraph implements Disposable {
+  readonly device: Device;
+  readonly cfg: Qwen3MoeConfig;
+  private readonly linears: LinearKernels;
+  private readonly layers: LayerOnDevice[] = [];
+  private readonly lmHead: DeviceLinear;
+  private readonly norms: Buffer;
+  private readonly finalNorm: number;
+  private readonly invFreq: Buffer;
+  readonly rmsnorm: RmsNormKernel;
+  readonly route: RouteKernel;
+  readonly argmax: ArgmaxKernel;
+  private readonly owned: Disposable[] = [];
+  /** Bytes of dense weights and norms in device memory. */
+  readonly weightBytes: number;
+  // Scratch shared by every sequence (one runs at a time).
+  readonly s: {
+    embed: Buffer; positions: Buffer; h: Buffer; xn: Buffer; q: Buffer; k: Buffer; v: Buffer; attn: Buffer; o: Buffer; ffn: Buffer;
+    routerLogits: Buffer; logits: Buffer; logitsHost: Buffer; result: Buffer; chosen: Buffer;
+  };
+  /** Fault hook for tests: the next replay reports a lost device (after really running). */
+  injectDeviceLost = false;
+  readonly views: { embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; chosen: Int32Array };
+
+  constructor(device: Device, cfg: Qwen3MoeConfig, private readonly weights: ModelWeights, readonly stage: MoeGraphStage) {
+    this.device = device;
+    this.cfg = cfg;
+    if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(cfg.headDim)) throw new GraphUnsupportedError(`head_dim ${cfg.headDim}: the GPU attention takes ${ATTENTION_HEAD_DIMS.join(", ")}`);
+    if (!(ATTENTION_GQA as readonly number[]).includes(cfg.heads / cfg.kvHeads)) throw new GraphUnsupportedError(`${cfg.heads / cfg.kvHeads} query heads per KV head: the GPU attention takes ${ATTENTION_GQA.join(", ")}`);
+    const dense = weights.layers.findIndex((l) => !l.router);
+    if (dense >= 0) throw new GraphUnsupportedError(`layer ${dense} has a dense MLP (mlp_only_layers / decoder_sparse_step), not in the decode graph yet`);
+    this.linears = new LinearKernels(device);
+    this.owned.push(this.linears);
+    try {
+      const { hidden: D, heads: H, kvHeads: KV, headDim: hd, vocab: V } = cfg;
+      let bytes = 0;
+      const up = (name: string, l: ModelWeights["lmHead"]) => {
+        const d = new DeviceLinear(this.linears, name, l);
+        this.owned.push(d);
+        bytes += d.bytes;
+        return d;
+      };
+      // Every norm vector in one buffer.
+      const normParts: Float32Array[] = [];
+      let at = 0;
+      const place = (w: Float32Array) => {
+        normParts.push(w);
+        const o = at;
+        at += w.length;
+        return o;
+      };
+      weights.layers.forEach((lw, l) => {
+        const a = lw.attention;
+        this.layers.push({
+          q: up(`layer ${l} q_proj`, a.q), k: up(`layer ${l} k_proj`, a.k), v: up(`layer ${l} v_proj`, a.v), o: up(`layer ${l} o_proj`, a.o),
+          router: up(`layer ${l} router`, lw.router!),
+          inputNorm: place(a.inputNorm), postNorm: place(a.postNorm), qNorm: place(a.qNorm), kNorm: place(a.kNorm),
+        });
+      });
+      this.finalNorm = place(weights.finalNorm);
+      this.lmHead = up("lm_head", weights.lmHead);
+      const normData = new Float32Array(at);
+      let o = 0;
+      for (const p of normParts) normData.set(p, (o += p.length) - p.length);
+      this.norms = this.buffer(4 * at, "device");
+      uploadBytes(device, this.norms, 0n, new Uint8Array(normData.buffer));
+      this.weightBytes = bytes + 4 * at;
+      const inv = ropeInverseFrequencies(hd, cfg.ropeTheta, cfg.ropeFrequencies);
+      this.invFreq = this.buffer(4 * inv.length, "device");
+      uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
+      this.rmsnorm = this.own(new RmsNormKernel(device, { maxSets: 64 }));
+      this.route = this.own(new RouteKernel(device));
+      this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
+      const K = cfg.topK;
+      this.s = {
+        embed: this.buffer(4 * D, "upload"), positions: this.buffer(16, "upload"),
+        h: this.buffer(4 * D), xn: this.buffer(4 * D), q: this.buffer(4 * H * hd), k: this.buffer(4 * KV * hd), v: this.buffer(4 * KV * hd),
+        attn: this.buffer(4 * H * hd), o: this.buffer(4 * D), ffn: this.buffer(4 * D), routerLogits: this.buffer(4 * cfg.experts),
+        logits: this.buffer(4 * V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
+        chosen: this.buffer(4 * cfg.layers * K, "readback"),
+      };
+      this.views = {
+        embed: new Float32Array(this.s.embed.host(), 0, D), positions: new Uint32Array(this.s.positions.host(), 0, 4),
+        logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
+        chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * K),
+      };
+      this.views.positions.fill(0);
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  private own<T extends Disposable>(d: T): T {
+    this.owned.push(d);
+    return d;
+  }
+
+  private buffer(bytes: number, memory: "device" | "upload" | "readback" = "device"): Buffer {
+    return this.own(new Buffer(this.device, { size: BigInt(Math.max(16, Math.ceil(bytes / 16) * 16)), memory, priority: 1 }));
+  }
+
+  /** A sequence of up to ctx tokens with its own f16 KV cache in device memory. */
+  sequence(ctx: number, options: { timing?: boolean } = {}): GraphSequence {
+    const seq = new GraphSequence(this, ctx, options);
+    this.live.add(seq);
+    return seq;
+  }
+
+  /** Sequences not yet disposed: disposing the graph disposes them first (their recordings use its buffers). */
+  readonly live = new Set<GraphSequence>();
+
+  /** Writes token `id`'s embedding into the mapped input (host side of a replay). */
+  writeInput(id: number, position: number): void {
+    this.weights.embed(id, this.views.embed);
+    this.views.positions[0] = position;
+  }
+
+  /**
+   * Records one token through every layer (see the module comment) into cb, reading the KV cache
+   * of `kv`, and ending as `output` asks. Returns the dispatches recorded.
+   */
+  recordToken(cb: CommandBuffer, kv: SequenceCache, output: GraphOutput, mark: (op: string) => void = () => {}): number {
+    const cfg = this.cfg, s = this.s, st = this.stage;
+    const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K } = cfg;
+    let n = 0;
+    // `op(name, dispatches)` after each op: counts dispatches and lets a profiler mark the op's end.
+    const op = (name: string, dispatches = 1) => {
+      n += dispatches;
+      mark(name);
+    };
+    // Ordered after the previous replay (its KV writes, its reads of the scratch) and the copy.
+    cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * D)).barrier("transferToCompute").barrier("computeToCompute");
+    for (let l = 0; l < cfg.layers; l++) {
+      const L = this.layers[l]!;
+      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: 1, n: D, eps });
+      op("input norm");
+      cb.barrier("computeToCompute");
+      L.q.record(cb, s.xn, s.q);
+      L.k.record(cb, s.xn, s.k);
+      L.v.record(cb, s.xn, s.v);
+      op("q, k, v", 3);
+      cb.barrier("computeToCompute");
+      this.rmsnorm.record(cb, { x: s.q, w: this.norms, wOffset: L.qNorm, y: s.q, rows: H, n: hd, eps });
+      this.rmsnorm.record(cb, { x: s.k, w: this.norms, wOffset: L.kNorm, y: s.k, rows: KV, n: hd, eps });
+      op("q/k norms", 2);
+      cb.barrier("computeToCompute");
+      kv.rope.record(cb, {
+        q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: kv.keys[l]!, vCache: kv.values[l]!,
+        S: 1, heads: H, kvHeads: KV, headDim: hd, ctx: kv.ctx, pos0: 0, positions: s.positions, posIndex: 0,
+      });
+      op("rope + kv append");
+      cb.barrier("computeToCompute");
+      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S: 1, maxPositions: kv.ctx, posIndex: 0 });
+      op("attention", 2);
+      cb.barrier("computeToCompute");
+      L.o.record(cb, s.attn, s.o);
+      op("o");
+      cb.barrier("computeToCompute");
+      this.rmsnorm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: 1, n: D, eps });
+      op("post norm");
+      cb.barrier("computeToCompute");
+      L.router.record(cb, s.xn, s.routerLogits);
+      op("router");
+      cb.barrier("computeToCompute");
+      this.route.record(cb, {
+        logits: s.routerLogits, table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
+        chosen: s.chosen, S: 1, E, k: K, normalize: cfg.normTopkProb, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * K,
+      });
+      op("route");
+      cb.barrier("computeToCompute");
+      st.record(cb, s.xn, s.ffn, 1);
+      op("experts", st.dispatches);
+      cb.barrier("computeToCompute");
+    }
+    this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps });
+    op("final norm");
+    if (output !== "none") {
+      cb.barrier("computeToCompute");
+      this.lmHead.record(cb, s.xn, s.logits);
+      op("lm_head");
+      if (output === "logits") {
+        cb.barrier("computeToTransfer").copyBuffer(s.logits, s.logitsHost, BigInt(4 * cfg.vocab)).barrier("transferToHost");
+      } else {
+        cb.barrier("computeToCompute");
+        this.argmax.record(cb, { logits: s.logits, V: cfg.vocab, result: s.result });
+        op("argmax");
+      }
+    }
+    cb.barrier("computeToHost");
+    return n;
+  }
+
+  private dispose(): void {
+    for (const seq of [...this.live]) seq[Symbol.dispose]();
+    for (const d of this.owned.reverse()) d[Symbol.dispose]();
+    this.owned.length = 0;
+  }
+
+  [Symbol.dispose](): void {
+    try {
+      this.device.waitIdle();
+    } catch {
+      // a lost device: destroying is still valid
+    }
+    this.dispose();
+  }
+}
+
+/** One sequence's f16 KV cache (a buffer per layer for keys and for values) and the kernels bound to it. */
+interface SequenceCache {
+  ctx: number;
+  keys: Buffer[];
+  values: Buffer[];
+  rope: RopeKvKernel;
+  attention: DecoderAttention;
+  bindings: AttentionBinding[];
+}
+
+export interface GraphTimings {
+  /** GPU time of the last replay in µs (only with `timing`). */
+  gpuUs: number;
+}
+
+export class GraphSequence implements Disposable {
+  readonly ctx: number;
+  /** Bytes of the KV cache in device memory. */
+  readonly cacheBytes: number;
+  private readonly cache: SequenceCache;
+  private readonly owned: Disposable[] = [];
+  private readonly commands: CommandPool;
+  private readonly recorded = new Map<GraphOutput, { cb: CommandBuffer; submission: Submission; dispatches: number }>();
+  private readonly fence: Fence;
+  private readonly queries: QueryPool | undefined;
+  private readonly tick: number;
+  /** Replays so far, and dispatches they recorded. */
+  readonly counts = { replays: 0, dispatches: 0 };
+  lastGpuUs = 0;
+
+  constructor(private readonly graph: DecodeGraph, ctx: number, options: { timing?: boolean } = {}) {
+    const cfg = graph.cfg, device = graph.device;
+    if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
+    this.ctx = ctx;
+    const { kvHeads: KV, headDim: hd, heads: H } = cfg;
+    const layerBytes = ctx * KV * hd * 2;
+    const limit = device.info.limits.maxStorageBufferRange;
+    if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${ctx} positions takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
+    try {
+      const keys: Buffer[] = [], values: Buffer[] = [];
+      for (let l = 0; l < cfg.layers; l++) {
+        keys.push(this.own(new Buffer(device, { size: BigInt(Math.ceil(layerBytes / 16) * 16), memory: "device", priority: 1 })));
+        values.push(this.own(new Buffer(device, { size: BigInt(Math.ceil(layerBytes / 16) * 16), memory: "device", priority: 1 })));
+      }
+      this.cacheBytes = 2 * cfg.layers * Math.ceil(layerBytes / 16) * 16;
+      const rope = this.own(new RopeKvKernel(device, { maxSets: cfg.layers }));
+      // GPUs: 32 positions per workgroup and 128 threads (H200, 30B-A3B shape at position 812: 37 µs
+      // a layer against 48 with the kernel's 64 / 64; scripts/profile-graph.ts). CPU devices keep 64 / 64.
+      const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
+      const attention = this.own(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
+      const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytes(ctx, 1)), memory: "device", priority: 1 }));
+      const s = graph.s;
+      const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
+      this.cache = { ctx, keys, values, rope, attention, bindings };
+      this.commands = this.own(new CommandPool(device));
+      this.fence = this.own(new Fence(device));
+      this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.own(new QueryPool(device, 2)) : undefined;
+      this.tick = device.info.limits.timestampPeriod;
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  private own<T extends Disposable>(d: T): T {
+    this.owned.push(d);
+    return d;
+  }
+
+  private recording(output: GraphOutput) {
+    let r = this.recorded.get(output);
+    if (!r) {
+      const cb = this.commands.allocate().begin();
+      if (this.queries) cb.resetQueries(this.queries).timestamp(this.queries, 0);
+      const dispatches = this.graph.recordToken(cb, this.cache, output);
+      if (this.queries) cb.timestamp(this.queries, 1);
+      cb.end();
+      const submission = this.own(new Submission(this.graph.device, [cb], { fence: this.fence }));
+      this.recorded.set(output, (r = { cb, submission, dispatches }));
+    }
+    return r;
+  }
+
+  /** Dispatches a replay of `output` runs. */
+  dispatchesOf(output: GraphOutput): number {
+    return this.recording(output).dispatches;
+  }
+
+  /**
+   * Runs token `id` at `position` (its keys and values go to that row of the cache): one submit,
+   * one wait. "logits": returns the logits (a view of host memory, valid until the next run);
+   * "argmax": the greedy id and its logit; "none": nothing.
+   */
+  run(id: number, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    if (this.disposed) throw new InvalidArgumentError("this sequence (or its model) is disposed");
+    if (!Number.isInteger(position) || position < 0 || position >= this.ctx) throw new InvalidArgumentError(`position ${position} is outside the context 0..${this.ctx - 1}`);
+    const r = this.recording(output);
+    this.graph.writeInput(id, position);
+    r.submission.submit();
+    const done = this.fence.wait();
+    this.fence.reset();
+    if (!done) throw new Error("decode graph: the GPU did not finish a token within the timeout");
+    if (this.graph.injectDeviceLost) {
+      this.graph.injectDeviceLost = false;
+      throw new DeviceLostError("vkWaitForFences (injected)");
+    }
+    this.counts.replays++;
+    this.counts.dispatches += r.dispatches;
+    if (this.queries) {
+      const [a, b] = this.queries.results(0, 2);
+      this.lastGpuUs = (Number(b! - a!) * this.tick) / 1000;
+    }
+    if (output === "logits") return { logits: this.graph.views.logits };
+    if (output === "argmax") {
+      const v = this.graph.views.result;
+      const bestId = v[0]!;
+      return { id: bestId === ARGMAX_NONE ? -1 : bestId, value: new Float32Array(v.buffer, v.byteOffset, 2)[1] };
+    }
+    return {};
+  }
+
+  /**
+   * Runs token `id` at `position` once through a recording with a timestamp after every op (a
+   * profiler's recording, not the replayed one: the timestamps cost a little) and returns each
+   * op's GPU µs in order, the time since the previous op ended.
+   */
+  profile(id: number, position: number, output: GraphOutput): { op: string; us: number }[] {
+    if (!Number.isInteger(position) || position < 0 || position >= this.ctx) throw new InvalidArgumentError(`position ${position} is outside the context 0..${this.ctx - 1}`);
+    const device = this.graph.device;
+    const names: string[] = [];
+    const cfg = this.graph.cfg;
+    using queries = new QueryPool(device, 8 + 16 * cfg.layers);
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    cb.resetQueries(queries).timestamp(queries, 0);
+    this.graph.recordToken(cb, this.cache, output, (op) => {
+      names.push(op);
+      cb.timestamp(queries, names.length);
+    });
+    cb.end();
+    using fence = new Fence(device);
+    using submission = new Submission(device, [cb], { fence });
+    this.graph.writeInput(id, position);
+    submission.submit();
+    if (!fence.wait()) throw new Error("decode graph: the profiled token did not finish within the timeout");
+    const t = queries.results(0, names.length + 1);
+    return names.map((op, i) => ({ op, us: (Number(t[i + 1]! - t[i]!) * this.tick) / 1000 }));
+  }
+
+  /** Expert ids the router chose at every layer for the last token ([layers][topK]). */
+  lastRouting(): Int32Array {
+    return this.graph.views.chosen;
+  }
+
+  private dispose(): void {
+    for (const d of this.owned.reverse()) d[Symbol.dispose]();
+    this.owned.length = 0;
+  }
+
+  private disposed = false;
+
+  [Symbol.dispose](): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    try {
+      this.graph.device.waitIdle();
+    } catch {
+      // a lost device: destroying is still valid
+    }
+    this.recorded.clear();
+    this.dispose();
+    this.graph.live.delete(this);
+  }
+}

@@ -1,0 +1,93 @@
+/**
+ * A decoder matrix in device memory with the kernel that multiplies by it: float weights
+ * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, q4/q8 QuantMatrix
+ * through QuantGemvKernel.
+ */
+import { DeviceMatrix } from "../kernels/gemv.ts";
+import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
+import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
+import { FloatLinear, QuantLinear, type Linear } from "../model/linear.ts";
+import type { CommandBuffer } from "../vk/commands.ts";
+import type { Device } from "../vk/device.ts";
+import { Buffer } from "../vk/memory.ts";
+import { uploadBytes } from "../vk/transfer.ts";
+import { GraphUnsupportedError } from "./errors.ts";
+
+/** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
+export class LinearKernels implements Disposable {
+  private half: GemvHalfKernel | undefined;
+  private readonly quant = new Map<string, QuantGemvKernel>();
+  /**
+   * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
+   * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
+   * (2-core host, 2026-12-01); GPUs keep the tuning table's shape.
+   */
+  private readonly shape: { workgroupSize: number; rowsPerWorkgroup: number } | undefined;
+  constructor(readonly device: Device) {
+    this.shape = device.info.type === 4 ? { workgroupSize: 8, rowsPerWorkgroup: 8 } : undefined;
+  }
+
+  floatKernel(): GemvHalfKernel {
+    return (this.half ??= new GemvHalfKernel(this.device, { maxSets: 256, ...this.shape }));
+  }
+
+  quantKernel(m: QuantLinear["matrix"]): QuantGemvKernel {
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+    let k = this.quant.get(key);
+    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, shape: this.shape })));
+    return k;
+  }
+
+  [Symbol.dispose](): void {
+    this.half?.[Symbol.dispose]();
+    for (const k of this.quant.values()) k[Symbol.dispose]();
+  }
+}
+
+export class DeviceLinear implements Disposable {
+  readonly rows: number;
+  readonly cols: number;
+  readonly bytes: number;
+  private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
+  private readonly matrix: DeviceMatrix | undefined;
+
+  constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear) {
+    const device = kernels.device;
+    this.rows = linear.rows;
+    this.cols = linear.cols;
+    const limit = device.info.limits.maxStorageBufferRange;
+    if (linear.bytes > limit) throw new GraphUnsupportedError(`${name} takes ${linear.bytes} bytes, past this device's maxStorageBufferRange of ${limit}`);
+    if (linear instanceof FloatLinear) {
+      const data = linear.data;
+      const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+      const buffer = new Buffer(device, { size: BigInt(Math.max(16, Math.ceil(bytes.byteLength / 16) * 16)), memory: "device" });
+      try {
+        uploadBytes(device, buffer, 0n, bytes);
+      } catch (e) {
+        buffer[Symbol.dispose]();
+        throw e;
+      }
+      this.float = { buffer, dtype: linear.dtype === "F32" ? "f32" : linear.dtype === "F16" ? "f16" : "bf16" };
+      this.bytes = Number(buffer.size);
+    } else if (linear instanceof QuantLinear) {
+      this.matrix = new DeviceMatrix(device, linear.matrix);
+      this.bytes = this.matrix.bytes;
+    } else {
+      throw new GraphUnsupportedError(`${name}: a ${linear.kind} matrix has no GPU kernel`);
+    }
+  }
+
+  /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
+  record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, xOffset = 0, yOffset = 0): void {
+    if (this.float) {
+      this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S, dtype: this.float.dtype, xOffset, yOffset });
+    } else {
+      this.kernels.quantKernel(this.matrix!.matrix as QuantLinear["matrix"]).record(cb, { matrix: this.matrix!, x, y, S, xOffset, yOffset });
+    }
+  }
+
+  [Symbol.dispose](): void {
+    this.float?.buffer[Symbol.dispose]();
+    this.matrix?.[Symbol.dispose]();
+  }
+}

@@ -1,0 +1,65 @@
+/**
+ * Dense GEMV on q4/q8 weights for the decode graph: the GEMV kernels of src/kernels/gemv.ts
+ * (shaders/gemv_q{4,8}.comp, float path) recorded against any buffers, with descriptor sets
+ * cached per tuple of buffers as the other decoder kernels do. The matrix lives in a
+ * DeviceMatrix (weights, then scales).
+ */
+import { InvalidArgumentError } from "../../errors.ts";
+import type { QuantFormat } from "../../quant/types.ts";
+import type { CommandBuffer } from "../../vk/commands.ts";
+import type { Device } from "../../vk/device.ts";
+import type { Buffer } from "../../vk/memory.ts";
+import type { DeviceMatrix } from "../gemv.ts";
+import { GEMV } from "../shaders.ts";
+import { chooseKernelConfig, specialization, type KernelConfig } from "../tuning.ts";
+import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+
+export const QUANT_GEMV_MAX_S = 64;
+
+export interface QuantGemvArgs {
+  matrix: DeviceMatrix;
+  /** S rows of cols floats from xOffset. */
+  x: Buffer;
+  /** S rows of `rows` floats from yOffset. */
+  y: Buffer;
+  S: number;
+  xOffset?: number;
+  yOffset?: number;
+}
+
+export interface QuantGemvKernelOptions extends DecoderKernelOptions {
+  /** Override of the tuning table's kernel shape. */
+  shape?: Partial<Pick<KernelConfig, "workgroupSize" | "rowsPerWorkgroup">>;
+}
+
+/** One pipeline per (format, scale type, group size): make one object per matrix kind. */
+export class QuantGemvKernel extends DecoderKernel {
+  readonly rowsPerWorkgroup: number;
+
+  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: QuantGemvKernelOptions = {}) {
+    const config = { ...chooseKernelConfig(device.info), ...options.shape };
+    // each row of a workgroup needs its own share of threads (8 threads x 16 rows computed garbage)
+    if (!(config.rowsPerWorkgroup >= 1 && config.workgroupSize % config.rowsPerWorkgroup === 0)) {
+      throw new InvalidArgumentError(`rowsPerWorkgroup ${config.rowsPerWorkgroup} must divide workgroupSize ${config.workgroupSize}`);
+    }
+    super(device, GEMV[format], specialization(config, scaleF16, groupSize), options);
+    this.rowsPerWorkgroup = config.rowsPerWorkgroup;
+  }
+
+  /** Records one dispatch. The caller places barriers around it. */
+  record(cb: CommandBuffer, a: QuantGemvArgs): CommandBuffer {
+    const m = a.matrix.matrix, S = a.S;
+    if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
+      throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
+    }
+    if (!Number.isInteger(S) || S < 1 || S > QUANT_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${QUANT_GEMV_MAX_S}, got ${S}`);
+    const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
+    checkRange("quant gemv x", a.x, xOffset, S * m.cols);
+    checkRange("quant gemv y", a.y, yOffset, S * m.rows);
+    const d = a.matrix;
+    const set = this.setFor([d.buffer, d.buffer, a.x, a.y]);
+    const [gx, gy] = this.grid(Math.ceil(m.rows / this.rowsPerWorkgroup));
+    const pc = pushWords([m.rows, m.cols, S, m.rowWords, m.groupsPerRow, d.weightOffset / 16, d.scaleOffset / 4, xOffset, yOffset]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}

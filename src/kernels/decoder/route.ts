@@ -1,0 +1,105 @@
+/**
+ * The MoE router on the GPU (shaders/dec_route.comp): softmax over each token's E logits, top k,
+ * optional renormalisation, as src/model/ops.ts routeTopK, writing the MoE layer's device tables
+ * for the call (work list, pairs, slot weights, slot experts) so that the expert kernels can
+ * follow without a trip through the host. One workgroup per token, one dispatch.
+ */
+import { InvalidArgumentError } from "../../errors.ts";
+import { MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K } from "../../moe/routing.ts";
+import type { CommandBuffer } from "../../vk/commands.ts";
+import type { Device } from "../../vk/device.ts";
+import type { Buffer } from "../../vk/memory.ts";
+import type { ShaderInterface } from "../shaders.ts";
+import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+
+/**
+ * logits r, table `uvec2[]` r, work `uvec4[]` w, pairs w, slotWeight w, slotExpert `uvec2[]` w,
+ * chosen w; push S, E, K, logitsOffset, tableOffset (uvec2), chosenOffset, seq, flags: 32 B.
+ */
+export const DEC_ROUTE: ShaderInterface = { name: "dec_route", storageBuffers: 7, pushConstantBytes: 32 };
+/** Tokens per dispatch (workgroups), experts and experts per token the shader takes. */
+export const ROUTE_MAX_S = MAX_TOKENS;
+export const ROUTE_MAX_E = MAX_EXPERTS;
+export const ROUTE_MAX_K = MAX_TOP_K;
+
+export interface RouteArgs {
+  /** [S][E] router logits (f32) at logitsOffset. Finite values (see the shader for -Infinity/NaN). */
+  logits: Buffer;
+  /** Expert handles, 2 words each (opaque, copied through): expert e's at uvec2 element tableOffset + e. */
+  table: Buffer;
+  /** Work list, uvec4s from element 0: header (S, k, S*k, seq), then S*k items (handle.x, handle.y, u, 1). */
+  work: Buffer;
+  /** S*k words from 0: pairs[u] = u. */
+  pairs: Buffer;
+  /** S*k floats from 0: slot u's router weight. */
+  slotWeight: Buffer;
+  /** S*k uvec2 from 0: slot u's expert handle. */
+  slotExpert: Buffer;
+  /** S*k words at chosenOffset: slot u's expert id (slot u = t*k + j: token t's j-th choice). */
+  chosen: Buffer;
+  S: number;
+  E: number;
+  k: number;
+  /** Divide the k weights by their sum (the model's norm_topk_prob). */
+  normalize: boolean;
+  /** The call's sequence number, copied to the work header's .w (u32; default 0). */
+  seq?: number;
+  /** Floats (default 0). */
+  logitsOffset?: number;
+  /** uvec2 elements (default 0). */
+  tableOffset?: number;
+  /** Words (default 0). */
+  chosenOffset?: number;
+}
+
+export interface RouteKernelOptions extends DecoderKernelOptions {
+  /** Threads per workgroup: a power of two, 16..1024, default 128. */
+  workgroupSize?: number;
+}
+
+function nonNegative(name: string, v: number): number {
+  if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw new InvalidArgumentError(`${name} must be an integer in 0..2^32-1, got ${v}`);
+  return v;
+}
+
+export class RouteKernel extends DecoderKernel {
+  readonly workgroupSize: number;
+
+  constructor(device: Device, options: RouteKernelOptions = {}) {
+    const wg = options.workgroupSize ?? 128;
+    const maxWg = Math.min(1024, device.info.limits.maxComputeWorkGroupInvocations);
+    if (!Number.isInteger(wg) || wg < MAX_TOP_K || wg > maxWg || (wg & (wg - 1)) !== 0) {
+      throw new InvalidArgumentError(`workgroupSize must be a power of two in ${MAX_TOP_K}..${maxWg}, got ${wg}`);
+    }
+    super(device, DEC_ROUTE, { 0: wg }, options);
+    this.workgroupSize = wg;
+  }
+
+  /** Records one dispatch of S workgroups. The caller places barriers around it. */
+  record(cb: CommandBuffer, a: RouteArgs): CommandBuffer {
+    const { S, E, k } = a;
+    if (!Number.isInteger(S) || S < 1 || S > ROUTE_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${ROUTE_MAX_S}, got ${S}`);
+    if (!Number.isInteger(E) || E < 1 || E > ROUTE_MAX_E) throw new InvalidArgumentError(`E must be an integer in 1..${ROUTE_MAX_E}, got ${E}`);
+    const maxK = Math.min(ROUTE_MAX_K, E);
+    if (!Number.isInteger(k) || k < 1 || k > maxK) throw new InvalidArgumentError(`k must be an integer in 1..${maxK} (E = ${E}), got ${k}`);
+    if (typeof a.normalize !== "boolean") throw new InvalidArgumentError(`normalize must be a boolean, got ${String(a.normalize)}`);
+    const seq = nonNegative("seq", a.seq ?? 0);
+    const logitsOffset = nonNegative("logitsOffset", a.logitsOffset ?? 0);
+    const tableOffset = nonNegative("tableOffset", a.tableOffset ?? 0);
+    const chosenOffset = nonNegative("chosenOffset", a.chosenOffset ?? 0);
+    const slots = S * k;
+    const tables = [a.work, a.pairs, a.slotWeight, a.slotExpert];
+    if (new Set(tables).size !== tables.length) throw new InvalidArgumentError("work, pairs, slotWeight and slotExpert must be distinct buffers (each table starts at element 0)");
+    checkRange("route logits", a.logits, logitsOffset, S * E);
+    checkRange("route table", a.table, 2 * tableOffset, 2 * E);
+    checkRange("route work", a.work, 0, 4 * (1 + slots));
+    checkRange("route pairs", a.pairs, 0, slots);
+    checkRange("route slotWeight", a.slotWeight, 0, slots);
+    checkRange("route slotExpert", a.slotExpert, 0, 2 * slots);
+    checkRange("route chosen", a.chosen, chosenOffset, slots);
+    if (logitsOffset + S * E > 0xffffffff || tableOffset + E > 0xffffffff || chosenOffset + slots > 0xffffffff) throw new InvalidArgumentError("route: an element index does not fit in 32 bits");
+    const set = this.setFor([a.logits, a.table, a.work, a.pairs, a.slotWeight, a.slotExpert, a.chosen]);
+    const pc = pushWords([S, E, k, logitsOffset, tableOffset, chosenOffset, seq, a.normalize ? 1 : 0]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(S);
+  }
+}

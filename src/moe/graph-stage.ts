@@ -1,0 +1,170 @@
+/**
+ * The MoE layer inside the decode graph (src/graph/): the same kernels as a GpuLayer call, but
+ * the slot tables are written on the device by the router kernel (dec_route) from a table of
+ * every resident expert's handle, so a whole token runs without a host hop. Only where every
+ * routed expert of the layers it serves is resident (nothing is ever uploaded or evicted while
+ * the graph runs). One token's call: the fused kernel where the device has float atomics, else
+ * [quantize] + gate+up + down + sum over one work item per slot.
+ */
+import { InvalidArgumentError } from "../errors.ts";
+import type { CommandBuffer } from "../vk/commands.ts";
+import { DescriptorPool, type BufferBinding } from "../vk/descriptors.ts";
+import type { Device } from "../vk/device.ts";
+import { Buffer } from "../vk/memory.ts";
+import { uploadBytes } from "../vk/transfer.ts";
+import type { ExpertPool } from "../pool/expert-pool.ts";
+import type { GpuLayer } from "./gpu-layer.ts";
+import { QUANTIZE_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
+
+/** The experts of these layers are not all resident: the graph cannot route to them on the device. */
+export class ExpertsNotResidentError extends InvalidArgumentError {}
+
+/** Sequence number the graph's calls carry (the completion word is not polled). */
+const GRAPH_SEQ = 1;
+
+export interface MoeGraphStageOptions {
+  layers: number;
+  experts: number;
+  topK: number;
+  /** MoE layers the graph runs (each must have every expert resident). */
+  moeLayers: readonly number[];
+  /** Tokens per call at most (the fused kernel's grid covers S tokens). */
+  maxTokens: number;
+}
+
+export class MoeGraphStage implements Disposable {
+  readonly device: Device;
+  /** uvec2 per (layer, expert): the expert's handle as the kernels read it (BDA address, or slab element and offset). */
+  readonly table: Buffer;
+  readonly work: Buffer;
+  readonly pairs: Buffer;
+  readonly slotWeight: Buffer;
+  readonly slotExpert: Buffer;
+  /** Expert id per slot (observers, tests). */
+  readonly chosen: Buffer;
+  readonly mode: "fused" | "grouped";
+  readonly experts: number;
+  readonly topK: number;
+  private readonly done: Buffer;
+  private readonly arrived: Buffer;
+  private readonly yacc: Buffer | undefined;
+  private readonly gate: Buffer;
+  private readonly h: Buffer;
+  private readonly ypair: Buffer;
+  private readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
+  private readonly descriptors: DescriptorPool;
+  private readonly sets = new Map<string, bigint[]>();
+  private readonly owned: Buffer[] = [];
+
+  constructor(device: Device, pool: ExpertPool, private readonly layer: GpuLayer, opts: MoeGraphStageOptions) {
+    this.device = device;
+    const E = (this.experts = opts.experts), K = (this.topK = opts.topK);
+    const S = opts.maxTokens;
+    const bda = pool.addressing === "bda";
+    const handles = new Uint32Array(2 * opts.layers * E);
+    for (const l of opts.moeLayers) {
+      for (let e = 0; e < E; e++) {
+        const r = pool.cache.get(l, e);
+        if (!r) throw new ExpertsNotResidentError(`expert ${e} of layer ${l} is not resident`);
+        handles[2 * (l * E + e)] = bda ? r.addressLo : layer.slotOf(r.allocation.slab);
+        handles[2 * (l * E + e) + 1] = bda ? r.addressHi : r.allocation.offset / 16;
+      }
+    }
+    const buf = (bytes: number, memory: "device" | "upload" = "device") => {
+      const b = new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory, priority: 1 });
+      this.owned.push(b);
+      return b;
+    };
+    const D = layer.D, I = layer.I, slots = S * K;
+    this.table = buf(handles.byteLength);
+    uploadBytes(device, this.table, 0n, new Uint8Array(handles.buffer));
+    this.work = buf(16 * (1 + slots));
+    this.pairs = buf(4 * slots);
+    this.slotWeight = buf(4 * slots);
+    this.slotExpert = buf(8 * slots);
+    this.chosen = buf(4 * slots);
+    this.done = buf(16);
+    this.gate = buf(16);
+    this.arrived = buf(16);
+    const p = layer.pipelines;
+    this.mode = p.fused ? "fused" : "grouped";
+    this.yacc = p.fused ? buf(4 * S * D) : undefined;
+    this.h = buf(4 * slots * I);
+    this.ypair = buf(4 * slots * D);
+    if (p.quantize) {
+      const words = Math.ceil(D / 16) * 4, groups = Math.ceil(D / pool.layout.shape.groupSize);
+      this.quantized = { xq: buf(4 * S * words), xscale: buf(4 * S * groups), xsum: buf(4 * S * groups) };
+    }
+    // The fused kernel's count and sums start at 0 (its last workgroup zeroes them again); the
+    // rest is zeroed so that no kernel ever reads undefined memory.
+    for (const b of this.owned) if (b !== this.table) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
+    this.descriptors = new DescriptorPool(device, 16, 16 * (10 + p.maxSlabs));
+  }
+
+  /** Element of `table` where layer l's handles start (uvec2 units). */
+  tableOffset(l: number): number {
+    return l * this.experts;
+  }
+
+  private slabs(stage: BufferBinding[]): (BufferBinding | BufferBinding[])[] {
+    return this.layer.pipelines.maxSlabs > 0 ? [...stage, this.layer.slabArray(this.gate)] : stage;
+  }
+
+  private setsFor(x: Buffer, y: Buffer): bigint[] {
+    const key = `${x.handle}/${y.handle}`;
+    let sets = this.sets.get(key);
+    if (sets) return sets;
+    const p = this.layer.pipelines;
+    const b = (buffer: Buffer) => ({ buffer });
+    if (this.mode === "fused") {
+      sets = [this.descriptors.allocate(p.fused!, this.slabs([x, this.work, this.slotExpert, y, this.slotWeight, this.done, this.arrived, this.yacc!, this.gate].map(b)))];
+    } else {
+      const q = this.quantized;
+      const gateUp = [q ? q.xq : x, this.work, this.pairs, this.h, this.slotWeight, ...(q ? [q.xscale, q.xsum] : [])].map(b);
+      sets = [
+        ...(p.quantize && q ? [this.descriptors.allocate(p.quantize, [x, q.xq, q.xscale, q.xsum].map(b))] : []),
+        this.descriptors.allocate(p.gateUp, this.slabs(gateUp)),
+        this.descriptors.allocate(p.down, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b))),
+        this.descriptors.allocate(p.sum, [this.ypair, this.work, y, this.slotWeight, this.done].map(b)),
+      ];
+    }
+    this.sets.set(key, sets);
+    return sets;
+  }
+
+  /**
+   * Records one call of S tokens reading x [S][D] and writing y [S][D], after the router kernel
+   * wrote the slot tables (the caller places a compute barrier between them, and after this).
+   */
+  record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1): void {
+    const L = this.layer, p = L.pipelines, K = this.topK;
+    const sets = this.setsFor(x, y);
+    if (this.mode === "fused") {
+      cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
+      return;
+    }
+    const items = S * K;
+    let i = 0;
+    if (p.quantize) {
+      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP)).barrier("computeToCompute");
+    }
+    cb.bind(p.gateUp, sets[i++]!).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / L.rows), items).barrier("computeToCompute");
+    cb.bind(p.down, sets[i++]!).pushConstants(p.down, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items).barrier("computeToCompute");
+    cb.bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+  }
+
+  /** Dispatches one call records. */
+  get dispatches(): number {
+    return this.mode === "fused" ? 1 : this.layer.pipelines.quantize ? 4 : 3;
+  }
+
+  get seq(): number {
+    return GRAPH_SEQ;
+  }
+
+  [Symbol.dispose](): void {
+    this.descriptors[Symbol.dispose]();
+    for (const b of this.owned) b[Symbol.dispose]();
+    this.owned.length = 0;
+  }
+}

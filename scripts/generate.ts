@@ -199,7 +199,7 @@ async function main(): Promise<void> {
           decode_s: t.decodeSeconds,
           load_s: model.loadSeconds,
           first_token_s: t.promptSeconds,
-          submits_per_token: session.counts.tokens > 0 ? session.counts.submits / session.counts.tokens : 0,
+          submits_per_token: t.decodeTokens > 0 ? t.decodeSubmits / t.decodeTokens : 0,
           dispatches_per_token: session.dispatchesPerToken,
         },
         mode: model.device.mode,

@@ -192,3 +192,27 @@ test("per-layer mode: a budget below the experts keeps the experts' per-layer ca
   expect(nmse(b.prefill(ps[0]!), a.prefill(ps[0]!).slice())).toBeLessThan(1e-8);
   expect(small.takeValidationMessages()).toEqual([]);
 }, 120_000);
+
+test("prefill in chunks of up to 4 tokens a replay: prompts of 1..13 tokens and the step after them equal the CPU decoder's, one submit per chunk", async () => {
+  const ps = prompts();
+  using gpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv());
+  using cpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_GPU: false }));
+  if (!ps || !gpu || !cpu) return;
+  const ids = ps[1]!;
+  for (const n of [1, 3, 4, 5, 9, 13]) {
+    using a = gpu.session({ ctx: 64 });
+    using b = cpu.session({ ctx: 64, cpuCache: "f16" });
+    const routesA: number[][] = [], routesB: number[][] = [];
+    const tap = (into: number[][]) => ({ routing: (l: number, chosen: Int32Array, S: number, k: number) => {
+      for (let t = 0; t < S; t++) if (l === 1) into.push([...chosen.subarray(t * k, (t + 1) * k)].sort((x, y) => x - y));
+    } });
+    a.observer = tap(routesA);
+    b.observer = tap(routesB);
+    const x = a.prefill(ids.slice(0, n)).slice(), y = b.prefill(ids.slice(0, n)).slice();
+    expect({ n, e: nmse(y, x) <= 1e-6 }).toEqual({ n, e: true });
+    expect(a.counts.submits).toBe(Math.ceil(n / 4));
+    expect(routesA).toEqual(routesB);
+    expect({ n, e: nmse(b.step(ids[n]!), a.step(ids[n]!)) <= 1e-6 }).toEqual({ n, e: true });
+  }
+  expect(gpu.takeValidationMessages()).toEqual([]);
+}, 180_000);

@@ -31,7 +31,8 @@ export interface GenerateResult {
   /** Which stop ended it: an EOS id or a stop string. */
   stoppedBy?: { eos: number } | { text: string };
   seed: number;
-  timings: { promptSeconds: number; decodeSeconds: number; promptTokens: number; decodeTokens: number };
+  /** decodeSubmits: GPU submissions of the decode tokens (one per token resident, one per MoE layer per-layer, 0 on the CPU). */
+  timings: { promptSeconds: number; decodeSeconds: number; promptTokens: number; decodeTokens: number; decodeSubmits: number };
   /** Logits after the last prompt token (a copy). */
   promptLogits: Float32Array;
 }
@@ -57,6 +58,7 @@ export function* generate(model: Model, session: Session, promptIds: readonly nu
   let logits = session.prefill(promptIds);
   const promptLogits = logits.slice();
   const t1 = performance.now();
+  const submitsAfterPrompt = session.counts.submits;
   let decodeTokens = 0;
   const emit = function* (delta: string): Generator<string, boolean> {
     const r = stops.push(delta);
@@ -109,7 +111,7 @@ export function* generate(model: Model, session: Session, promptIds: readonly nu
     finishReason,
     stoppedBy,
     seed: sampler.seed,
-    timings: { promptSeconds: (t1 - t0) / 1000, decodeSeconds: (t2 - t1) / 1000, promptTokens: promptIds.length, decodeTokens },
+    timings: { promptSeconds: (t1 - t0) / 1000, decodeSeconds: (t2 - t1) / 1000, promptTokens: promptIds.length, decodeTokens, decodeSubmits: session.counts.submits - submitsAfterPrompt },
     promptLogits,
   };
 }

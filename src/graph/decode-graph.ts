@@ -14,7 +14,7 @@
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
-import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBinding } from "../kernels/decoder/attention.ts";
+import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
 import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
 import { RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
@@ -31,8 +31,11 @@ import { uploadBytes } from "../vk/transfer.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
-/** What a replay ends with: nothing (a prompt token), the logits in host memory, or the greedy id. */
+/** What a replay ends with: nothing (a prompt chunk), the last token's logits in host memory, or its greedy id. */
 export type GraphOutput = "none" | "logits" | "argmax";
+
+/** Tokens one replay runs at most (a prompt in chunks of this many; the attention kernel's limit). */
+export const GRAPH_MAX_TOKENS = MAX_ATTENTION_TOKENS;
 
 interface LayerOnDevice {
   q: DeviceLinear;
@@ -120,18 +123,18 @@ export class DecodeGraph implements Disposable {
       this.rmsnorm = this.own(new RmsNormKernel(device, { maxSets: 64 }));
       this.route = this.own(new RouteKernel(device));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
-      const K = cfg.topK;
+      const K = cfg.topK, T = GRAPH_MAX_TOKENS;
       this.s = {
-        embed: this.buffer(4 * D, "upload"), positions: this.buffer(16, "upload"),
-        h: this.buffer(4 * D), xn: this.buffer(4 * D), q: this.buffer(4 * H * hd), k: this.buffer(4 * KV * hd), v: this.buffer(4 * KV * hd),
-        attn: this.buffer(4 * H * hd), o: this.buffer(4 * D), ffn: this.buffer(4 * D), routerLogits: this.buffer(4 * cfg.experts),
+        embed: this.buffer(4 * T * D, "upload"), positions: this.buffer(16, "upload"),
+        h: this.buffer(4 * T * D), xn: this.buffer(4 * T * D), q: this.buffer(4 * T * H * hd), k: this.buffer(4 * T * KV * hd), v: this.buffer(4 * T * KV * hd),
+        attn: this.buffer(4 * T * H * hd), o: this.buffer(4 * T * D), ffn: this.buffer(4 * T * D), routerLogits: this.buffer(4 * T * cfg.experts),
         logits: this.buffer(4 * V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
-        chosen: this.buffer(4 * cfg.layers * K, "readback"),
+        chosen: this.buffer(4 * cfg.layers * T * K, "readback"),
       };
       this.views = {
-        embed: new Float32Array(this.s.embed.host(), 0, D), positions: new Uint32Array(this.s.positions.host(), 0, 4),
+        embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, 4),
         logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
-        chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * K),
+        chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
       };
       this.views.positions.fill(0);
     } catch (e) {
@@ -159,9 +162,10 @@ export class DecodeGraph implements Disposable {
   /** Sequences not yet disposed: disposing the graph disposes them first (their recordings use its buffers). */
   readonly live = new Set<GraphSequence>();
 
-  /** Writes token `id`'s embedding into the mapped input (host side of a replay). */
-  writeInput(id: number, position: number): void {
-    this.weights.embed(id, this.views.embed);
+  /** Writes the tokens' embeddings and the first one's position into the mapped inputs (host side of a replay). */
+  writeInput(ids: ArrayLike<number>, position: number): void {
+    const D = this.cfg.hidden;
+    for (let t = 0; t < ids.length; t++) this.weights.embed(ids[t]!, this.views.embed.subarray(t * D, (t + 1) * D));
     this.views.positions[0] = position;
   }
 
@@ -169,7 +173,8 @@ export class DecodeGraph implements Disposable {
    * Records one token through every layer (see the module comment) into cb, reading the KV cache
    * of `kv`, and ending as `output` asks. Returns the dispatches recorded.
    */
-  recordToken(cb: CommandBuffer, kv: SequenceCache, output: GraphOutput, mark: (op: string) => void = () => {}): number {
+  recordToken(cb: CommandBuffer, kv: SequenceCache, output: GraphOutput, S = 1, mark: (op: string) => void = () => {}): number {
+    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
     const cfg = this.cfg, s = this.s, st = this.stage;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K } = cfg;
     let n = 0;
@@ -179,52 +184,53 @@ export class DecodeGraph implements Disposable {
       mark(name);
     };
     // Ordered after the previous replay (its KV writes, its reads of the scratch) and the copy.
-    cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * D)).barrier("transferToCompute").barrier("computeToCompute");
+    cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute").barrier("computeToCompute");
     for (let l = 0; l < cfg.layers; l++) {
       const L = this.layers[l]!;
-      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: 1, n: D, eps });
+      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
       op("input norm");
       cb.barrier("computeToCompute");
-      L.q.record(cb, s.xn, s.q);
-      L.k.record(cb, s.xn, s.k);
-      L.v.record(cb, s.xn, s.v);
+      L.q.record(cb, s.xn, s.q, S);
+      L.k.record(cb, s.xn, s.k, S);
+      L.v.record(cb, s.xn, s.v, S);
       op("q, k, v", 3);
       cb.barrier("computeToCompute");
-      this.rmsnorm.record(cb, { x: s.q, w: this.norms, wOffset: L.qNorm, y: s.q, rows: H, n: hd, eps });
-      this.rmsnorm.record(cb, { x: s.k, w: this.norms, wOffset: L.kNorm, y: s.k, rows: KV, n: hd, eps });
+      this.rmsnorm.record(cb, { x: s.q, w: this.norms, wOffset: L.qNorm, y: s.q, rows: S * H, n: hd, eps });
+      this.rmsnorm.record(cb, { x: s.k, w: this.norms, wOffset: L.kNorm, y: s.k, rows: S * KV, n: hd, eps });
       op("q/k norms", 2);
       cb.barrier("computeToCompute");
       kv.rope.record(cb, {
         q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: kv.keys[l]!, vCache: kv.values[l]!,
-        S: 1, heads: H, kvHeads: KV, headDim: hd, ctx: kv.ctx, pos0: 0, positions: s.positions, posIndex: 0,
+        S, heads: H, kvHeads: KV, headDim: hd, ctx: kv.ctx, pos0: 0, positions: s.positions, posIndex: 0,
       });
       op("rope + kv append");
       cb.barrier("computeToCompute");
-      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S: 1, maxPositions: kv.ctx, posIndex: 0 });
+      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0 });
       op("attention", 2);
       cb.barrier("computeToCompute");
-      L.o.record(cb, s.attn, s.o);
+      L.o.record(cb, s.attn, s.o, S);
       op("o");
       cb.barrier("computeToCompute");
-      this.rmsnorm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: 1, n: D, eps });
+      this.rmsnorm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps });
       op("post norm");
       cb.barrier("computeToCompute");
-      L.router.record(cb, s.xn, s.routerLogits);
+      L.router.record(cb, s.xn, s.routerLogits, S);
       op("router");
       cb.barrier("computeToCompute");
       this.route.record(cb, {
         logits: s.routerLogits, table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
-        chosen: s.chosen, S: 1, E, k: K, normalize: cfg.normTopkProb, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * K,
+        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
       });
       op("route");
       cb.barrier("computeToCompute");
-      st.record(cb, s.xn, s.ffn, 1);
+      st.record(cb, s.xn, s.ffn, S);
       op("experts", st.dispatches);
       cb.barrier("computeToCompute");
     }
-    this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps });
-    op("final norm");
     if (output !== "none") {
+      // the last token's row only: its logits are all a replay returns
+      this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
+      op("final norm");
       cb.barrier("computeToCompute");
       this.lmHead.record(cb, s.xn, s.logits);
       op("lm_head");
@@ -278,7 +284,8 @@ export class GraphSequence implements Disposable {
   private readonly cache: SequenceCache;
   private readonly owned: Disposable[] = [];
   private readonly commands: CommandPool;
-  private readonly recorded = new Map<GraphOutput, { cb: CommandBuffer; submission: Submission; dispatches: number }>();
+  /** Recordings per (output, tokens): made on first use, replayed after. */
+  private readonly recorded = new Map<string, { cb: CommandBuffer; submission: Submission; dispatches: number }>();
   private readonly fence: Fence;
   private readonly queries: QueryPool | undefined;
   private readonly tick: number;
@@ -306,7 +313,7 @@ export class GraphSequence implements Disposable {
       // a layer against 48 with the kernel's 64 / 64; scripts/profile-graph.ts). CPU devices keep 64 / 64.
       const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
       const attention = this.own(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
-      const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytes(ctx, 1)), memory: "device", priority: 1 }));
+      const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytes(ctx, GRAPH_MAX_TOKENS)), memory: "device", priority: 1 }));
       const s = graph.s;
       const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
       this.cache = { ctx, keys, values, rope, attention, bindings };
@@ -325,16 +332,17 @@ export class GraphSequence implements Disposable {
     return d;
   }
 
-  private recording(output: GraphOutput) {
-    let r = this.recorded.get(output);
+  private recording(output: GraphOutput, S = 1) {
+    const key = `${output}/${S}`;
+    let r = this.recorded.get(key);
     if (!r) {
       const cb = this.commands.allocate().begin();
       if (this.queries) cb.resetQueries(this.queries).timestamp(this.queries, 0);
-      const dispatches = this.graph.recordToken(cb, this.cache, output);
+      const dispatches = this.graph.recordToken(cb, this.cache, output, S);
       if (this.queries) cb.timestamp(this.queries, 1);
       cb.end();
       const submission = this.own(new Submission(this.graph.device, [cb], { fence: this.fence }));
-      this.recorded.set(output, (r = { cb, submission, dispatches }));
+      this.recorded.set(key, (r = { cb, submission, dispatches }));
     }
     return r;
   }
@@ -350,10 +358,22 @@ export class GraphSequence implements Disposable {
    * "argmax": the greedy id and its logit; "none": nothing.
    */
   run(id: number, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    this.single[0] = id;
+    return this.runTokens(this.single, position, output);
+  }
+
+  private readonly single = [0];
+
+  /**
+   * Runs 1..GRAPH_MAX_TOKENS consecutive tokens from `position` in one replay (a prompt chunk:
+   * each weight read once for all of them); the output is the last token's.
+   */
+  runTokens(ids: ArrayLike<number>, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
     if (this.disposed) throw new InvalidArgumentError("this sequence (or its model) is disposed");
-    if (!Number.isInteger(position) || position < 0 || position >= this.ctx) throw new InvalidArgumentError(`position ${position} is outside the context 0..${this.ctx - 1}`);
-    const r = this.recording(output);
-    this.graph.writeInput(id, position);
+    const S = ids.length;
+    if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
+    const r = this.recording(output, S);
+    this.graph.writeInput(ids, position);
     r.submission.submit();
     const done = this.fence.wait();
     this.fence.reset();
@@ -391,21 +411,21 @@ export class GraphSequence implements Disposable {
     using pool = new CommandPool(device);
     const cb = pool.allocate().begin();
     cb.resetQueries(queries).timestamp(queries, 0);
-    this.graph.recordToken(cb, this.cache, output, (op) => {
+    this.graph.recordToken(cb, this.cache, output, 1, (op) => {
       names.push(op);
       cb.timestamp(queries, names.length);
     });
     cb.end();
     using fence = new Fence(device);
     using submission = new Submission(device, [cb], { fence });
-    this.graph.writeInput(id, position);
+    this.graph.writeInput([id], position);
     submission.submit();
     if (!fence.wait()) throw new Error("decode graph: the profiled token did not finish within the timeout");
     const t = queries.results(0, names.length + 1);
     return names.map((op, i) => ({ op, us: (Number(t[i + 1]! - t[i]!) * this.tick) / 1000 }));
   }
 
-  /** Expert ids the router chose at every layer for the last token ([layers][topK]). */
+  /** Expert ids the router chose at every layer for the tokens of the last run: [layers][GRAPH_MAX_TOKENS][topK], the first S rows of each layer filled. */
   lastRouting(): Int32Array {
     return this.graph.views.chosen;
   }

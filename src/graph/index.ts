@@ -8,11 +8,11 @@ import type { Qwen3MoeConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import { VkmoeError } from "../errors.ts";
 import { DeviceLostError } from "../vk/errors.ts";
-import { DecodeGraph, type GraphOutput } from "./decode-graph.ts";
+import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput } from "./decode-graph.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
 export { GraphUnsupportedError } from "./errors.ts";
-export type { GraphOutput } from "./decode-graph.ts";
+export { GRAPH_MAX_TOKENS, type GraphOutput } from "./decode-graph.ts";
 
 export interface TokenResult {
   /** "logits": the next token's logits (host memory, valid until the next run). */
@@ -28,7 +28,9 @@ export interface DeviceSequence extends Disposable {
   readonly cacheBytes: number;
   /** Runs token `id` at `position`: one submit, one wait. Throws DeviceLostError when the device is lost. */
   run(id: number, position: number, output: GraphOutput): TokenResult;
-  /** Expert ids chosen at every layer for the last token, [layers][topK]. */
+  /** Runs 1..GRAPH_MAX_TOKENS consecutive tokens in one replay (a prompt chunk); the output is the last one's. */
+  runTokens(ids: ArrayLike<number>, position: number, output: GraphOutput): TokenResult;
+  /** Expert ids chosen at every layer for the tokens of the last run, [layers][GRAPH_MAX_TOKENS][topK]. */
   lastRouting(): Int32Array;
   /** Dispatches one replay of `output` records. */
   dispatchesOf(output: GraphOutput): number;
@@ -82,7 +84,7 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
   let stage;
   try {
-    stage = backend.graphStage(moeLayers, 1);
+    stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS);
   } catch (e) {
     if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
     throw e;

@@ -163,7 +163,7 @@ export class Model implements Disposable {
 
   session(options: SessionOptions = {}): Session {
     this.checkLive();
-    return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options, this.deviceDecoder, this.log, (why) => this.deviceLost(why));
+    return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options, this.deviceDecoder, this.log, (why) => this.deviceLost(why), () => (this.experts.mode === "gpu" ? this.config.moeLayers.filter(Boolean).length : 0));
   }
 
   /** A session lost the device: the graph and the experts' GPU path are dropped; sessions continue on the CPU. */

@@ -8,7 +8,7 @@
  * the session to the CPU path: the tokens so far are run again there, with one line.
  */
 import type { DeviceDecoder, DeviceSequence } from "../graph/index.ts";
-import { isDeviceLost } from "../graph/index.ts";
+import { GRAPH_MAX_TOKENS, isDeviceLost } from "../graph/index.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import { Decoder, MAX_CHUNK, type DecoderObserver } from "./decoder.ts";
 import { InvalidArgumentError } from "../errors.ts";
@@ -41,7 +41,7 @@ export class Session implements Disposable {
   observer: DecoderObserver | undefined;
   /** The token ids the cache holds, in order. */
   readonly tokens: number[] = [];
-  /** Tokens run and submits made (one per token on the device path, none on the CPU decoder's). */
+  /** Tokens run and GPU submits made (one per replay on the device path; one per MoE layer call on the CPU decoder with GPU experts). */
   readonly counts = { tokens: 0, submits: 0 };
 
   constructor(
@@ -52,6 +52,8 @@ export class Session implements Disposable {
     private readonly log: (line: string) => void = (line) => console.error(line),
     /** Told when the device is lost (the model drops its GPU paths). */
     private readonly onDeviceLost: (why: string) => void = () => {},
+    /** GPU submissions the CPU decoder makes per chunk (one per MoE layer while the experts run on the GPU). */
+    private readonly cpuDecoderSubmits: () => number = () => 0,
   ) {
     const ctx = options.ctx ?? Math.min(4096, config.maxPositions);
     if (!Number.isInteger(ctx) || ctx < 1) throw new ContextLengthError(`context length must be a positive integer, got ${ctx}`);
@@ -92,7 +94,8 @@ export class Session implements Disposable {
     this.checkRoom(ids.length);
     this.checkIds(ids);
     if (this.device) {
-      const r = this.onDevice(ids, (d, i, pos) => d.run(ids[i]!, pos, i === ids.length - 1 ? "logits" : "none").logits);
+      // chunks of up to GRAPH_MAX_TOKENS tokens a replay, each weight read once per chunk
+      const r = this.onDevice(ids, GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(Array.prototype.slice.call(ids, i, i + n) as number[], pos, i + n === ids.length ? "logits" : "none").logits);
       if (r) return r;
     }
     for (let i = 0; i < ids.length; i += MAX_CHUNK) {
@@ -101,6 +104,7 @@ export class Session implements Disposable {
       this.decoder.forward(chunk, this.kv!, last ? 1 : 0, last ? this.logits : undefined, this.observer);
       for (const id of chunk) this.tokens.push(id);
       this.counts.tokens += chunk.length;
+      this.counts.submits += this.cpuDecoderSubmits();
     }
     return this.logits;
   }
@@ -119,7 +123,7 @@ export class Session implements Disposable {
     this.checkRoom(1);
     this.checkIds([id]);
     if (this.device) {
-      const r = this.onDevice([id], (d, _i, pos) => d.run(id, pos, "argmax"));
+      const r = this.onDevice([id], 1, (d, _i, _n, pos) => d.run(id, pos, "argmax"));
       if (r) return { id: r.id!, value: r.value! };
     }
     const logits = this.prefill([id]);
@@ -149,7 +153,7 @@ export class Session implements Disposable {
     const V = this.config.vocab;
     const out = new Float32Array(ids.length * V);
     if (this.device) {
-      const done = this.onDevice(ids, (d, i, pos) => {
+      const done = this.onDevice(ids, 1, (d, i, _n, pos) => {
         out.set(d.run(ids[i]!, pos, "logits").logits!, i * V);
         return true;
       });
@@ -165,22 +169,24 @@ export class Session implements Disposable {
   }
 
   /**
-   * Runs ids[i] at their positions on the device, one token a submit; returns the last result. On
-   * a lost device the session moves to the CPU decoder (the tokens before this call run again
-   * there) and returns undefined: the caller then runs `ids` on the CPU path.
+   * Runs `ids` on the device in chunks of up to `chunk` tokens, one submit each (`run(d, first,
+   * count, position)`); returns the last result. On a lost device the session moves to the CPU
+   * decoder (the tokens before this call run again there) and returns undefined: the caller then
+   * runs `ids` on the CPU path.
    */
-  private onDevice<T>(ids: ArrayLike<number>, run: (d: DeviceSequence, i: number, position: number) => T): T | undefined {
+  private onDevice<T>(ids: ArrayLike<number>, chunk: number, run: (d: DeviceSequence, first: number, count: number, position: number) => T): T | undefined {
     const d = this.device!;
     const start = this.tokens.length;
     let result: T | undefined;
     try {
       if (this.observer?.hidden) throw new InvalidArgumentError("hidden-state observers need the CPU decoder (VKMOE_GRAPH=off)");
-      for (let i = 0; i < ids.length; i++) {
-        result = run(d, i, start + i);
-        this.tokens.push(ids[i]!);
-        this.counts.tokens++;
+      for (let i = 0; i < ids.length; i += chunk) {
+        const n = Math.min(chunk, ids.length - i);
+        result = run(d, i, n, start + i);
+        for (let j = i; j < i + n; j++) this.tokens.push(ids[j]!);
+        this.counts.tokens += n;
         this.counts.submits++;
-        if (this.observer?.routing) this.reportRouting(d);
+        if (this.observer?.routing) this.reportRouting(d, n);
       }
       return result;
     } catch (e) {
@@ -193,10 +199,10 @@ export class Session implements Disposable {
     }
   }
 
-  private reportRouting(d: DeviceSequence): void {
-    const k = this.config.topK, chosen = d.lastRouting();
+  private reportRouting(d: DeviceSequence, S: number): void {
+    const k = this.config.topK, chosen = d.lastRouting(), per = GRAPH_MAX_TOKENS * k;
     this.config.moeLayers.forEach((moe, l) => {
-      if (moe) this.observer!.routing!(l, chosen.subarray(l * k, (l + 1) * k), 1, k);
+      if (moe) this.observer!.routing!(l, chosen.subarray(l * per, l * per + S * k), S, k);
     });
   }
 

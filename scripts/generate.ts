@@ -164,7 +164,7 @@ function summary(r: GenerateResult, device: string): string {
 }
 
 async function main(): Promise<void> {
-  const model = await Model.load(flags.model, { quant: flags.quant as any, progress: loadBar() });
+  const model = await Model.load(flags.model, { quant: flags.quant as any, ctx: flags.ctx, progress: loadBar() });
   try {
     const sampling = samplingFromModel(model.generationDefaults, userSampling);
     const session = model.session({ ctx: flags.ctx });

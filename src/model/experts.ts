@@ -40,6 +40,8 @@ export interface ExpertRunnerOptions {
   progress?: (fraction: number) => void;
   /** Khronos synchronization validation too (with VKMOE_VALIDATION=1; tests). */
   syncValidation?: boolean;
+  /** Bytes of device memory the default expert budget leaves for the decode graph. */
+  reserveBytes?: number;
 }
 
 /** Converted experts, kept while they fit in a byte budget (oldest dropped first). */
@@ -93,6 +95,7 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
         // The GPU path asks once per upload; its CPU path asks on every call, so those are kept.
         weights: (l, e) => (backend?.mode === "cpu" ? cache.get(l * E + e, () => convert(l, e), quantBytes) : convert(l, e)),
         budgetMB: options.budgetMB,
+        reserveBytes: Math.ceil(options.reserveBytes ?? 0),
         syncValidation: options.syncValidation ?? false,
         log,
       }, options.env);

@@ -7,7 +7,7 @@ import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { readConfig, type VkmoeEnv } from "../config.ts";
 import { GraphUnsupportedError, openDeviceDecoder, type DeviceDecoder } from "../graph/index.ts";
-import { InvalidArgumentError } from "../errors.ts";
+import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { openTensorFile } from "../formats/index.ts";
 import type { GgufFile, TensorFile } from "../formats/tensor.ts";
 import { ChatTemplate } from "../tokenizer/chat-template.ts";
@@ -34,6 +34,11 @@ export interface LoadOptions {
   env?: VkmoeEnv;
   /** Khronos synchronization validation too (with VKMOE_VALIDATION=1; slow: tests). */
   syncValidation?: boolean;
+  /**
+   * The context sessions will mostly use (default min(4096, the model's maximum)): its f16 KV
+   * cache and the dense weights are kept out of the default expert budget.
+   */
+  ctx?: number;
 }
 
 /**
@@ -107,7 +112,8 @@ export class Model implements Disposable {
       progress("weights", 0);
       const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
       const env = options.env ?? readConfig();
-      const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, progress: (f) => progress("experts", f) });
+      const reserveBytes = graphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions));
+      const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
       let deviceDecoder: DeviceDecoder | undefined, whyNot = "";
       const backend = experts.gpuBackend;
       if (env.VKMOE_GRAPH === "off") whyNot = "VKMOE_GRAPH=off";
@@ -117,7 +123,8 @@ export class Model implements Disposable {
         try {
           deviceDecoder = openDeviceDecoder(config, weights, backend, env.VKMOE_GRAPH);
         } catch (e) {
-          if (!(e instanceof GraphUnsupportedError)) {
+          // out of device memory (or any other driver refusal) degrades to per-layer mode
+          if (!(e instanceof GraphUnsupportedError || e instanceof VkmoeError)) {
             experts[Symbol.dispose]();
             throw e;
           }
@@ -190,6 +197,16 @@ export class Model implements Disposable {
     this.experts[Symbol.dispose]();
     this.file[Symbol.dispose]();
   }
+}
+
+/** Device bytes the decode graph takes beside the experts: dense weights, norms, and an f16 KV cache of ctx positions. */
+function graphReserveBytes(cfg: Qwen3MoeConfig, w: ModelWeights, ctx: number): number {
+  let bytes = w.lmHead.bytes + 4 * cfg.hidden * (1 + 2 * cfg.layers);
+  for (const l of w.layers) {
+    const a = l.attention;
+    bytes += a.q.bytes + a.k.bytes + a.v.bytes + a.o.bytes + (l.router?.bytes ?? 0) + 8 * cfg.headDim;
+  }
+  return bytes + 2 * cfg.layers * ctx * cfg.kvHeads * cfg.headDim * 2;
 }
 
 function readJson(path: string): Record<string, unknown> {

@@ -11,7 +11,7 @@ import type { DeviceDecoder, DeviceSequence } from "../graph/index.ts";
 import { GRAPH_MAX_TOKENS, isDeviceLost } from "../graph/index.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import { Decoder, MAX_CHUNK, type DecoderObserver } from "./decoder.ts";
-import { InvalidArgumentError } from "../errors.ts";
+import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { ContextLengthError } from "./errors.ts";
 import { KvCache } from "./kv-cache.ts";
 import { argmax } from "../sampling/select.ts";
@@ -60,7 +60,15 @@ export class Session implements Disposable {
     if (ctx > config.maxPositions) throw new ContextLengthError(`context length ${ctx} exceeds the model's maximum of ${config.maxPositions} tokens`);
     this.ctx = ctx;
     this.cpuCache = options.cpuCache ?? "f32";
-    if (deviceDecoder) this.device = deviceDecoder.sequence(ctx, { timing: options.timing });
+    if (deviceDecoder) {
+      try {
+        this.device = deviceDecoder.sequence(ctx, { timing: options.timing });
+      } catch (e) {
+        if (!(e instanceof VkmoeError)) throw e;
+        const mb = (2 * config.layers * ctx * config.kvHeads * config.headDim * 2) / 2 ** 20;
+        throw new ContextLengthError(`a context of ${ctx} tokens needs a ${mb.toFixed(0)} MiB KV cache in device memory, which this device cannot give (${e.message}); lower --ctx`);
+      }
+    }
     else this.kv = new KvCache(config.layers, ctx, config.kvHeads, config.headDim, this.cpuCache);
     this.logits = new Float32Array(config.vocab);
   }

@@ -49,6 +49,8 @@ const optionsSchema = z.strictObject({
   weights: z.custom<ExpertProvider>((v) => typeof v === "function", "weights must be a function (layer, expert) => { gate, up, down }"),
   /** Device memory for experts; default from the driver (VKMOE_BUDGET_MB overrides both). */
   budgetMB: z.number().positive().optional(),
+  /** Bytes of the driver's default budget kept for other device memory (the decode graph's dense weights and KV cache). */
+  reserveBytes: z.number().int().nonnegative().default(0),
   /** Calls that may be in flight at once. */
   tickets: z.number().int().min(1).max(8).default(2),
   /**
@@ -194,7 +196,10 @@ export class MoeBackend implements Disposable {
       const budget = env.VKMOE_BUDGET_MB !== undefined || this.options.budgetMB === undefined
         ? computeBudget(device, { overrideMB: env.VKMOE_BUDGET_MB, ignoreBudgetExtension: env.VKMOE_IGNORE_BUDGET_EXT })
         : { bytes: this.options.budgetMB * 2 ** 20, why: "budgetMB option" };
-      pool = new ExpertPool(device, { shape: this.shape, budgetBytes: Math.floor(budget.bytes), addressing, policy: this.options.policy });
+      // An explicit budget is the experts' own; the driver's default keeps room for the rest of the model.
+      const explicit = env.VKMOE_BUDGET_MB !== undefined || this.options.budgetMB !== undefined;
+      const budgetBytes = Math.floor(explicit ? budget.bytes : Math.max(0, budget.bytes - this.options.reserveBytes));
+      pool = new ExpertPool(device, { shape: this.shape, budgetBytes, addressing, policy: this.options.policy });
       const maxSlots = MAX_TOKENS * (this.options.topK + (this.options.shared ? 1 : 0));
       const maxItems = Math.min(maxSlots, this.options.experts + 1);
       const config = { ...chooseMoeKernelConfig(device.info), ...this.options.kernel };

@@ -14,7 +14,24 @@
 // arithmetic (Payne-Hanek: its 24-bit mantissa times 128 bits of 2/pi), the remainder taken as a
 // float-float, and sin/cos evaluated by minimax polynomials on [-pi/4, pi/4]: within 2 ulp of
 // the correctly rounded values (test/decoder-kernels.test.ts measures it).
+//
+// Head norm (flags bit 2, Qwen3's q_norm / k_norm): each q head and each k head (never v) is first
+// RMS-normalised over its headDim elements, y = x / sqrt(mean(x^2) + eps) * w, w = the headDim
+// floats at qNormOffset (q heads) or kNormOffset (k heads) of binding 7, as src/model/ops.ts
+// rmsNorm and dec_rmsnorm: the normalised value x * inv is rounded to f32 before w multiplies it
+// (precise: no contraction), inv = 1 / sqrt(sum / headDim + eps). The f32 sum of squares:
+// each invocation adds the squares of its elements (each square rounded), in the order
+// 2j, 2j+1, 2j+half, 2j+1+half, j = its index, then + WG, ...; then across the workgroup as
+// dec_rmsnorm: with USE_SUBGROUP subgroupAdd, then a shared-memory tree over the subgroups'
+// sums; without, a shared-memory tree over the invocations' sums (partial[i] += partial[i + s],
+// s halving from the power of two below the count). The normalised values stay in registers;
+// k's normalised-then-rotated values are what the cache gets. Without the bit nothing is read
+// from binding 7 (any buffer may be bound).
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
 layout(local_size_x = 64, local_size_x_id = 0) in;
+layout(constant_id = 2) const bool USE_SUBGROUP = true;
 
 layout(set = 0, binding = 0) buffer Q { float q[]; };
 layout(set = 0, binding = 1) buffer K { float k[]; };
@@ -23,6 +40,7 @@ layout(set = 0, binding = 3) readonly buffer Inv { float invFreq[]; };
 layout(set = 0, binding = 4) writeonly buffer KC { uint kCache[]; };
 layout(set = 0, binding = 5) writeonly buffer VC { uint vCache[]; };
 layout(set = 0, binding = 6) readonly buffer Pos { uint positions[]; };
+layout(set = 0, binding = 7) readonly buffer Norm { float normW[]; };
 
 layout(push_constant) uniform Params {
     uint S;
@@ -31,7 +49,7 @@ layout(push_constant) uniform Params {
     uint headDim;
     uint pos0;
     uint posIndex;      // word of positions[] added to pos0 when flags bit 0
-    uint flags;         // bit 0: positions[posIndex] + pos0 + t; bit 1: write the cache
+    uint flags;         // bit 0: positions[posIndex] + pos0 + t; bit 1: write the cache; bit 2: head norm
     uint ctx;           // cache rows
     uint qOffset;       // floats
     uint kOffset;       // floats
@@ -39,9 +57,41 @@ layout(push_constant) uniform Params {
     uint kCacheOffset;  // uints (halves / 2): the layer's base in kCache
     uint vCacheOffset;  // uints
     uint invOffset;     // floats
+    uint qNormOffset;   // floats in normW (bit 2)
+    uint kNormOffset;   // floats in normW (bit 2)
+    float eps;          // (bit 2)
 } pc;
 
 const uint WG = gl_WorkGroupSize.x;
+shared float partial[WG];
+
+// Smallest power of two >= n (n >= 1).
+uint ceilPow2(uint n) { return n <= 1u ? 1u : 1u << uint(findMSB(n - 1u) + 1); }
+
+// Sum of v over the workgroup (called in uniform control flow); `count`: invocations
+// 0..count-1 may hold nonzero v (the shared-memory tree only spans them).
+float workgroupSum(float v, uint count) {
+    const uint li = gl_LocalInvocationIndex;
+    if (USE_SUBGROUP) {
+        v = subgroupAdd(v);
+        const uint nsg = gl_NumSubgroups;
+        if (nsg == 1u) return v;
+        if (subgroupElect()) partial[gl_SubgroupID] = v;
+        barrier();
+        for (uint s = ceilPow2(nsg) >> 1u; s > 0u; s >>= 1u) {
+            if (li < s && li + s < nsg) partial[li] += partial[li + s];
+            barrier();
+        }
+    } else {
+        partial[li] = v;
+        barrier();
+        for (uint s = ceilPow2(count) >> 1u; s > 0u; s >>= 1u) {
+            if (li < s && li + s < count) partial[li] += partial[li + s];
+            barrier();
+        }
+    }
+    return partial[0];
+}
 
 // ---- exact trig of an f32 angle -----------------------------------------------------------
 float pow2(int e) { return uintBitsToFloat(uint(e + 127) << 23u); }  // e in [-126, 127]
@@ -155,25 +205,64 @@ uint f16Bits(float f) {
 
 uint pack2(float lo, float hi) { return f16Bits(lo) | (f16Bits(hi) << 16u); }
 
+// The 4 elements of group j of the head at base: x1 = (2j, 2j+1), x2 = (2j+half, 2j+1+half).
+void loadGroup(bool isQ, uint base, uint j, uint half_, out vec2 x1, out vec2 x2) {
+    const uint i0 = 2u * j;
+    if (isQ) { x1 = vec2(q[base + i0], q[base + i0 + 1u]); x2 = vec2(q[base + i0 + half_], q[base + i0 + 1u + half_]); }
+    else { x1 = vec2(k[base + i0], k[base + i0 + 1u]); x2 = vec2(k[base + i0 + half_], k[base + i0 + 1u + half_]); }
+}
+
 void main() {
     const uint slot = gl_WorkGroupID.x;
     const uint t = gl_WorkGroupID.y;
-    if (t >= pc.S || slot >= pc.heads + pc.kvHeads) return;
+    if (t >= pc.S || slot >= pc.heads + pc.kvHeads) return;  // uniform per workgroup
     const uint hd = pc.headDim;
     const uint half_ = hd >> 1u;
+    const uint groups = hd >> 2u;
+    const uint li = gl_LocalInvocationIndex;
     uint pos = pc.pos0 + t;
     if ((pc.flags & 1u) != 0u) pos += positions[pc.posIndex];
     const bool isQ = slot < pc.heads;
     const uint kvh = slot - pc.heads;
     const uint base = isQ ? pc.qOffset + (t * pc.heads + slot) * hd : pc.kOffset + (t * pc.kvHeads + kvh) * hd;
     const bool cache = !isQ && (pc.flags & 2u) != 0u && pos < pc.ctx;
+    const bool norm = (pc.flags & 4u) != 0u;
     const uint cacheRow = (pos * pc.kvHeads + kvh) * (hd >> 1u);  // uints
     const float fpos = float(pos);
-    for (uint j = gl_LocalInvocationIndex; j < (hd >> 2u); j += WG) {
+    // this invocation's first group (j = li), loaded once and kept in registers
+    vec2 first1 = vec2(0.0), first2 = vec2(0.0);
+    if (li < groups) loadGroup(isQ, base, li, half_, first1, first2);
+    float inv = 1.0;
+    if (norm) {  // uniform
+        precise float ss = 0.0;
+        vec2 x1 = first1, x2 = first2;
+        for (uint j = li; j < groups; j += WG) {
+            if (j != li) loadGroup(isQ, base, j, half_, x1, x2);
+            precise float e0 = x1.x * x1.x;
+            precise float e1 = x1.y * x1.y;
+            precise float e2 = x2.x * x2.x;
+            precise float e3 = x2.y * x2.y;
+            ss = ss + e0;
+            ss = ss + e1;
+            ss = ss + e2;
+            ss = ss + e3;
+        }
+        const float total = workgroupSum(ss, min(WG, groups));
+        inv = 1.0 / sqrt(total / float(hd) + pc.eps);
+    }
+    const uint wo = isQ ? pc.qNormOffset : pc.kNormOffset;
+    for (uint j = li; j < groups; j += WG) {
         const uint i0 = 2u * j;
-        vec2 x1, x2;
-        if (isQ) { x1 = vec2(q[base + i0], q[base + i0 + 1u]); x2 = vec2(q[base + i0 + half_], q[base + i0 + 1u + half_]); }
-        else { x1 = vec2(k[base + i0], k[base + i0 + 1u]); x2 = vec2(k[base + i0 + half_], k[base + i0 + 1u + half_]); }
+        vec2 x1 = first1, x2 = first2;
+        if (j != li) loadGroup(isQ, base, j, half_, x1, x2);
+        if (norm) {
+            precise vec2 n1 = x1 * inv;
+            precise vec2 n2 = x2 * inv;
+            precise vec2 y1 = vec2(normW[wo + i0], normW[wo + i0 + 1u]) * n1;
+            precise vec2 y2 = vec2(normW[wo + i0 + half_], normW[wo + i0 + 1u + half_]) * n2;
+            x1 = y1;
+            x2 = y2;
+        }
         precise float a0 = fpos * invFreq[pc.invOffset + i0];
         precise float a1 = fpos * invFreq[pc.invOffset + i0 + 1u];
         const vec2 sc0 = sinCos(a0), sc1 = sinCos(a1);

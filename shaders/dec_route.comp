@@ -7,12 +7,30 @@
 // latter summed in j order by every writer. Then writes the MoE layer's device tables for the
 // call: the work list (header (S, K, S*K, seq) by workgroup 0; item 1 + u = (expert handle, u, 1)
 // for slot u = t*K + j: one item per slot, pairs[u] = u), each slot's weight and expert handle,
-// and the chosen expert ids at chosenOffset. The probabilities stay in shared memory (E <= MAX_E);
-// each of the k rounds is a plain shared-memory (value, id) max-reduction, the winner marked -1.
+// and the chosen expert ids at chosenOffset.
+//
+// No rounds: the selection is by rank (the number of values above, ties to the lower id), and
+// the element of rank j < K is pick j. Thread t owns the PER = ceil(E / WG) contiguous ids
+// t*PER .. t*PER + PER - 1 (so any id of group t is below any of group t + 1), keeps their
+// exp(x - max) in shared memory and publishes its group's maximum. Each thread ranks its group
+// maximum among the WG group maxima (ties to the lower thread, which is the lower id): with
+// PER = 1 these are the elements themselves and that rank is the pick. Otherwise the k best
+// elements all lie in the groups ranked below k (a group ranked j has j groups above it, whose
+// maxima are j distinct elements above any of its own), so stage 2 ranks the K*PER elements of
+// those groups among themselves, which is their rank among all E for the k best. Barriers: the
+// max, the exp values, stage 2's group list (PER > 1), the picks. The max and the sum reduce
+// with subgroupMax/subgroupAdd then shared memory across subgroups (USE_SUBGROUP), or every
+// thread reads all WG partials from shared memory; the sum is read by the K writers only.
+//
 // Logits must be finite (-Infinity: probability 0, still chosen after the nonzero ones by id;
 // NaN: unspecified weights, id and handle words 0xFFFFFFFF where nothing compares, never a read
-// outside the table).
+// outside the table): a NaN probability ranks as -1 (below every other, ties by id), as do the
+// pad ids E .. WG*PER - 1; a pick of value -1 gets id NONE.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
 layout(local_size_x = 128, local_size_x_id = 0) in;
+layout(constant_id = 2) const bool USE_SUBGROUP = true;
 
 layout(set = 0, binding = 0) readonly buffer Logits { float logits[]; };
 layout(set = 0, binding = 1) readonly buffer Table { uvec2 table[]; };
@@ -39,51 +57,17 @@ const uint MAX_K = 16u;
 const uint NONE = 0xFFFFFFFFu;
 const float NEG_INF = -1.0 / 0.0;  // folded by glslang to -Infinity
 
-shared float prob[MAX_E];  // the logits, then exp(x - max); -1 once chosen
-shared float rv[WG];
-shared uint ri[WG];
+// The logits, then exp(x - max) (NaN and, with PER > 1, pad ids: -1). Ids < WG*PER < E + WG, and
+// PER > 1 only where WG < E (WG <= MAX_E / 2): at most 768. 15.2 KiB in all at WG = 1024.
+shared float prob[MAX_E + MAX_E / 2u];
+shared vec4 groupMax4[WG / 4u];  // thread t's group maximum at [t / 4][t % 4]
+shared vec4 partMax4[WG / 4u];   // per-thread (or per-subgroup) partials, read as vec4s
+shared vec4 partSum4[WG / 4u];
+shared uint topGroup[MAX_K];     // the group of rank j (stage 2)
 shared float pickValue[MAX_K];
 shared uint pickId[MAX_K];
 
 bool above(float va, uint ia, float vb, uint ib) { return va > vb || (va == vb && ia < ib); }
-
-// Begins with a barrier so that every invocation has read the previous result first.
-float workgroupMax(float v) {
-    const uint t = gl_LocalInvocationIndex;
-    barrier();
-    rv[t] = v;
-    barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) rv[t] = max(rv[t], rv[t + s]);
-        barrier();
-    }
-    return rv[0];
-}
-
-float workgroupSum(float v) {
-    const uint t = gl_LocalInvocationIndex;
-    barrier();
-    rv[t] = v;
-    barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) rv[t] += rv[t + s];
-        barrier();
-    }
-    return rv[0];
-}
-
-// The best (value, id) over the workgroup into rv[0], ri[0].
-void workgroupBest(float v, uint id) {
-    const uint t = gl_LocalInvocationIndex;
-    barrier();
-    rv[t] = v;
-    ri[t] = id;
-    barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s && above(rv[t + s], ri[t + s], rv[t], ri[t])) { rv[t] = rv[t + s]; ri[t] = ri[t + s]; }
-        barrier();
-    }
-}
 
 void main() {
     const uint t = gl_LocalInvocationIndex;
@@ -92,47 +76,109 @@ void main() {
     const uint E = min(pc.E, MAX_E);
     const uint K = min(pc.K, MAX_K);
     const uint lo = pc.logitsOffset + token * pc.E;
+    const uint PER = (E + WG - 1u) / WG;
+    const uint first = t * PER;
 
-    // Every invocation owns the ids t, t + WG, ... of prob: only it reads or writes them until
-    // the selection, which changes one entry per round by its owner.
+    // Every invocation owns prob[first .. first + PER - 1]: only it writes them (before the
+    // second barrier); stage 2 reads them all.
     float m = NEG_INF;
-    for (uint e = t; e < E; e += WG) {
-        const float x = logits[lo + e];
-        prob[e] = x;
-        m = max(m, x);
+    for (uint i = 0u; i < PER; ++i) {
+        const uint e = first + i;
+        if (e < E) {
+            const float x = logits[lo + e];
+            prob[e] = x;
+            m = max(m, x);
+        }
     }
-    const float mx = workgroupMax(m);
-    float sum = 0.0;
-    for (uint e = t; e < E; e += WG) {
-        const float v = exp(prob[e] - mx);
-        prob[e] = v;
-        sum += v;
+    float mx;
+    if (USE_SUBGROUP) {
+        m = subgroupMax(m);
+        if (subgroupElect()) partMax4[gl_SubgroupID >> 2u][gl_SubgroupID & 3u] = m;
+        barrier();
+        mx = NEG_INF;
+        for (uint s = 0u; s < gl_NumSubgroups; ++s) mx = max(mx, partMax4[s >> 2u][s & 3u]);
+    } else {
+        partMax4[t >> 2u][t & 3u] = m;
+        barrier();
+        vec4 m4 = vec4(NEG_INF);
+        for (uint q = 0u; q < WG / 4u; ++q) m4 = max(m4, partMax4[q]);
+        mx = max(max(m4.x, m4.y), max(m4.z, m4.w));
     }
-    const float total = workgroupSum(sum);
 
-    for (uint r = 0u; r < K; ++r) {
-        float bv = -1.0;
-        uint bi = NONE;
-        for (uint e = t; e < E; e += WG) {
-            const float v = prob[e];
-            if (v > bv) { bv = v; bi = e; }  // ascending ids: the first of equal values
+    float sum = 0.0;
+    float gmax = -1.0;
+    for (uint i = 0u; i < PER; ++i) {
+        const uint e = first + i;
+        float r = -1.0;
+        if (e < E) {
+            const float v = exp(prob[e] - mx);
+            sum += v;
+            if (v >= 0.0) r = v;  // NaN: -1
         }
-        workgroupBest(bv, bi);
-        const uint best = ri[0];
-        if (t == 0u) {
-            pickValue[r] = rv[0];
-            pickId[r] = best;
+        if (PER > 1u) prob[e] = r;  // pad ids too; unread with PER = 1
+        gmax = max(gmax, r);
+    }
+    groupMax4[t >> 2u][t & 3u] = gmax;
+    if (USE_SUBGROUP) {
+        sum = subgroupAdd(sum);
+        if (subgroupElect()) partSum4[gl_SubgroupID >> 2u][gl_SubgroupID & 3u] = sum;
+    } else {
+        partSum4[t >> 2u][t & 3u] = sum;
+    }
+    barrier();
+
+    // Stage 1: the rank of this group's maximum among all WG, ties to the lower thread:
+    // u < t counts with >=, u > t with >, u = t not at all.
+    {
+        const uint tq = t >> 2u;
+        const vec4 g = vec4(gmax);
+        uvec4 c = uvec4(0u);
+        for (uint q = 0u; q < tq; ++q) c += uvec4(greaterThanEqual(groupMax4[q], g));
+        const vec4 mid = groupMax4[tq];
+        const uvec4 lower = uvec4(lessThan(uvec4(0u, 1u, 2u, 3u), uvec4(t & 3u)));
+        c += lower * uvec4(greaterThanEqual(mid, g)) + (uvec4(1u) - lower) * uvec4(greaterThan(mid, g));
+        for (uint q = tq + 1u; q < WG / 4u; ++q) c += uvec4(greaterThan(groupMax4[q], g));
+        const uint rank = c.x + c.y + c.z + c.w;  // a permutation of 0..WG-1 over the threads
+        if (rank < K) {
+            if (PER == 1u) {
+                pickValue[rank] = gmax;
+                pickId[rank] = gmax >= 0.0 ? t : NONE;
+            } else {
+                topGroup[rank] = t;
+            }
         }
-        if (best < E && best % WG == t) prob[best] = -1.0;  // its owner (NONE: NaN logits only)
+    }
+    if (PER > 1u) {
+        // Stage 2: the K*PER candidates (distinct ids, possibly pad ids of value -1) among themselves.
+        barrier();
+        const uint C = K * PER;
+        for (uint c = t; c < C; c += WG) {
+            const uint id = topGroup[c / PER] * PER + c % PER;
+            const float v = prob[id];
+            uint rank = 0u;
+            for (uint j = 0u; j < K; ++j) {
+                const uint base = topGroup[j] * PER;
+                for (uint i = 0u; i < PER; ++i) rank += uint(above(prob[base + i], base + i, v, id));
+            }
+            if (rank < K) {
+                pickValue[rank] = v;
+                pickId[rank] = v >= 0.0 ? id : NONE;
+            }
+        }
     }
     barrier();
 
     if (token == 0u && t == 0u) work[0] = uvec4(pc.S, K, pc.S * K, pc.seq);
     if (t < K) {
-        float denom = total;
+        float denom = 0.0;
         if ((pc.flags & 1u) != 0u) {
-            denom = 0.0;
             for (uint j = 0u; j < K; ++j) denom += pickValue[j];
+        } else if (USE_SUBGROUP) {
+            for (uint s = 0u; s < gl_NumSubgroups; ++s) denom += partSum4[s >> 2u][s & 3u];
+        } else {
+            vec4 s4 = vec4(0.0);
+            for (uint q = 0u; q < WG / 4u; ++q) s4 += partSum4[q];
+            denom = (s4.x + s4.y) + (s4.z + s4.w);
         }
         const uint id = pickId[t];
         const uint u = token * K + t;

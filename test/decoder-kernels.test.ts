@@ -16,6 +16,7 @@ import { Fence, Submission } from "../src/vk/sync.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer as deviceHostBuffer, u32, SENTINEL, SENTINEL_WORDS as TAIL } from "./support/host-buffers.ts";
 import { nmse as nmseOf } from "../src/quant/metrics.ts";
+import { InvalidArgumentError } from "../src/errors.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -146,8 +147,8 @@ function ropeReference(q: Float32Array, k: Float32Array, S: number, H: number, K
   return { q: qr, k: kr };
 }
 
-/** Per-element bound |gpu - cpu| ≤ 2^-21 (|x1| + |x2|) of the pair it came from (see the report). */
-function expectRotated(ref: Float32Array, got: Float32Array, orig: Float32Array, rows: number, hd: number, what: string): number {
+/** Per-element bound |gpu - cpu| ≤ bound (|x1| + |x2|) of the pair it came from (2^-21: see the report). */
+function expectRotated(ref: Float32Array, got: Float32Array, orig: Float32Array, rows: number, hd: number, what: string, bound = 2 ** -21): number {
   const half = hd / 2;
   let worst = 0;
   for (let r = 0; r < rows; r++) for (let i = 0; i < half; i++) {
@@ -157,11 +158,14 @@ function expectRotated(ref: Float32Array, got: Float32Array, orig: Float32Array,
       const d = Math.abs(ref[b + j]! - got[b + j]!);
       const rel = scale === 0 ? d : d / scale;
       worst = Math.max(worst, rel);
-      if (!(rel <= 2 ** -21)) throw new Error(`${what}: row ${r} element ${j}: cpu ${ref[b + j]} gpu ${got[b + j]} (|d|/(|x1|+|x2|) = ${rel})`);
+      if (!(rel <= bound)) throw new Error(`${what}: row ${r} element ${j}: cpu ${ref[b + j]} gpu ${got[b + j]} (|d|/(|x1|+|x2|) = ${rel})`);
     }
   }
   return worst;
 }
+
+/** Fused head norm: the error of the normalised values (f32 sum of squares, a few ulp in 1/sqrt) adds to the rotation's 2^-21. */
+const NORM_ROPE_BOUND = 2 ** -20;
 
 describe("dec_rope_kv vs ops.ts applyRope", () => {
   test("cos/sin: rotating (1, 0) at positions 0..2^24 gives f32 cos and sin within 2 ulp of the rounded f64 values", () => {
@@ -200,19 +204,59 @@ describe("dec_rope_kv vs ops.ts applyRope", () => {
   const CTX = 40_064, ROW_MAX = 2 * 256;
   // created in beforeAll: a filtered run (bun test -t) that skips this block creates nothing to leak
   let kCache!: Buffer, vCache!: Buffer;
+  // head-norm reduction variants: shared-memory tree with a workgroup of 24 (not a power of two),
+  // and 16 threads (several groups of 4 per thread from head_dim 128)
+  let ropeShared!: RopeKvKernel, ropeNarrow!: RopeKvKernel;
   beforeAll(() => {
     kCache = hostBuffer((CTX * ROW_MAX) / 2);
     vCache = hostBuffer((CTX * ROW_MAX) / 2);
+    ropeShared = new RopeKvKernel(device, { useSubgroup: false, workgroupSize: 24 });
+    ropeNarrow = new RopeKvKernel(device, { workgroupSize: 16 });
   });
   afterAll(() => {
+    ropeNarrow[Symbol.dispose]();
+    ropeShared[Symbol.dispose]();
     kCache[Symbol.dispose]();
     vCache[Symbol.dispose]();
   });
 
+  interface NormCase {
+    eps: number;
+    /** Also check that the comparison fails against references that ignore the weights, eps, or the norm. */
+    controls?: boolean;
+  }
+  /** Head norm case data: weights at offsets 3 and hd + 8 of a buffer that is NaN elsewhere. */
+  function normData(hd: number) {
+    const qw = randomGaussianF32(hd, seed++, 0.5).map((x) => 1 + x), kw = randomGaussianF32(hd, seed++, 0.5).map((x) => 1 + x);
+    const qOffset = 3, kOffset = hd + 8, words = 2 * hd + 13;
+    const host = new Float32Array(words).fill(NaN);
+    host.set(qw, qOffset);
+    host.set(kw, kOffset);
+    return { qw, kw, qOffset, kOffset, words, host };
+  }
+  /** Heads (rows) at scales 1, 2^-10, 4 from `start` in that cycle: eps (~1e-6) matters at 2^-10. */
+  const headScales = [1, 2 ** -10, 4];
+  function scaleHeads(x: Float32Array, hd: number, start: number): void {
+    for (let r = 0; r < x.length / hd; r++) for (let i = 0; i < hd; i++) x[r * hd + i] = x[r * hd + i]! * headScales[(r + start) % headScales.length]!;
+  }
+  const headNorm = (x: Float32Array, w: Float32Array, hd: number, eps: number) => {
+    const out = new Float32Array(x.length);
+    rmsNorm(x, w, hd, x.length / hd, eps, out);
+    return out;
+  };
+
   /** Runs one case and checks q, k (f32), the cache rows written (f16) and the rows around them. */
-  function ropeCase(S: number, H: number, KV: number, hd: number, pos0: number, theta: number, opts: { viaBuffer?: boolean; special?: boolean } = {}) {
+  function ropeCase(
+    S: number, H: number, KV: number, hd: number, pos0: number, theta: number,
+    opts: { viaBuffer?: boolean; special?: boolean; norm?: NormCase; kernel?: RopeKvKernel } = {},
+  ) {
     const inv = ropeInverseFrequencies(hd, theta, "bf16");
     const q = randomGaussianF32(S * H * hd, seed++), k = randomGaussianF32(S * KV * hd, seed++, 4), v = randomGaussianF32(S * KV * hd, seed++, 2);
+    const nd = opts.norm ? normData(hd) : undefined;
+    if (nd) {
+      scaleHeads(q, hd, 0); // q has >= 2 heads: one at 2^-10
+      scaleHeads(k, hd, 1); // k head 0 at 2^-10
+    }
     if (opts.special) {
       const sp = [0, -0, 65504, -65519.99, 65520, 1e5, Infinity, -Infinity, NaN, 2 ** -24, 2 ** -25, -(2 ** -25) * 1.5, 2 ** -14, 2 ** -14 - 2 ** -25, 6.1e-5, 3e-8, 1 + 2 ** -11, 1 + 3 * 2 ** -11, 2049, 2051];
       sp.forEach((x, i) => (v[i] = x));
@@ -220,6 +264,7 @@ describe("dec_rope_kv vs ops.ts applyRope", () => {
     }
     const row = KV * hd, qn = S * H * hd, kn = S * row;
     using qb = hostBuffer(qn), kb = hostBuffer(kn), vb = hostBuffer(kn, "upload"), ib = hostBuffer(hd / 2, "upload"), pb = hostBuffer(4, "upload");
+    using wb = hostBuffer(nd?.words ?? 1, "upload");
     f32(qb, qn).set(q);
     f32(kb, kn).set(k);
     f32(vb, kn).set(v);
@@ -229,10 +274,34 @@ describe("dec_rope_kv vs ops.ts applyRope", () => {
       u32(pb, 4).set([0, 0, pos0 - 5, 0]);
       Object.assign(args, { pos0: 5, positions: pb, posIndex: 2 });
     }
-    submitAndWait(device, (cb) => rope.record(cb, args));
-    const ref = ropeReference(q, k, S, H, KV, hd, pos0, inv);
-    const worstQ = expectRotated(ref.q, f32(qb, qn), q, S * H, hd, "q");
-    const worstK = expectRotated(ref.k, f32(kb, kn), k, S * KV, hd, "k");
+    if (nd) {
+      f32(wb, nd.words).set(nd.host);
+      args.norm = { weights: wb, qOffset: nd.qOffset, kOffset: nd.kOffset, eps: opts.norm!.eps };
+    }
+    submitAndWait(device, (cb) => (opts.kernel ?? rope).record(cb, args));
+    // with the norm: the CPU's normalised q, k (ops.ts rmsNorm per head), then rotated
+    const eps = opts.norm?.eps ?? 0;
+    const qIn = nd ? headNorm(q, nd.qw, hd, eps) : q, kIn = nd ? headNorm(k, nd.kw, hd, eps) : k;
+    const bound = nd ? NORM_ROPE_BOUND : 2 ** -21;
+    const ref = ropeReference(qIn, kIn, S, H, KV, hd, pos0, inv);
+    const worstQ = expectRotated(ref.q, f32(qb, qn), qIn, S * H, hd, "q", bound);
+    const worstK = expectRotated(ref.k, f32(kb, kn), kIn, S * KV, hd, "k", bound);
+    if (nd && opts.norm!.controls) {
+      // negative controls: the same comparison fails against a reference that ignores the weights,
+      // eps (heads at scale 2^-10 have mean(x^2) ~ 1e-6), or the norm altogether
+      const ones = new Float32Array(hd).fill(1);
+      const wrong: [string, Float32Array, Float32Array][] = [
+        ["weights ignored", headNorm(q, ones, hd, eps), headNorm(k, ones, hd, eps)],
+        ["no norm", q, k],
+      ];
+      if (eps > 0) wrong.push(["eps ignored", headNorm(q, nd.qw, hd, 0), headNorm(k, nd.kw, hd, 0)]);
+      if (eps > 0) wrong.push(["eps doubled", headNorm(q, nd.qw, hd, 2 * eps), headNorm(k, nd.kw, hd, 2 * eps)]);
+      for (const [name, wq, wk] of wrong) {
+        const r = ropeReference(wq, wk, S, H, KV, hd, pos0, inv);
+        expect(() => expectRotated(r.q, f32(qb, qn), wq, S * H, hd, `q (${name})`, bound)).toThrow();
+        expect(() => expectRotated(r.k, f32(kb, kn), wk, S * KV, hd, `k (${name})`, bound)).toThrow();
+      }
+    }
     expectTail(qb, qn, "q");
     expectTail(kb, kn, "k");
     // cache rows pos0..pos0+S-1: v exact; k within 1 f16 ulp of the CPU's k rounded, exact against the GPU's own f32 k
@@ -273,6 +342,98 @@ describe("dec_rope_kv vs ops.ts applyRope", () => {
     ropeCase(7, 8, 2, 64, 40_000, 1e6, { viaBuffer: true, special: true });
     ropeCase(7, 8, 2, 256, 39_999, 1e6, { viaBuffer: true });
   }, 60_000);
+
+  test("head norm fused (flags bit 2) vs rmsNorm per head then applyRope: head_dim 32/64/128/256 x GQA 1..8 x S 1..5 at position ~40000; k, v cached", () => {
+    let worst = 0, exact = 0, total = 0, cases = 0;
+    for (const hd of [32, 64, 128, 256]) {
+      // KV * hd <= ROW_MAX (the shared cache's row)
+      const shapes: [number, number][] = hd <= 128 ? [[2, 2], [6, 2], [8, 1], [16, 2], [4, 4], [7, 1]] : [[2, 2], [6, 2], [8, 1], [16, 2], [7, 1]];
+      for (const [H, KV] of shapes) for (const S of [1, 2, 3, 5]) {
+        const eps = [1e-6, 1e-5, 0][cases % 3]!;
+        const r = ropeCase(S, H, KV, hd, 40_000 - S * 7, 1e6, { norm: { eps, controls: cases % 4 === 0 } });
+        worst = Math.max(worst, r.worst);
+        exact += r.kExact;
+        total += r.kTotal;
+        cases++;
+      }
+    }
+    console.log(`  rope + head norm: ${cases} cases, worst |gpu-cpu|/(|x1|+|x2|) = ${worst.toExponential(2)} (bound 2^-20 = ${NORM_ROPE_BOUND.toExponential(2)}); k cache f16 ${exact}/${total} equal to the CPU's k rounded, the rest 1 ulp`);
+  }, 120_000);
+
+  test("head norm: positions from a buffer; f16 edge values of v exact (v not normalised); shared-memory tree of 24 threads and 16 threads (several groups per thread)", () => {
+    let worst = 0;
+    for (const r of [
+      ropeCase(5, 4, 1, 128, 0 + 5, 1e4, { viaBuffer: true, special: true, norm: { eps: 1e-6, controls: true } }),
+      ropeCase(4, 8, 2, 64, 40_000, 1e6, { viaBuffer: true, special: true, norm: { eps: 1e-6 } }),
+      ropeCase(3, 8, 2, 256, 39_999, 1e6, { viaBuffer: true, norm: { eps: 1e-6, controls: true } }),
+      ...[ropeShared, ropeNarrow].flatMap((kernel) => [32, 64, 128, 256].map((hd) =>
+        ropeCase(3, 8, 2, hd, 39_000 + hd, 1e6, { viaBuffer: hd === 128, norm: { eps: 1e-6, controls: true }, kernel }))),
+    ]) worst = Math.max(worst, r.worst);
+    console.log(`  rope + head norm (positions buffer, other reductions): worst |gpu-cpu|/(|x1|+|x2|) = ${worst.toExponential(2)}`);
+  }, 60_000);
+
+  test("head norm at position 0 (the rotation is the identity): each normalised q, k element vs ops.ts rmsNorm and vs dec_rmsnorm on the same heads", () => {
+    let worstCpu = 0, worstRms = 0, worstUlpRms = 0, n = 0;
+    for (const kernel of [rope, ropeShared, ropeNarrow]) for (const hd of [32, 64, 128, 256]) for (const eps of [1e-6, 0]) {
+      const S = 2, H = 6, KV = 2, qn = S * H * hd, kn = S * KV * hd;
+      const q = randomGaussianF32(qn, seed++), k = randomGaussianF32(kn, seed++, 4), v = randomGaussianF32(kn, seed++);
+      scaleHeads(q, hd, 0);
+      scaleHeads(k, hd, 1);
+      const nd = normData(hd);
+      using qb = hostBuffer(qn), kb = hostBuffer(kn), vb = hostBuffer(kn, "upload"), ib = hostBuffer(hd / 2, "upload"), wb = hostBuffer(nd.words, "upload");
+      using rq = hostBuffer(qn), rk = hostBuffer(kn); // dec_rmsnorm's outputs
+      using kc = hostBuffer(kn / 2), vc = hostBuffer(kn / 2);
+      f32(qb, qn).set(q);
+      f32(kb, kn).set(k);
+      f32(vb, kn).set(v);
+      f32(ib, hd / 2).set(ropeInverseFrequencies(hd, 1e6));
+      f32(wb, nd.words).set(nd.host);
+      f32(rq, qn).set(q);
+      f32(rk, kn).set(k);
+      submitAndWait(device, (cb) => {
+        rms.record(cb, { x: rq, w: wb, y: rq, rows: S * H, n: hd, eps, wOffset: nd.qOffset });
+        rms.record(cb, { x: rk, w: wb, y: rk, rows: S * KV, n: hd, eps, wOffset: nd.kOffset });
+        // S tokens at position 0 each: pos0 = 0 and S = 1, twice (token 1 at offset)
+        for (let t = 0; t < S; t++) {
+          kernel.record(cb, {
+            q: qb, k: kb, v: vb, invFreq: ib, kCache: kc, vCache: vc, S: 1, heads: H, kvHeads: KV, headDim: hd, ctx: 1, pos0: 0,
+            qOffset: t * H * hd, kOffset: t * KV * hd, vOffset: t * KV * hd, kCacheOffset: 0, vCacheOffset: 0, writeCache: t === 0,
+            norm: { weights: wb, qOffset: nd.qOffset, kOffset: nd.kOffset, eps },
+          });
+        }
+      });
+      for (const [x, w, gb, rb, len] of [[q, nd.qw, qb, rq, qn], [k, nd.kw, kb, rk, kn]] as const) {
+        const ref = headNorm(x, w, hd, eps), got = f32(gb, len), viaRms = f32(rb, len);
+        worstCpu = Math.max(worstCpu, maxRel(ref, got));
+        worstRms = Math.max(worstRms, maxRel(viaRms, got));
+        for (let i = 0; i < len; i++) worstUlpRms = Math.max(worstUlpRms, ulps(viaRms[i]!, got[i]!));
+        n += len;
+      }
+      expect(Array.from(new Uint16Array(vc.host(), 0, kn / S))).toEqual(Array.from(v.subarray(0, kn / S), f32ToF16Bits)); // v cached as is
+      expectTail(qb, qn, "q");
+      expectTail(kb, kn, "k");
+    }
+    console.log(`  head norm at position 0: ${n} values, worst relative error vs rmsNorm (f64 sum) ${worstCpu.toExponential(2)}, vs dec_rmsnorm ${worstRms.toExponential(2)} (${worstUlpRms.toFixed(1)} ulp)`);
+    expect(worstCpu).toBeLessThanOrEqual(1e-6);
+    expect(worstRms).toBeLessThanOrEqual(1e-6);
+  }, 60_000);
+
+  test("head norm arguments are validated", () => {
+    using qb = hostBuffer(64), kb = hostBuffer(64), vb = hostBuffer(64), ib = hostBuffer(32), kc = hostBuffer(64), vc = hostBuffer(64), wb = hostBuffer(100);
+    const base: RopeKvArgs = { q: qb, k: kb, v: vb, invFreq: ib, kCache: kc, vCache: vc, S: 1, heads: 1, kvHeads: 1, headDim: 64, ctx: 1, pos0: 0 };
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    for (const norm of [
+      { weights: wb, qOffset: 0, kOffset: Number(wb.size) / 4 - 63, eps: 1e-6 }, // k vector one word past the end
+      { weights: wb, qOffset: -1, kOffset: 0, eps: 1e-6 },
+      { weights: wb, qOffset: 0.5, kOffset: 0, eps: 1e-6 },
+      { weights: wb, qOffset: 0, kOffset: 0, eps: -1e-6 },
+      { weights: wb, qOffset: 0, kOffset: 0, eps: NaN },
+      { weights: wb, qOffset: 0, kOffset: 0, eps: Infinity },
+    ]) expect(() => rope.record(cb, { ...base, norm })).toThrow(InvalidArgumentError);
+    rope.record(cb, { ...base, norm: { weights: wb, qOffset: Number(wb.size) / 4 - 64, kOffset: 0, eps: 0 } }); // the last 64 words: accepted
+    cb.end();
+  });
 
   test("layer offset in the cache, positions >= ctx not written; one recording replayed with new positions", () => {
     const hd = 64, KV = 2, H = 4, ctxRows = 8, layers = 3, row = KV * hd, S = 2;

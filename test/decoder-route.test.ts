@@ -4,7 +4,10 @@
  * tables it writes (work list header and items, pairs, slot experts from a table of random
  * handles at a nonzero offset). Random logits are drawn so that the k + 1 largest of each token
  * are at least 1e-4 apart (no near-ties an f32 softmax could reorder); exact ties are tested
- * separately. Every output buffer carries sentinel words past its end, checked after each run.
+ * separately, as are rows of small integer logits (many exact ties, inside and across threads'
+ * groups of experts). Every kernel variant runs: 128 and 16 threads (one expert per thread up to
+ * E = 128 / 16, else stage 2's candidates), softmax reductions with and without subgroup ops.
+ * Every output buffer carries sentinel words past its end, checked after each run.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
@@ -21,10 +24,12 @@ const ctx = openTestContext();
 const device = ctx.device;
 const route = new RouteKernel(device);
 const route16 = new RouteKernel(device, { workgroupSize: 16 }); // 32 experts per thread at E = 512
+const routeShared = new RouteKernel(device, { useSubgroup: false }); // softmax max and sum through shared memory only
+const route16Shared = new RouteKernel(device, { workgroupSize: 16, useSubgroup: false });
+const KERNELS = [["128 threads", route], ["16 threads", route16], ["128 threads, no subgroup ops", routeShared], ["16 threads, no subgroup ops", route16Shared]] as const;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 afterAll(() => {
-  route16[Symbol.dispose]();
-  route[Symbol.dispose]();
+  for (const [, kernel] of KERNELS) kernel[Symbol.dispose]();
   finish(ctx);
 });
 
@@ -90,11 +95,23 @@ interface RunResult extends Reference {
   worst: number;
 }
 
+interface Dispatched {
+  ids: Uint32Array;
+  weights: Float32Array;
+  handles: Uint32Array;
+  header: Uint32Array;
+  /** 4 words per slot. */
+  items: Uint32Array;
+  pairs: Uint32Array;
+  /** 2 words per slot. */
+  slotExpert: Uint32Array;
+}
+
 /**
- * One dispatch on fresh sentinel-filled buffers; checks everything it writes against the
- * reference and that nothing else was written. Returns the ids, weights and the handle table.
+ * One dispatch on fresh sentinel-filled buffers (a table of random handles); checks that nothing
+ * but the S*k slots (and the work header) was written, the table untouched. Returns copies of the outputs.
  */
-function runRoute(logits: Float32Array, S: number, E: number, k: number, o: RunOptions, what: string, ref = reference(logits, S, E, k, o.normalize, o.logitsOffset ?? 0)): RunResult {
+function dispatchRoute(logits: Float32Array, S: number, E: number, k: number, o: RunOptions): Dispatched {
   const logitsOffset = o.logitsOffset ?? 0, tableOffset = o.tableOffset ?? 0, chosenOffset = o.chosenOffset ?? 0, seq = o.seq ?? 0;
   const kernel = o.kernel ?? route;
   const slots = S * k;
@@ -109,33 +126,48 @@ function runRoute(logits: Float32Array, S: number, E: number, k: number, o: RunO
   f32(lb, logits.length).set(logits);
   u32(tb, handles.length).set(handles);
   submitAndWait(device, (cb) => kernel.record(cb, { logits: lb, table: tb, work, pairs, slotWeight: sw, slotExpert: se, chosen, S, E, k, normalize: o.normalize, seq, logitsOffset, tableOffset, chosenOffset }));
+  expect(Array.from(u32(chosen, chosenOffset))).toEqual(new Array(chosenOffset).fill(SENTINEL));
+  expectTail(work, 4 * (1 + slots), "work");
+  expectTail(pairs, slots, "pairs");
+  expectTail(sw, slots, "slotWeight");
+  expectTail(se, 2 * slots, "slotExpert");
+  expectTail(chosen, chosenOffset + slots, "chosen");
+  expect(Array.from(u32(tb, handles.length))).toEqual(Array.from(handles));
+  return {
+    ids: u32(chosen, slots, chosenOffset).slice(), weights: f32(sw, slots).slice(), handles, header: u32(work, 4).slice(),
+    items: u32(work, 4 * slots, 4).slice(), pairs: u32(pairs, slots).slice(), slotExpert: u32(se, 2 * slots).slice(),
+  };
+}
 
-  const ids = Int32Array.from(u32(chosen, slots, chosenOffset));
-  const weights = f32(sw, slots).slice();
+/**
+ * dispatchRoute, then checks everything it wrote against the reference: ids exact, weights
+ * within WEIGHT_TOL, the header, and every slot's work item, pair and expert handle.
+ */
+function runRoute(logits: Float32Array, S: number, E: number, k: number, o: RunOptions, what: string, ref = reference(logits, S, E, k, o.normalize, o.logitsOffset ?? 0)): RunResult {
+  const tableOffset = o.tableOffset ?? 0, seq = o.seq ?? 0;
+  const slots = S * k;
+  const d = dispatchRoute(logits, S, E, k, o);
+  const ids = Int32Array.from(d.ids), weights = d.weights, handles = d.handles;
   const worst = compareRouting(ref, ids, weights, WEIGHT_TOL, what);
-  expect({ what, header: Array.from(u32(work, 4)) }).toEqual({ what, header: [S, k, slots, seq] });
-  const items = u32(work, 4 * slots, 4), pairWords = u32(pairs, slots), expertWords = u32(se, 2 * slots);
+  expect({ what, header: Array.from(d.header) }).toEqual({ what, header: [S, k, slots, seq] });
   for (let u = 0; u < slots; u++) {
     const hx = handles[2 * (tableOffset + ids[u]!)]!, hy = handles[2 * (tableOffset + ids[u]!) + 1]!;
-    const item = Array.from(items.subarray(4 * u, 4 * u + 4)), slotExpert = [expertWords[2 * u]!, expertWords[2 * u + 1]!];
-    if (item.join() !== [hx, hy, u, 1].join() || slotExpert.join() !== [hx, hy].join() || pairWords[u] !== u) {
-      throw new Error(`${what}: slot ${u} (expert ${ids[u]}): item [${item}], slotExpert [${slotExpert}], pair ${pairWords[u]}; want [${hx},${hy},${u},1], [${hx},${hy}], ${u}`);
+    const item = Array.from(d.items.subarray(4 * u, 4 * u + 4)), slotExpert = [d.slotExpert[2 * u]!, d.slotExpert[2 * u + 1]!];
+    if (item.join() !== [hx, hy, u, 1].join() || slotExpert.join() !== [hx, hy].join() || d.pairs[u] !== u) {
+      throw new Error(`${what}: slot ${u} (expert ${ids[u]}): item [${item}], slotExpert [${slotExpert}], pair ${d.pairs[u]}; want [${hx},${hy},${u},1], [${hx},${hy}], ${u}`);
     }
   }
-  expect(Array.from(u32(chosen, chosenOffset))).toEqual(new Array(chosenOffset).fill(SENTINEL));
-  expectTail(work, 4 * (1 + slots), `${what}: work`);
-  expectTail(pairs, slots, `${what}: pairs`);
-  expectTail(sw, slots, `${what}: slotWeight`);
-  expectTail(se, 2 * slots, `${what}: slotExpert`);
-  expectTail(chosen, chosenOffset + slots, `${what}: chosen`);
-  expect(Array.from(u32(tb, handles.length))).toEqual(Array.from(handles));
   return { ids, weights, handles, worst };
 }
 
 // ---------------------------------------------------------------------------------------------
 describe("dec_route vs ops.ts routeTopK (ids exact, weights within 1e-5 relative, tables checked)", () => {
   const cases: [number, number, number][] = [[8, 2, 1], [60, 4, 3], [128, 8, 1], [128, 8, 17], [256, 8, 64], [512, 16, 5], [7, 7, 2], [512, 1, 64], [1, 1, 3], [33, 16, 4]]; // [E, k, S]
-  for (const [name, kernel] of [["128 threads", route], ["16 threads", route16]] as const) {
+  test("the subgroup path is the default where the device has subgroup arithmetic", () => {
+    expect([route.useSubgroup, route16.useSubgroup, routeShared.useSubgroup]).toEqual([device.info.subgroup.arithmetic, device.info.subgroup.arithmetic, false]);
+    expect([route.workgroupSize, route16.workgroupSize]).toEqual([128, 16]);
+  });
+  for (const [name, kernel] of KERNELS) {
     for (const normalize of [true, false]) {
       test(`${name}, normalize ${normalize}: (E, k, S) = ${cases.map((c) => `(${c.join(",")})`).join(" ")}`, () => {
         let worst = 0, n = 0;
@@ -170,13 +202,56 @@ describe("dec_route ties and edge values", () => {
     rows.push(b);
     const logits = new Float32Array(rows.length * E);
     rows.forEach((r, t) => logits.set(r, t * E));
-    for (const kernel of [route, route16]) {
+    for (const [name, kernel] of KERNELS) {
       for (const normalize of [true, false]) {
-        const r = runRoute(logits, rows.length, E, k, { normalize, kernel, tableOffset: 1 }, `ties normalize=${normalize}`);
+        const r = runRoute(logits, rows.length, E, k, { normalize, kernel, tableOffset: 1 }, `ties, ${name}, normalize=${normalize}`);
         expect(Array.from(r.ids.subarray(0, k))).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
         expect(Array.from(r.ids.subarray(k, 2 * k))).toEqual([10, 40, 50, 1, 2, 5, 20, 33]);
         expect(Array.from(r.ids.subarray(2 * k, 2 * k + 4))).toEqual([0, 16, 32, 48]);
         if (normalize) expect(Array.from(r.weights.subarray(0, k))).toEqual(new Array(k).fill(1 / 8));
+      }
+    }
+  }, 60_000);
+
+  test("small integer logits (exact ties everywhere): ids and weights as routeTopK, every kernel, E 2..512", () => {
+    // values from a few levels, so each token's top k has runs of equal probabilities that cross
+    // group boundaries (PER = ceil(E / threads) contiguous experts per thread) and the k boundary
+    const cases: [number, number, number, number][] = [[2, 1, 3, 2], [16, 16, 2, 3], [17, 16, 3, 2], [48, 8, 4, 3], [64, 16, 3, 4], [100, 10, 5, 3], [129, 8, 3, 5], [255, 16, 4, 4], [300, 10, 2, 6], [512, 10, 4, 3], [512, 16, 2, 2]]; // [E, k, S, levels]
+    let rng = seed++;
+    const next = () => (rng = (Math.imul(rng, 1103515245) + 12345) >>> 0) / 2 ** 32;
+    for (const [E, k, S, levels] of cases) {
+      const logits = new Float32Array(S * E);
+      for (let i = 0; i < logits.length; i++) logits[i] = Math.floor(next() * levels) - 1;
+      for (let e = 0; e < E; e += 7) logits[e] = levels - 1; // a tie of the largest value at a stride across groups
+      for (const [name, kernel] of KERNELS) {
+        for (const normalize of [true, false]) runRoute(logits, S, E, k, { normalize, kernel, tableOffset: 2, chosenOffset: 1 }, `integer ties E=${E} k=${k} S=${S}, ${name}, normalize=${normalize}`);
+      }
+    }
+  }, 60_000);
+
+  test("NaN logits: no read outside the table; ids 0xFFFFFFFF where nothing compares, else distinct non-NaN experts", () => {
+    const E = 40, k = 8, S = 3;
+    const logits = separatedLogits(S, E, k);
+    logits.fill(NaN, 0, E); // token 0: every logit NaN: every slot NONE
+    for (let e = 0; e < E; e++) if (e % 8 !== 3) logits[E + e] = NaN; // token 1: 5 finite logits, k = 8
+    logits[2 * E + 11] = NaN; // token 2: one NaN
+    const NONE = 0xffffffff;
+    for (const [name, kernel] of KERNELS) {
+      for (const normalize of [true, false]) {
+        const what = `NaN, ${name}, normalize=${normalize}`;
+        const o = dispatchRoute(logits, S, E, k, { normalize, kernel, tableOffset: 3 });
+        const ids = Array.from(o.ids);
+        expect({ what, ids: ids.slice(0, k) }).toEqual({ what, ids: new Array(k).fill(NONE) });
+        for (let t = 1; t < S; t++) {
+          const row = ids.slice(t * k, (t + 1) * k), real = row.filter((id) => id !== NONE);
+          expect({ what, t, distinct: new Set(real).size === real.length, finite: real.every((id) => id < E && !Number.isNaN(logits[t * E + id]!)) }).toEqual({ what, t, distinct: true, finite: true });
+          if (t === 1) expect({ what, real: real.length }).toEqual({ what, real: real.length === 0 ? 0 : 5 }); // max NaN or not: none or all five
+        }
+        for (let u = 0; u < S * k; u++) {
+          const want = ids[u] === NONE ? [NONE, NONE] : [o.handles[2 * (3 + ids[u]!)]!, o.handles[2 * (3 + ids[u]!) + 1]!];
+          expect({ what, u, slotExpert: Array.from(o.slotExpert.subarray(2 * u, 2 * u + 2)), item: Array.from(o.items.subarray(4 * u, 4 * u + 4)) })
+            .toEqual({ what, u, slotExpert: want, item: [...want, u, 1] });
+        }
       }
     }
   }, 60_000);
@@ -186,10 +261,16 @@ describe("dec_route ties and edge values", () => {
     const x = new Float32Array(8).fill(-Infinity);
     x[6] = 1;
     x[3] = 2;
-    for (const normalize of [true, false]) {
-      const r = runRoute(x, 1, 8, 4, { normalize }, `-Infinity normalize=${normalize}`);
-      expect(Array.from(r.ids)).toEqual([3, 6, 0, 1]);
-      expect(Array.from(r.weights.subarray(2))).toEqual([0, 0]);
+    const y = new Float32Array(200).fill(-Infinity); // E > 128: stage 2 with every kernel
+    for (const e of [150, 7, 64]) y[e] = e / 100;
+    for (const [name, kernel] of KERNELS) {
+      for (const normalize of [true, false]) {
+        const r = runRoute(x, 1, 8, 4, { normalize, kernel }, `-Infinity, ${name}, normalize=${normalize}`);
+        expect(Array.from(r.ids)).toEqual([3, 6, 0, 1]);
+        expect(Array.from(r.weights.subarray(2))).toEqual([0, 0]);
+        const r2 = runRoute(y, 1, 200, 6, { normalize, kernel }, `-Infinity E=200, ${name}, normalize=${normalize}`);
+        expect(Array.from(r2.ids)).toEqual([150, 64, 7, 0, 1, 2]);
+      }
     }
   }, 60_000);
 });

@@ -2,7 +2,7 @@
  * The whole token on the GPU: every op of a Qwen3-MoE decode step recorded once into one command
  * buffer and replayed, one submit and one wait per token. The host writes the token's embedding
  * row and its position into mapped memory; the GPU runs per layer
- *   RMSNorm (+ the residual) → q, k, v → q/k head norms → RoPE + f16 KV-cache append →
+ *   RMSNorm (+ the residual) → q, k, v → q/k head norms, RoPE and the f16 KV-cache append →
  *   split attention (+ combine) → o → RMSNorm (+ residual) → router → dec_route (softmax, top-k,
  *   the MoE tables from the resident experts' handles) → the MoE call,
  * then the final norm, lm_head and either nothing (prefill), the logits copied to host memory,
@@ -195,15 +195,13 @@ export class DecodeGraph implements Disposable {
       L.v.record(cb, s.xn, s.v, S);
       op("q, k, v", 3);
       cb.barrier("computeToCompute");
-      this.rmsnorm.record(cb, { x: s.q, w: this.norms, wOffset: L.qNorm, y: s.q, rows: S * H, n: hd, eps });
-      this.rmsnorm.record(cb, { x: s.k, w: this.norms, wOffset: L.kNorm, y: s.k, rows: S * KV, n: hd, eps });
-      op("q/k norms", 2);
-      cb.barrier("computeToCompute");
+      // the per-head q/k RMSNorm runs inside the RoPE kernel (one head of one token per workgroup)
       kv.rope.record(cb, {
         q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: kv.keys[l]!, vCache: kv.values[l]!,
         S, heads: H, kvHeads: KV, headDim: hd, ctx: kv.ctx, pos0: 0, positions: s.positions, posIndex: 0,
+        norm: { weights: this.norms, qOffset: L.qNorm, kOffset: L.kNorm, eps },
       });
-      op("rope + kv append");
+      op("q/k norms + rope + kv append");
       cb.barrier("computeToCompute");
       kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0 });
       op("attention", 2);

@@ -1,6 +1,7 @@
 /**
  * Rotate-half RoPE of q and k in place and the f16 KV-cache write of k and v
- * (shaders/dec_rope_kv.comp), for S tokens at consecutive positions.
+ * (shaders/dec_rope_kv.comp), for S tokens at consecutive positions; optionally each q and k head
+ * RMS-normalised first (Qwen3's q_norm / k_norm, as ops.ts rmsNorm over headDim), fused in.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -10,11 +11,13 @@ import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 
 /**
- * q rw, k rw, v r, inverse frequencies r, k cache w (uint: two halves), v cache w, positions r;
- * push S, heads, kvHeads, headDim, pos0, posIndex, flags, ctx, qOffset, kOffset, vOffset,
- * kCacheOffset, vCacheOffset (uints), invOffset: 56 B.
+ * q rw, k rw, v r, inverse frequencies r, k cache w (uint: two halves), v cache w, positions r,
+ * norm weights r (binding 7); push S, heads, kvHeads, headDim, pos0, posIndex, flags, ctx,
+ * qOffset, kOffset, vOffset, kCacheOffset, vCacheOffset, invOffset, qNormOffset, kNormOffset
+ * (uints, bytes 0..63), eps (f32, byte 64): 68 B. flags: bit 0 positions buffer, bit 1 write the
+ * cache, bit 2 head norm.
  */
-export const DEC_ROPE_KV: ShaderInterface = { name: "dec_rope_kv", storageBuffers: 7, pushConstantBytes: 56 };
+export const DEC_ROPE_KV: ShaderInterface = { name: "dec_rope_kv", storageBuffers: 8, pushConstantBytes: 68 };
 /** Angles (position x inverse frequency <= 1) must stay below 2^24 for the exact reduction. */
 export const ROPE_MAX_POSITION = 1 << 24;
 
@@ -48,18 +51,27 @@ export interface RopeKvArgs {
   invOffset?: number;
   kCacheOffset?: number;
   vCacheOffset?: number;
+  /**
+   * RMS-normalise each q head and each k head (not v) before rotating: x / sqrt(mean(x^2) + eps) * w,
+   * as ops.ts rmsNorm over headDim; w = headDim floats of `weights` at qOffset (q heads) and at
+   * kOffset (k heads), element offsets.
+   */
+  norm?: { weights: Buffer; qOffset: number; kOffset: number; eps: number };
 }
 
 export interface RopeKvKernelOptions extends DecoderKernelOptions {
   /** Threads per workgroup (one head of one token each; headDim / 4 of them work), default 64. */
   workgroupSize?: number;
+  /** Head norm: reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
+  useSubgroup?: boolean;
 }
 
 export class RopeKvKernel extends DecoderKernel {
   constructor(device: Device, options: RopeKvKernelOptions = {}) {
     const wg = options.workgroupSize ?? 64;
     if (!Number.isInteger(wg) || wg < 1) throw new InvalidArgumentError(`workgroupSize must be a positive integer, got ${wg}`);
-    super(device, DEC_ROPE_KV, { 0: wg }, options);
+    const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
+    super(device, DEC_ROPE_KV, { 0: wg, 2: sub ? 1 : 0 }, options);
   }
 
   /** Records one dispatch: (heads + kvHeads) x S workgroups. The caller places barriers around it. */
@@ -82,10 +94,19 @@ export class RopeKvKernel extends DecoderKernel {
     checkRange("rope k cache", a.kCache, kc / 2, (ctx * kvHeads * hd) / 2);
     checkRange("rope v cache", a.vCache, vc / 2, (ctx * kvHeads * hd) / 2);
     if (a.positions) checkRange("rope positions", a.positions, posIndex, 1);
+    const norm = a.norm;
+    if (norm) {
+      checkRange("rope q norm", norm.weights, norm.qOffset, hd);
+      checkRange("rope k norm", norm.weights, norm.kOffset, hd);
+      if (!(norm.eps >= 0 && Number.isFinite(norm.eps))) throw new InvalidArgumentError(`norm eps must be finite and >= 0, got ${norm.eps}`);
+    }
     const writeCache = a.writeCache ?? true;
-    const flags = (a.positions ? 1 : 0) | (writeCache ? 2 : 0);
-    const set = this.setFor([a.q, a.k, a.v, a.invFreq, a.kCache, a.vCache, a.positions ?? a.invFreq]);
-    const pc = pushWords([S, heads, kvHeads, hd, pos0, posIndex, flags, ctx, qOffset, kOffset, vOffset, kc / 2, vc / 2, invOffset]);
+    const flags = (a.positions ? 1 : 0) | (writeCache ? 2 : 0) | (norm ? 4 : 0);
+    const set = this.setFor([a.q, a.k, a.v, a.invFreq, a.kCache, a.vCache, a.positions ?? a.invFreq, norm?.weights ?? a.invFreq]);
+    const pc = pushWords(
+      [S, heads, kvHeads, hd, pos0, posIndex, flags, ctx, qOffset, kOffset, vOffset, kc / 2, vc / 2, invOffset, norm?.qOffset ?? 0, norm?.kOffset ?? 0, norm?.eps ?? 0],
+      [16],
+    );
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(heads + kvHeads, S);
   }
 }

@@ -2,7 +2,8 @@
  * The MoE router on the GPU (shaders/dec_route.comp): softmax over each token's E logits, top k,
  * optional renormalisation, as src/model/ops.ts routeTopK, writing the MoE layer's device tables
  * for the call (work list, pairs, slot weights, slot experts) so that the expert kernels can
- * follow without a trip through the host. One workgroup per token, one dispatch.
+ * follow without a trip through the host. One workgroup per token, one dispatch; the top k by
+ * rank (no rounds of reductions: 3 workgroup barriers, 4 when E exceeds the workgroup size).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import { MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K } from "../../moe/routing.ts";
@@ -53,8 +54,10 @@ export interface RouteArgs {
 }
 
 export interface RouteKernelOptions extends DecoderKernelOptions {
-  /** Threads per workgroup: a power of two, 16..1024, default 128. */
+  /** Threads per workgroup: a power of two, 16..1024, default 128 (ceil(E / 128) experts per thread). */
   workgroupSize?: number;
+  /** Softmax max and sum by subgroupMax/subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
+  useSubgroup?: boolean;
 }
 
 function nonNegative(name: string, v: number): number {
@@ -64,6 +67,7 @@ function nonNegative(name: string, v: number): number {
 
 export class RouteKernel extends DecoderKernel {
   readonly workgroupSize: number;
+  readonly useSubgroup: boolean;
 
   constructor(device: Device, options: RouteKernelOptions = {}) {
     const wg = options.workgroupSize ?? 128;
@@ -71,8 +75,10 @@ export class RouteKernel extends DecoderKernel {
     if (!Number.isInteger(wg) || wg < MAX_TOP_K || wg > maxWg || (wg & (wg - 1)) !== 0) {
       throw new InvalidArgumentError(`workgroupSize must be a power of two in ${MAX_TOP_K}..${maxWg}, got ${wg}`);
     }
-    super(device, DEC_ROUTE, { 0: wg }, options);
+    const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
+    super(device, DEC_ROUTE, { 0: wg, 2: sub ? 1 : 0 }, options);
     this.workgroupSize = wg;
+    this.useSubgroup = sub;
   }
 
   /** Records one dispatch of S workgroups. The caller places barriers around it. */

@@ -18,6 +18,7 @@ layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HEAD_DIM = 128u;   // 32, 64, 128 or 256 (a multiple of 8)
 layout(constant_id = 2) const uint CHUNK = 64u;       // positions per workgroup
 layout(constant_id = 3) const uint MAX_ROWS = 8u;     // >= G * tokensPerGroup
+layout(constant_id = 4) const bool UNROLL = false;    // unroll the K and V loops (GPUs)
 
 const uint WG = gl_WorkGroupSize.x;
 const uint HD4 = HEAD_DIM / 4u;
@@ -82,12 +83,25 @@ void main() {
     const uint base = p.kOffset + ((start + j) * p.kvHeads + kh) * HD8;
     float acc[MAX_ROWS];
     [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) acc[r] = 0.0;
-    for (uint i = 0u; i < HD8; i++) {
-      const uvec4 w = k8[base + i];
-      const vec4 lo = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
-      const vec4 hi = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
-      [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
-        if (r < R) acc[r] += dot(qs[r * HD4 + 2u * i], lo) + dot(qs[r * HD4 + 2u * i + 1u], hi);
+    // UNROLL (GPUs): the row's HD8 loads are issued together, one memory latency instead of HD8 in
+    // a row; a CPU device compiles the unrolled loops far too slowly, so it keeps the plain ones.
+    if (UNROLL) {
+      [[unroll]] for (uint i = 0u; i < HD8; i++) {
+        const uvec4 w = k8[base + i];
+        const vec4 lo = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+        const vec4 hi = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
+        [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+          if (r < R) acc[r] += dot(qs[r * HD4 + 2u * i], lo) + dot(qs[r * HD4 + 2u * i + 1u], hi);
+        }
+      }
+    } else {
+      for (uint i = 0u; i < HD8; i++) {
+        const uvec4 w = k8[base + i];
+        const vec4 lo = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+        const vec4 hi = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
+        [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+          if (r < R) acc[r] += dot(qs[r * HD4 + 2u * i], lo) + dot(qs[r * HD4 + 2u * i + 1u], hi);
+        }
       }
     }
     [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
@@ -120,10 +134,22 @@ void main() {
   for (uint u = tid; u < HD2; u += WG) {
     vec2 acc[MAX_ROWS];
     [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) acc[r] = vec2(0.0);
-    for (uint j = 0u; j < len; j++) {
-      const vec2 v = unpackHalf2x16(v2[p.vOffset + ((start + j) * p.kvHeads + kh) * HD2 + u]);
-      [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
-        if (r < R) acc[r] += sc[r * CHUNK + j] * v;
+    if (UNROLL) {
+      // over the whole chunk (positions past len masked): the CHUNK value loads are issued together
+      [[unroll]] for (uint j = 0u; j < CHUNK; j++) {
+        if (j < len) {
+          const vec2 v = unpackHalf2x16(v2[p.vOffset + ((start + j) * p.kvHeads + kh) * HD2 + u]);
+          [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+            if (r < R) acc[r] += sc[r * CHUNK + j] * v;
+          }
+        }
+      }
+    } else {
+      for (uint j = 0u; j < len; j++) {
+        const vec2 v = unpackHalf2x16(v2[p.vOffset + ((start + j) * p.kvHeads + kh) * HD2 + u]);
+        [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
+          if (r < R) acc[r] += sc[r * CHUNK + j] * v;
+        }
       }
     }
     [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {

@@ -59,6 +59,8 @@ interface Case {
   outOffset?: number;
   /** Record for this many positions (surplus workgroups exit). */
   maxPositions?: number;
+  /** Unrolled K/V loops (the GPU variant; off on a CPU device by default). */
+  unroll?: boolean;
 }
 
 /** Random f32 values rounded to f16: the halves for the GPU and their exact values for the CPU. */
@@ -85,9 +87,9 @@ function runCase(c: Case): number {
   const positions = n + S - 1;
   const ctxLen = positions + 3; // a few unused positions past the context
   const qOffset = c.qOffset ?? 0, outOffset = c.outOffset ?? 0;
-  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}`;
+  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}/${c.unroll ?? "default"}`;
   let op = ops.get(key);
-  if (!op) ops.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 32 })));
+  if (!op) ops.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 32, unroll: c.unroll })));
   const perLayer = ctxLen * KV * hd;
   const k = halves(layers * perLayer, seed++);
   const v = halves(layers * perLayer, seed++);
@@ -370,4 +372,11 @@ describe("dec_attention replayed: n from a positions buffer, one recording for m
     expect(replayWorst).toBeGreaterThan(0);
     expect(replayWorst).toBeLessThanOrEqual(BOUND);
   });
+});
+
+test("the unrolled K/V loops (the variant GPUs run) give the same answer: head_dim 64 and 128, GQA 1 and 4, n across several chunks", () => {
+  for (const headDim of [64, 128]) for (const group of [1, 4]) for (const n of [1, 37, 100]) {
+    const e = runCase({ headDim, kvHeads: 2, group, n, S: 1, chunk: 16, unroll: true, qStd: 2 });
+    expect({ headDim, group, n, ok: e <= 1e-10 }).toEqual({ headDim, group, n, ok: true });
+  }
 });

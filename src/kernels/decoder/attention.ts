@@ -57,6 +57,8 @@ export interface DecoderAttentionOptions {
   workgroupSize?: number;
   /** Descriptor-set pairs `bind` may allocate (default 8). */
   maxBindings?: number;
+  /** Unroll pass 1's K and V loops (default on GPUs; a CPU device compiles them too slowly). */
+  unroll?: boolean;
 }
 
 /** The buffers of one binding; see the module comment for layouts. */
@@ -117,6 +119,7 @@ export class DecoderAttention implements Disposable {
   readonly group: number;
   readonly chunk: number;
   readonly workgroupSize: number;
+  readonly unroll: boolean;
   private readonly splitPipelines = new Map<number, ComputePipeline>();
   private readonly combinePipeline: ComputePipeline;
   private readonly pool: DescriptorPool;
@@ -145,6 +148,7 @@ export class DecoderAttention implements Disposable {
     this.group = group;
     this.chunk = chunk;
     this.workgroupSize = wg;
+    this.unroll = options.unroll ?? device.info.type !== 4;
     this.combinePipeline = new ComputePipeline(device, {
       spirv: shaderFile(DEC_ATTENTION_COMBINE.name), storageBuffers: DEC_ATTENTION_COMBINE.storageBuffers,
       pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim, 2: chunk },
@@ -183,7 +187,7 @@ export class DecoderAttention implements Disposable {
     if (!p) {
       p = new ComputePipeline(this.device, {
         spirv: shaderFile(DEC_ATTENTION.name), storageBuffers: DEC_ATTENTION.storageBuffers, pushConstantBytes: DEC_ATTENTION.pushConstantBytes,
-        specialization: { 0: this.workgroupSize, 1: this.headDim, 2: this.chunk, 3: rows },
+        specialization: { 0: this.workgroupSize, 1: this.headDim, 2: this.chunk, 3: rows, 4: this.unroll ? 1 : 0 },
       });
       this.splitPipelines.set(rows, p);
     }

@@ -216,3 +216,28 @@ test("prefill in chunks of up to 4 tokens a replay: prompts of 1..13 tokens and 
   }
   expect(gpu.takeValidationMessages()).toEqual([]);
 }, 180_000);
+
+describe("resident on every addressing and MoE call path", () => {
+  const variants: { name: string; env: Partial<VkmoeEnv>; bound: number; mode: RegExp }[] = [
+    { name: "descriptor addressing, fused call", env: { VKMOE_BDA: "off" }, bound: 1e-6, mode: /fused MoE call.*descriptor addressing/ },
+    { name: "BDA, grouped call (no float atomics)", env: { VKMOE_FLOAT_ATOMICS: "off" }, bound: 1e-6, mode: /grouped MoE call.*bda addressing/ },
+    { name: "descriptor addressing, grouped call", env: { VKMOE_BDA: "off", VKMOE_FLOAT_ATOMICS: "off" }, bound: 1e-6, mode: /grouped MoE call.*descriptor addressing/ },
+    { name: "grouped integer-dot call (quantize_act first)", env: { VKMOE_FLOAT_ATOMICS: "off", VKMOE_IDP: "on" }, bound: 5e-3, mode: /grouped MoE call.*integer-dot path/ },
+  ];
+  for (const v of variants) {
+    test(`${v.name}: a prompt and 4 steps equal the CPU decoder's (NMSE <= ${v.bound})`, async () => {
+      const ps = prompts();
+      using gpu = await load("qwen3-moe-tiny.Q8_0.gguf", baseEnv(v.env));
+      using cpu = await load("qwen3-moe-tiny.Q8_0.gguf", baseEnv({ VKMOE_GPU: false }));
+      if (!ps || !gpu || !cpu) return;
+      expect(gpu.device.mode).toBe("resident");
+      expect(gpu.device.why).toMatch(v.mode);
+      const ids = ps[1]!;
+      using a = gpu.session({ ctx: 64 });
+      using b = cpu.session({ ctx: 64, cpuCache: "f16" });
+      expect(nmse(b.prefill(ids).slice(), a.prefill(ids).slice())).toBeLessThanOrEqual(v.bound);
+      for (let i = 0; i < 4; i++) expect(nmse(b.step(ids[i]!).slice(), a.step(ids[i]!).slice())).toBeLessThanOrEqual(v.bound);
+      expect(gpu.takeValidationMessages()).toEqual([]);
+    }, 120_000);
+  }
+});

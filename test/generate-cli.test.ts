@@ -433,6 +433,17 @@ test.concurrent("Deno gives Bun's greedy ids", async () => {
   expect(d.text).toBe(b.text);
 }, TEST_TIMEOUT_MS);
 
+test.concurrent("resident (the whole token on the GPU) under Deno gives Bun's resident greedy ids", async () => {
+  if (!ready()) return;
+  const argv = ["--model", q8!, "--raw", "--prompt", reference().rawText, "--temperature", "0", "--max-tokens", "8", "--json"];
+  const env = { VKMOE_GRAPH: "on" };
+  const [bun, deno] = await Promise.all([cli(argv, { gpu: true, env }), cli(argv, { runtime: "deno", gpu: true, env })]);
+  const b = expectJson(bun), d = expectJson(deno);
+  expect(b.mode, show(bun)).toBe("resident");
+  expect(d.mode, show(deno)).toBe("resident");
+  expect(d.ids).toEqual(b.ids);
+}, TEST_TIMEOUT_MS);
+
 test.concurrent("-i: a chat of two turns from stdin; the second runs only its new tokens (the KV cache of the first is kept)", async () => {
   if (!ready()) return;
   const r = await cli(["--model", q8!, "-i", "--temperature", "0", "--max-tokens", "4"], { stdin: "Hello\nAnd again?\n\n" });

@@ -57,8 +57,9 @@ test("a GPU budget that holds a few experts: they upload as routed, evicting col
   using full = await Model.load(path, { env: { ...env, VKMOE_GPU: false }, log: () => {} });
   expect(small.device.mode).toBe("per-layer");
   expect(lines.some((l) => /of 48 experts fit the GPU budget/.test(l))).toBe(true);
+  // per-layer mode runs the dense ops on the GPU with its f16 KV cache: the CPU oracle rounds its cache the same way
   const a = small.session({ ctx: 64 }).prefill(p.input_ids).slice();
-  const b = full.session({ ctx: 64 }).prefill(p.input_ids);
-  expect(nmse(b, a)).toBeLessThan(1e-8);
+  const b = full.session({ ctx: 64, cpuCache: "f16" }).prefill(p.input_ids);
+  expect(nmse(b, a)).toBeLessThan(1e-6);
   expect(small.takeValidationMessages()).toEqual([]);
 }, 120_000);

@@ -69,12 +69,18 @@ export class DecodeGraph implements Disposable {
   readonly s: {
     embed: Buffer; positions: Buffer; h: Buffer; xn: Buffer; q: Buffer; k: Buffer; v: Buffer; attn: Buffer; o: Buffer; ffn: Buffer;
     routerLogits: Buffer; logits: Buffer; logitsHost: Buffer; result: Buffer; chosen: Buffer;
+    /** Split runs: the host's copies of xn and the router logits, and the experts' sum it writes back. */
+    xnHost: Buffer; routerHost: Buffer; ffnHost: Buffer;
   };
   /** Fault hook for tests: the next replay reports a lost device (after really running). */
   injectDeviceLost = false;
-  readonly views: { embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; chosen: Int32Array };
+  readonly views: {
+    embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; chosen: Int32Array;
+    xn: Float32Array; router: Float32Array; ffn: Float32Array;
+  };
 
-  constructor(device: Device, cfg: Qwen3MoeConfig, private readonly weights: ModelWeights, readonly stage: MoeGraphStage) {
+  /** `stage` undefined: the experts are not all resident, and the graph runs split, layer by layer (the host runs the experts). */
+  constructor(device: Device, cfg: Qwen3MoeConfig, private readonly weights: ModelWeights, readonly stage: MoeGraphStage | undefined) {
     this.device = device;
     this.cfg = cfg;
     if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(cfg.headDim)) throw new GraphUnsupportedError(`head_dim ${cfg.headDim}: the GPU attention takes ${ATTENTION_HEAD_DIMS.join(", ")}`);
@@ -130,11 +136,14 @@ export class DecodeGraph implements Disposable {
         attn: this.buffer(4 * T * H * hd), o: this.buffer(4 * T * D), ffn: this.buffer(4 * T * D), routerLogits: this.buffer(4 * T * cfg.experts),
         logits: this.buffer(4 * V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
         chosen: this.buffer(4 * cfg.layers * T * K, "readback"),
+        xnHost: this.buffer(4 * T * D, "readback"), routerHost: this.buffer(4 * T * cfg.experts, "readback"), ffnHost: this.buffer(4 * T * D, "upload"),
       };
       this.views = {
         embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, 4),
         logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
         chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
+        xn: new Float32Array(this.s.xnHost.host(), 0, T * D), router: new Float32Array(this.s.routerHost.host(), 0, T * cfg.experts),
+        ffn: new Float32Array(this.s.ffnHost.host(), 0, T * D),
       };
       this.views.positions.fill(0);
     } catch (e) {
@@ -153,7 +162,7 @@ export class DecodeGraph implements Disposable {
   }
 
   /** A sequence of up to ctx tokens with its own f16 KV cache in device memory. */
-  sequence(ctx: number, options: { timing?: boolean } = {}): GraphSequence {
+  sequence(ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}): GraphSequence {
     const seq = new GraphSequence(this, ctx, options);
     this.live.add(seq);
     return seq;
@@ -174,9 +183,22 @@ export class DecodeGraph implements Disposable {
    * of `kv`, and ending as `output` asks. Returns the dispatches recorded.
    */
   recordToken(cb: CommandBuffer, kv: SequenceCache, output: GraphOutput, S = 1, mark: (op: string) => void = () => {}): number {
+    if (!this.stage) throw new InvalidArgumentError("this graph has no MoE stage (its experts are not all resident): run it split, layer by layer");
+    return this.recordRange(cb, kv, S, { first: 0, end: this.cfg.layers, start: true, output, split: false }, mark);
+  }
+
+  /**
+   * Records layers [first, end) of S tokens: after each, in `split` mode, the normalised hidden
+   * state and the router logits are copied to host memory (the host runs the experts and writes
+   * their sum into `ffnHost`, which the next layer's input norm adds); otherwise the router's top-k
+   * and the MoE call run here. `start` copies the embeddings in first; `output` (when given) ends
+   * with the final norm and lm_head.
+   */
+  recordRange(cb: CommandBuffer, kv: SequenceCache, S: number, r: { first: number; end: number; start: boolean; output?: GraphOutput; split: boolean }, mark: (op: string) => void = () => {}): number {
     if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
     const cfg = this.cfg, s = this.s, st = this.stage;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K } = cfg;
+    const ffn = r.split ? s.ffnHost : s.ffn;
     let n = 0;
     // `op(name, dispatches)` after each op: counts dispatches and lets a profiler mark the op's end.
     const op = (name: string, dispatches = 1) => {
@@ -184,10 +206,11 @@ export class DecodeGraph implements Disposable {
       mark(name);
     };
     // Ordered after the previous replay (its KV writes, its reads of the scratch) and the copy.
-    cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute").barrier("computeToCompute");
-    for (let l = 0; l < cfg.layers; l++) {
+    if (r.start) cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute");
+    cb.barrier("computeToCompute");
+    for (let l = r.first; l < r.end; l++) {
       const L = this.layers[l]!;
-      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
+      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
       op("input norm");
       cb.barrier("computeToCompute");
       L.q.record(cb, s.xn, s.q, S);
@@ -214,20 +237,28 @@ export class DecodeGraph implements Disposable {
       cb.barrier("computeToCompute");
       L.router.record(cb, s.xn, s.routerLogits, S);
       op("router");
+      if (r.split) {
+        cb.barrier("computeToTransfer")
+          .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
+          .copyBuffer(s.routerLogits, s.routerHost, BigInt(4 * S * E))
+          .barrier("transferToHost");
+        continue;
+      }
       cb.barrier("computeToCompute");
       this.route.record(cb, {
-        logits: s.routerLogits, table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
-        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
+        logits: s.routerLogits, table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
+        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
       });
       op("route");
       cb.barrier("computeToCompute");
-      st.record(cb, s.xn, s.ffn, S);
-      op("experts", st.dispatches);
+      st!.record(cb, s.xn, s.ffn, S);
+      op("experts", st!.dispatches);
       cb.barrier("computeToCompute");
     }
+    const output = r.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
-      this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
+      this.rmsnorm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
       op("final norm");
       cb.barrier("computeToCompute");
       this.lmHead.record(cb, s.xn, s.logits);
@@ -270,6 +301,13 @@ interface SequenceCache {
   bindings: AttentionBinding[];
 }
 
+/**
+ * The host's half of a split run: the experts of `layer` for S tokens, from the normalised hidden
+ * state xn [S][D] and the router logits [S][E], written into y [S][D] (the MoE layer's per-layer
+ * call, with its expert cache and CPU share).
+ */
+export type HostExperts = (layer: number, xn: Float32Array, routerLogits: Float32Array, S: number, y: Float32Array) => void;
+
 export interface GraphTimings {
   /** GPU time of the last replay in µs (only with `timing`). */
   gpuUs: number;
@@ -291,7 +329,10 @@ export class GraphSequence implements Disposable {
   readonly counts = { replays: 0, dispatches: 0 };
   lastGpuUs = 0;
 
-  constructor(private readonly graph: DecodeGraph, ctx: number, options: { timing?: boolean } = {}) {
+  private readonly hostExperts: HostExperts | undefined;
+
+  constructor(private readonly graph: DecodeGraph, ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}) {
+    this.hostExperts = options.hostExperts;
     const cfg = graph.cfg, device = graph.device;
     if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
     this.ctx = ctx;
@@ -330,13 +371,19 @@ export class GraphSequence implements Disposable {
     return d;
   }
 
-  private recording(output: GraphOutput, S = 1) {
-    const key = `${output}/${S}`;
+  /** A split run's recordings: `segment` a layer index (its attention half), or the head ("head"). */
+  private recording(output: GraphOutput, S = 1, segment?: number | "head") {
+    const key = `${output}/${S}/${segment ?? "whole"}`;
     let r = this.recorded.get(key);
     if (!r) {
       const cb = this.commands.allocate().begin();
       if (this.queries) cb.resetQueries(this.queries).timestamp(this.queries, 0);
-      const dispatches = this.graph.recordToken(cb, this.cache, output, S);
+      const L = this.graph.cfg.layers;
+      const dispatches = segment === undefined
+        ? this.graph.recordToken(cb, this.cache, output, S)
+        : segment === "head"
+          ? this.graph.recordRange(cb, this.cache, S, { first: L, end: L, start: false, output, split: true })
+          : this.graph.recordRange(cb, this.cache, S, { first: segment, end: segment + 1, start: segment === 0, split: true });
       if (this.queries) cb.timestamp(this.queries, 1);
       cb.end();
       const submission = this.own(new Submission(this.graph.device, [cb], { fence: this.fence }));
@@ -345,9 +392,28 @@ export class GraphSequence implements Disposable {
     return r;
   }
 
-  /** Dispatches a replay of `output` runs. */
+  /** Dispatches a replay of `output` runs (split: its layers' and head's together). */
   dispatchesOf(output: GraphOutput): number {
-    return this.recording(output).dispatches;
+    if (this.graph.stage) return this.recording(output).dispatches;
+    let n = this.recording(output, 1, "head").dispatches;
+    for (let l = 0; l < this.graph.cfg.layers; l++) n += this.recording("none", 1, l).dispatches;
+    return n;
+  }
+
+  /** Submits per token: 1 resident; split, one per layer and the head, beside the experts' own calls. */
+  get submitsPerRun(): number {
+    return this.graph.stage ? 1 : this.graph.cfg.layers + 1;
+  }
+
+  private submitAndWait(submission: Submission): void {
+    submission.submit();
+    const done = this.fence.wait();
+    this.fence.reset();
+    if (!done) throw new Error("decode graph: the GPU did not finish a token within the timeout");
+    if (this.graph.injectDeviceLost) {
+      this.graph.injectDeviceLost = false;
+      throw new DeviceLostError("vkWaitForFences (injected)");
+    }
   }
 
   /**
@@ -370,16 +436,10 @@ export class GraphSequence implements Disposable {
     if (this.disposed) throw new InvalidArgumentError("this sequence (or its model) is disposed");
     const S = ids.length;
     if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
-    const r = this.recording(output, S);
     this.graph.writeInput(ids, position);
-    r.submission.submit();
-    const done = this.fence.wait();
-    this.fence.reset();
-    if (!done) throw new Error("decode graph: the GPU did not finish a token within the timeout");
-    if (this.graph.injectDeviceLost) {
-      this.graph.injectDeviceLost = false;
-      throw new DeviceLostError("vkWaitForFences (injected)");
-    }
+    if (!this.graph.stage) return this.runSplit(S, output);
+    const r = this.recording(output, S);
+    this.submitAndWait(r.submission);
     this.counts.replays++;
     this.counts.dispatches += r.dispatches;
     if (this.queries) {
@@ -393,6 +453,32 @@ export class GraphSequence implements Disposable {
       return { id: bestId === ARGMAX_NONE ? -1 : bestId, value: new Float32Array(v.buffer, v.byteOffset, 2)[1] };
     }
     return {};
+  }
+
+  /**
+   * A split run (the experts not all resident): each layer's attention half on the GPU, then its
+   * experts on the host (`hostExperts`), their sum written where the next layer adds it; then the head.
+   */
+  private runSplit(S: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    const experts = this.hostExperts;
+    if (!experts) throw new InvalidArgumentError("a split run needs the host's experts (hostExperts)");
+    const v = this.graph.views, D = this.graph.cfg.hidden, E = this.graph.cfg.experts;
+    const xn = v.xn.subarray(0, S * D), logits = v.router.subarray(0, S * E), y = v.ffn.subarray(0, S * D);
+    for (let l = 0; l < this.graph.cfg.layers; l++) {
+      const r = this.recording("none", S, l);
+      this.submitAndWait(r.submission);
+      this.counts.dispatches += r.dispatches;
+      experts(l, xn, logits, S, y);
+    }
+    this.counts.replays++;
+    if (output === "none") return {};
+    const h = this.recording(output, S, "head");
+    this.submitAndWait(h.submission);
+    this.counts.dispatches += h.dispatches;
+    if (output === "logits") return { logits: v.logits };
+    const res = v.result;
+    const bestId = res[0]!;
+    return { id: bestId === ARGMAX_NONE ? -1 : bestId, value: new Float32Array(res.buffer, res.byteOffset, 2)[1] };
   }
 
   /**

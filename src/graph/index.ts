@@ -8,11 +8,12 @@ import type { Qwen3MoeConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import { VkmoeError } from "../errors.ts";
 import { DeviceLostError } from "../vk/errors.ts";
-import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput } from "./decode-graph.ts";
+import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
+import { ExpertsNotResidentError, type MoeGraphStage } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
 export { GraphUnsupportedError } from "./errors.ts";
-export { GRAPH_MAX_TOKENS, type GraphOutput } from "./decode-graph.ts";
+export { GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
 
 export interface TokenResult {
   /** "logits": the next token's logits (host memory, valid until the next run). */
@@ -34,30 +35,41 @@ export interface DeviceSequence extends Disposable {
   lastRouting(): Int32Array;
   /** Dispatches one replay of `output` records. */
   dispatchesOf(output: GraphOutput): number;
-  /** GPU µs of the last run (with `timing`). */
+  /** GPU µs of the last run (with `timing`; resident runs only). */
   readonly lastGpuUs: number;
+  /** Graph submits per run: 1 resident; split, one per layer and the head. */
+  readonly submitsPerRun: number;
   /** One token through a recording with a timestamp after every op: each op's GPU µs, in order. */
   profile(id: number, position: number, output: GraphOutput): { op: string; us: number }[];
 }
 
 export interface DeviceDecoder extends Disposable {
+  /**
+   * "resident": the whole token in one submit; "split": the dense ops on the GPU layer by layer
+   * (one submit each), the experts through the host's per-layer MoE call (not all resident).
+   */
+  readonly mode: "resident" | "split";
   /** One line: where the token runs. */
   readonly why: string;
   /** Bytes of dense weights held in device memory. */
   readonly weightBytes: number;
-  sequence(ctx: number, options?: { timing?: boolean }): DeviceSequence;
+  /** `hostExperts` runs a layer's experts in split mode (required there). */
+  sequence(ctx: number, options?: { timing?: boolean; hostExperts?: HostExperts }): DeviceSequence;
   /** Tests: the next run reports a lost device (after really running). */
   simulateDeviceLoss(): void;
 }
 
 class GraphDecoder implements DeviceDecoder {
-  constructor(private readonly graph: DecodeGraph, readonly why: string) {}
+  readonly mode: "resident" | "split";
+  constructor(private readonly graph: DecodeGraph, readonly why: string) {
+    this.mode = graph.stage ? "resident" : "split";
+  }
 
   get weightBytes(): number {
     return this.graph.weightBytes;
   }
 
-  sequence(ctx: number, options: { timing?: boolean } = {}): DeviceSequence {
+  sequence(ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}): DeviceSequence {
     return this.graph.sequence(ctx, options);
   }
 
@@ -67,7 +79,7 @@ class GraphDecoder implements DeviceDecoder {
 
   [Symbol.dispose](): void {
     this.graph[Symbol.dispose]();
-    this.graph.stage[Symbol.dispose]();
+    this.graph.stage?.[Symbol.dispose]();
   }
 }
 
@@ -82,18 +94,24 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
   // Lavapipe, tiny fixture: 175 ms a token replayed against 14 ms on the CPU decoder (2-core host).
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
-  let stage;
+  let stage: MoeGraphStage | undefined, notResident = "";
   try {
     stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS);
   } catch (e) {
-    if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
-    throw e;
+    if (e instanceof ExpertsNotResidentError) notResident = e.message;
+    else if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
+    else throw e;
   }
   try {
     const graph = new DecodeGraph(ctx.device, cfg, weights, stage);
-    return new GraphDecoder(graph, `${ctx.device.info.name}: every op of the token in one submit, ${stage.mode} MoE call`);
+    // split runs submit between the MoE calls: a pre-launched kernel would hold their barriers
+    if (!stage) backend.stopPrelaunch("the decode graph's split runs share the queue");
+    const why = stage
+      ? `${ctx.device.info.name}: every op of the token in one submit, ${stage.mode} MoE call`
+      : `${ctx.device.info.name}: the dense ops on the GPU a layer a submit, the experts through the per-layer MoE call (${notResident})`;
+    return new GraphDecoder(graph, why);
   } catch (e) {
-    stage[Symbol.dispose]();
+    stage?.[Symbol.dispose]();
     throw e;
   }
 }

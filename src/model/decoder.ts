@@ -81,6 +81,21 @@ export class Decoder {
     for (let i = 0; i < S * D; i++) h[i] = h[i]! + o[i]!;
   }
 
+  /**
+   * The MoE half of layer l from its router logits [S][E]: top-k per token, then the experts into
+   * y [S][D]. Also the host's half of the GPU's split runs (src/graph), which compute xn and the
+   * logits on the device.
+   */
+  routeAndRun(l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array, observer?: DecoderObserver): void {
+    const cfg = this.cfg, s = this.s;
+    const E = cfg.experts, k = cfg.topK;
+    const ids = s.ids.subarray(0, S * k), weights = s.weights.subarray(0, S * k);
+    for (let t = 0; t < S; t++) routeTopK(logits.subarray(t * E, (t + 1) * E), E, k, cfg.normTopkProb, s.probs, ids, weights, t * k);
+    observer?.routing?.(l, ids, S, k);
+    const routing: Routing = { S, k, ids, weights };
+    this.experts.forward(l, xn, routing, y);
+  }
+
   private feedForward(l: number, h: Float32Array, S: number, observer?: DecoderObserver): void {
     const cfg = this.cfg, layer = this.weights.layers[l]!, s = this.s;
     const D = cfg.hidden;
@@ -88,14 +103,9 @@ export class Decoder {
     rmsNorm(h, layer.attention.postNorm, D, S, cfg.rmsEps, xn);
     const y = s.o.subarray(0, S * D);
     if (layer.router) {
-      const E = cfg.experts, k = cfg.topK;
-      const logits = s.router.subarray(0, S * E);
+      const logits = s.router.subarray(0, S * cfg.experts);
       layer.router.apply(xn, S, logits);
-      const ids = s.ids.subarray(0, S * k), weights = s.weights.subarray(0, S * k);
-      for (let t = 0; t < S; t++) routeTopK(logits.subarray(t * E, (t + 1) * E), E, k, cfg.normTopkProb, s.probs, ids, weights, t * k);
-      observer?.routing?.(l, ids, S, k);
-      const routing: Routing = { S, k, ids, weights };
-      this.experts.forward(l, xn, routing, y);
+      this.routeAndRun(l, xn, logits, S, y, observer);
     } else {
       const m = layer.mlp!;
       const F = cfg.denseIntermediate;

@@ -131,7 +131,8 @@ export class Model implements Disposable {
           whyNot = e.message;
         }
       }
-      if (backend && !deviceDecoder) log(`vkmoe: per-layer mode (the experts on the GPU, the rest of the token on the CPU): ${whyNot}`);
+      if (deviceDecoder?.mode === "split") log(`vkmoe: per-layer mode: ${deviceDecoder.why}`);
+      else if (backend && !deviceDecoder) log(`vkmoe: per-layer mode (the experts on the GPU, the rest of the token on the CPU): ${whyNot}`);
       progress("ready", 1);
       return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, deviceDecoder, whyNot, log);
     } catch (e) {
@@ -146,7 +147,8 @@ export class Model implements Disposable {
    */
   get device(): { mode: RunMode; why: string; experts: "gpu" | "cpu" } {
     const experts = this.experts.mode;
-    if (this.deviceDecoder) return { mode: "resident", why: `${this.deviceDecoder.why}; experts: ${this.experts.why}`, experts };
+    if (this.deviceDecoder?.mode === "resident") return { mode: "resident", why: `${this.deviceDecoder.why}; experts: ${this.experts.why}`, experts };
+    if (this.deviceDecoder) return { mode: "per-layer", why: `${this.deviceDecoder.why}; experts: ${this.experts.why}`, experts };
     if (experts === "gpu") return { mode: "per-layer", why: `${this.experts.why}; not resident: ${this.whyNotResident}`, experts };
     return { mode: "cpu", why: this.experts.why, experts };
   }

@@ -62,7 +62,11 @@ export class Session implements Disposable {
     this.cpuCache = options.cpuCache ?? "f32";
     if (deviceDecoder) {
       try {
-        this.device = deviceDecoder.sequence(ctx, { timing: options.timing });
+        // split runs (experts not all resident): the host routes and runs each layer's experts
+        const hostExperts = deviceDecoder.mode === "split"
+          ? (l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array) => this.decoder.routeAndRun(l, xn, logits, S, y, this.observer)
+          : undefined;
+        this.device = deviceDecoder.sequence(ctx, { timing: options.timing, hostExperts });
       } catch (e) {
         if (!(e instanceof VkmoeError)) throw e;
         const mb = (2 * config.layers * ctx * config.kvHeads * config.headDim * 2) / 2 ** 20;
@@ -193,8 +197,8 @@ export class Session implements Disposable {
         result = run(d, i, n, start + i);
         for (let j = i; j < i + n; j++) this.tokens.push(ids[j]!);
         this.counts.tokens += n;
-        this.counts.submits++;
-        if (this.observer?.routing) this.reportRouting(d, n);
+        this.counts.submits += d.submitsPerRun + this.splitExpertSubmits();
+        if (this.observer?.routing && d.submitsPerRun === 1) this.reportRouting(d, n); // split runs report through routeAndRun
       }
       return result;
     } catch (e) {
@@ -205,6 +209,11 @@ export class Session implements Disposable {
       this.toCpu(start);
       return undefined;
     }
+  }
+
+  /** A split run's expert calls: one per MoE layer while the experts run on the GPU. */
+  private splitExpertSubmits(): number {
+    return this.device && this.device.submitsPerRun > 1 ? this.cpuDecoderSubmits() : 0;
   }
 
   private reportRouting(d: DeviceSequence, S: number): void {

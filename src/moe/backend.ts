@@ -124,7 +124,7 @@ interface GpuState {
   ctx: VulkanContext;
   pool: ExpertPool;
   layer: GpuLayer;
-  /** Why the driver policy (VKMOE_PRELAUNCH) left pre-launch off; undefined where it allowed it. */
+  /** Why pre-launch is off (the driver policy, VKMOE_PRELAUNCH, or another submitter); undefined where it runs. */
   prelaunchOff: string | undefined;
 }
 
@@ -573,6 +573,16 @@ export class MoeBackend implements Disposable {
   private dropGpu(why: string): void {
     this[Symbol.dispose]();
     this.toCpu(why);
+  }
+
+  /**
+   * Turns pre-launched fused calls off: another submitter shares the queue (the decode graph's
+   * split runs), and its work would wait behind an armed kernel that waits for our next call.
+   */
+  stopPrelaunch(why: string): void {
+    if (!this.gpu) return;
+    this.gpu.layer.setPrelaunch(false);
+    this.gpu.prelaunchOff ??= why;
   }
 
   /** The device was lost elsewhere (the decode graph on the same device): CPU from now on, no line (the caller says it). */

@@ -308,10 +308,6 @@ interface SequenceCache {
  */
 export type HostExperts = (layer: number, xn: Float32Array, routerLogits: Float32Array, S: number, y: Float32Array) => void;
 
-export interface GraphTimings {
-  /** GPU time of the last replay in µs (only with `timing`). */
-  gpuUs: number;
-}
 
 export class GraphSequence implements Disposable {
   readonly ctx: number;
@@ -327,6 +323,7 @@ export class GraphSequence implements Disposable {
   private readonly tick: number;
   /** Replays so far, and dispatches they recorded. */
   readonly counts = { replays: 0, dispatches: 0 };
+  /** GPU µs of the last resident run (with `timing`); split runs leave it 0. */
   lastGpuUs = 0;
 
   private readonly hostExperts: HostExperts | undefined;

@@ -21,14 +21,16 @@ function referencePrompt(): { input_ids: number[]; greedy_new_ids: number[]; gre
 
 const env = { ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off" as const, VKMOE_GRAPH: "on" as const };
 
-for (const mode of ["resident", "per-layer"] as const) {
+// resident; per-layer on the CPU decoder (VKMOE_GRAPH=off); per-layer split (the dense ops on the GPU, a small budget)
+for (const mode of ["resident", "per-layer", "per-layer split"] as const) {
   test(`${mode}: device lost at the 10th generated token: generation completes on the CPU with the reference's greedy ids, one line says why`, async () => {
     const p = referencePrompt();
     const path = fixture(FILE);
     if (!p || !path) return;
     const lines: string[] = [];
-    using model = await Model.load(path, { env: { ...env, VKMOE_GRAPH: mode === "resident" ? "on" : "off" }, log: (l) => lines.push(l) });
-    expect(model.device.mode).toBe(mode);
+    const budgetMB = mode === "per-layer split" ? 0.3 : undefined;
+    using model = await Model.load(path, { env: { ...env, VKMOE_GRAPH: mode === "per-layer" ? "off" : "on" }, budgetMB, log: (l) => lines.push(l) });
+    expect(model.device.mode).toBe(mode === "resident" ? "resident" : "per-layer");
     const session = model.session({ ctx: 128 });
     const run = generate(model, session, p.input_ids, { maxTokens: 24, sampling: { temperature: 0 }, stopAtEos: false });
     let deltas = 0;

@@ -105,7 +105,10 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
   try {
     const graph = new DecodeGraph(ctx.device, cfg, weights, stage);
     // split runs submit between the MoE calls: a pre-launched kernel would hold their barriers
-    if (!stage) backend.stopPrelaunch("the decode graph's split runs share the queue");
+    if (!stage) {
+      backend.stopPrelaunch("the decode graph's split runs share the queue");
+      backend.lossSaidElsewhere = true; // the session says it (its next graph wait fails too)
+    }
     const why = stage
       ? `${ctx.device.info.name}: every op of the token in one submit, ${stage.mode} MoE call`
       : `${ctx.device.info.name}: the dense ops on the GPU a layer a submit, the experts through the per-layer MoE call (${notResident})`;

@@ -572,8 +572,12 @@ export class MoeBackend implements Disposable {
   /** After a lost device: free what we hold (vkDestroy* stays valid on a lost device), CPU from now on. */
   private dropGpu(why: string): void {
     this[Symbol.dispose]();
-    this.toCpu(why);
+    if (this.lossSaidElsewhere) this.whyCpu = why;
+    else this.toCpu(why);
   }
+
+  /** Another user of the device (the decode graph's split runs) says a lost device in its own line: this backend then only moves to the CPU. */
+  lossSaidElsewhere = false;
 
   /**
    * Turns pre-launched fused calls off: another submitter shares the queue (the decode graph's

@@ -3,46 +3,52 @@
 // the clocks), summed per op kind over the layers, as the median of --reps tokens.
 //
 //   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64]
+import { parseArgs } from "node:util";
 import { z } from "zod";
 import { Model } from "../src/model/model.ts";
+import { args, fail } from "./lib/cli.ts";
 
-const flags = z.object({
-  model: z.string().min(1),
-  context: z.coerce.number().int().min(1).default(512),
-  reps: z.coerce.number().int().min(1).default(5),
-  warm: z.coerce.number().int().min(0).default(64),
-}).parse(Object.fromEntries(process.argv.slice(2).reduce<[string, string][]>((acc, a, i, all) => (a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1] ?? ""]] : acc), [])));
+const SCRIPT = "profile-graph";
+const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N]";
+const count = (min: number) => z.coerce.number().int().min(min);
+let flags: { model: string; context: number; reps: number; warm: number };
+try {
+  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" } }, strict: true, allowPositionals: false });
+  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64) }).safeParse(values);
+  if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
+  flags = parsed.data;
+} catch (e) {
+  fail(SCRIPT, `${(e as Error).message.split("\n")[0]}; ${USAGE}`);
+}
 
 using model = await Model.load(flags.model, { log: (l) => console.error(l) });
-if (model.device.mode !== "resident") {
-  console.error(`profile-graph: the model runs ${model.device.mode} (${model.device.why}); the whole-token profile needs it resident`);
-  process.exit(1);
-}
+if (model.device.mode !== "resident") fail(SCRIPT, `the model runs ${model.device.mode} (${model.device.why}); the whole-token profile needs it resident`);
 const V = model.config.vocab;
 const ids = Array.from({ length: flags.context }, (_, i) => (i * 7919 + 13) % V);
 using session = model.session({ ctx: flags.context + flags.warm + flags.reps + 1 });
 session.prefill(ids);
 let id = 1;
 for (let i = 0; i < flags.warm; i++) id = session.stepGreedy(id).id;
-const runs: Map<string, number>[] = [];
-let totals: number[] = [];
+// per op kind: its µs in each profiled token, and how many times a token runs it
+const runs = new Map<string, number[]>();
+const perToken = new Map<string, number>();
+const totals: number[] = [];
 for (let r = 0; r < flags.reps; r++) {
   const split = session.profileStep(id);
   id = (id * 31 + 7) % V;
   const byOp = new Map<string, number>();
   for (const { op, us } of split) byOp.set(op, (byOp.get(op) ?? 0) + us);
-  runs.push(byOp);
+  if (r === 0) for (const { op } of split) perToken.set(op, (perToken.get(op) ?? 0) + 1);
+  for (const [op, us] of byOp) runs.set(op, [...(runs.get(op) ?? []), us]);
   totals.push(split.reduce((a, b) => a + b.us, 0));
 }
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const total = median(totals);
-console.log(`${model.device.why}`);
-console.log(`one decode token at position ${flags.context + flags.warm}: ${total.toFixed(0)} µs of GPU time (median of ${flags.reps}), ${session.dispatchesPerToken} dispatches; per op kind, summed over ${model.config.layers} layers:`);
-console.log("| op | µs | share | µs per layer |");
+console.log(model.device.why);
+console.log(`one decode token at position ${flags.context + flags.warm}: ${total.toFixed(0)} µs of GPU time (median of ${flags.reps}), ${session.dispatchesPerToken} dispatches; per op kind, summed over the token:`);
+console.log("| op | µs | share | µs each (runs per token) |");
 console.log("|---|---:|---:|---:|");
-for (const op of runs[0]!.keys()) {
-  const us = median(runs.map((m) => m.get(op)!));
-  const perLayer = /norm$|^final|lm_head|argmax/.test(op) && !/input|post|q\/k/.test(op) ? "" : (us / model.config.layers).toFixed(1);
-  console.log(`| ${op} | ${us.toFixed(0)} | ${((100 * us) / total).toFixed(1)}% | ${perLayer} |`);
+for (const [op, samples] of runs) {
+  const us = median(samples), n = perToken.get(op)!;
+  console.log(`| ${op} | ${us.toFixed(0)} | ${((100 * us) / total).toFixed(1)}% | ${(us / n).toFixed(1)} (${n}) |`);
 }
-totals = [];

@@ -10,6 +10,7 @@ import { readFileSync } from "node:fs";
 import { readConfig, type VkmoeEnv } from "../src/config.ts";
 import { generate } from "../src/engine/generate.ts";
 import { Model, type QuantChoice } from "../src/model/model.ts";
+import type { DecoderObserver } from "../src/model/decoder.ts";
 import type { Session } from "../src/model/session.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { fixture } from "./support/fixtures.ts";
@@ -28,15 +29,25 @@ async function load(name: string, env: VkmoeEnv, quant: QuantChoice = "auto", ex
   return Model.load(path, { quant, env, log: () => {}, ...extra });
 }
 
-/** Router choices per (layer, position) through the observer, and all logits. */
-function runAll(s: Session, ids: number[]): { logits: Float32Array; routes: number[][][] } {
+/**
+ * An observer collecting the router's choices, [layer][position] as sorted sets: two near-equal
+ * probabilities may come out in either order (the MoE sum does not depend on it).
+ */
+function routingTap(): { observer: DecoderObserver; routes: number[][][] } {
   const routes: number[][][] = [];
-  s.observer = {
+  const observer: DecoderObserver = {
     routing: (l, chosen, S, k) => {
-      for (let t = 0; t < S; t++) ((routes[l] ??= []).push(Array.from(chosen.subarray(t * k, (t + 1) * k))));
+      for (let t = 0; t < S; t++) (routes[l] ??= []).push([...chosen.subarray(t * k, (t + 1) * k)].sort((x, y) => x - y));
     },
   };
-  return { logits: s.prefillAll(ids), routes };
+  return { observer, routes };
+}
+
+/** All logits of `ids` and the router's choices per (layer, position). */
+function runAll(s: Session, ids: number[]): { logits: Float32Array; routes: number[][][] } {
+  const tap = routingTap();
+  s.observer = tap.observer;
+  return { logits: s.prefillAll(ids), routes: tap.routes };
 }
 
 const sources: { name: string; quant?: QuantChoice }[] = [
@@ -73,9 +84,7 @@ describe("resident: the whole token on the GPU equals the CPU decoder", () => {
             worst = Math.max(worst, e);
             expect(e).toBeLessThanOrEqual(bound);
           }
-          // as sets: two near-equal probabilities may come out in either order (the MoE sum does not depend on it)
-          const sets = (r: number[][][]) => r.map((l) => l.map((ids) => [...ids].sort((x, y) => x - y)));
-          if (path === "float") expect(sets(ga.routes)).toEqual(sets(cb.routes));
+          if (path === "float") expect(ga.routes).toEqual(cb.routes);
           expect(a.counts.submits).toBe(ids.length);
         }
         if (path === "float") {
@@ -189,13 +198,14 @@ test("per-layer mode: a budget below the experts runs the dense ops on the GPU a
   using a = small.session({ ctx: 64 });
   using b = cpu!.session({ ctx: 64, cpuCache: "f16" });
   expect(a.path).toBe("device");
-  const routesA: number[][] = [], routesB: number[][] = [];
-  a.observer = { routing: (l, chosen, S, k) => { for (let t = 0; t < S; t++) routesA.push([l, ...chosen.subarray(t * k, (t + 1) * k)]); } };
-  b.observer = { routing: (l, chosen, S, k) => { for (let t = 0; t < S; t++) routesB.push([l, ...chosen.subarray(t * k, (t + 1) * k)]); } };
+  const tapA = routingTap(), tapB = routingTap();
+  a.observer = tapA.observer;
+  b.observer = tapB.observer;
   const ids = ps[1]!;
   expect(nmse(b.prefill(ids).slice(), a.prefill(ids).slice())).toBeLessThanOrEqual(1e-6);
   for (let i = 0; i < 4; i++) expect(nmse(b.step(ids[i]!).slice(), a.step(ids[i]!).slice())).toBeLessThanOrEqual(1e-6);
-  expect(routesA.length).toBe(routesB.length);
+  expect(tapA.routes).toEqual(tapB.routes);
+  expect(tapA.routes.length).toBe(small.config.layers);
   const stats = small.expertCacheStats()!;
   expect(stats.uploads).toBeGreaterThan(48); // misses uploaded, evicting colder experts
   expect(small.takeValidationMessages()).toEqual([]);
@@ -210,16 +220,13 @@ test("prefill in chunks of up to 4 tokens a replay: prompts of 1..13 tokens and 
   for (const n of [1, 3, 4, 5, 9, 13]) {
     using a = gpu.session({ ctx: 64 });
     using b = cpu.session({ ctx: 64, cpuCache: "f16" });
-    const routesA: number[][] = [], routesB: number[][] = [];
-    const tap = (into: number[][]) => ({ routing: (l: number, chosen: Int32Array, S: number, k: number) => {
-      for (let t = 0; t < S; t++) if (l === 1) into.push([...chosen.subarray(t * k, (t + 1) * k)].sort((x, y) => x - y));
-    } });
-    a.observer = tap(routesA);
-    b.observer = tap(routesB);
+    const tapA = routingTap(), tapB = routingTap();
+    a.observer = tapA.observer;
+    b.observer = tapB.observer;
     const x = a.prefill(ids.slice(0, n)).slice(), y = b.prefill(ids.slice(0, n)).slice();
     expect({ n, e: nmse(y, x) <= 1e-6 }).toEqual({ n, e: true });
     expect(a.counts.submits).toBe(Math.ceil(n / 4));
-    expect(routesA).toEqual(routesB);
+    expect(tapA.routes).toEqual(tapB.routes);
     expect({ n, e: nmse(b.step(ids[n]!), a.step(ids[n]!)) <= 1e-6 }).toEqual({ n, e: true });
   }
   expect(gpu.takeValidationMessages()).toEqual([]);

@@ -36,6 +36,7 @@ export type GraphOutput = "none" | "logits" | "argmax";
 
 /** Tokens one replay runs at most (a prompt in chunks of this many; the attention kernel's limit). */
 export const GRAPH_MAX_TOKENS = MAX_ATTENTION_TOKENS;
+const OUTPUTS: readonly GraphOutput[] = ["none", "logits", "argmax"];
 
 interface LayerOnDevice {
   q: DeviceLinear;
@@ -62,9 +63,8 @@ export class DecodeGraph implements Disposable {
   readonly rmsnorm: RmsNormKernel;
   readonly route: RouteKernel;
   readonly argmax: ArgmaxKernel;
-  private readonly owned: Disposable[] = [];
-  /** Bytes of dense weights and norms in device memory. */
-  readonly weightBytes: number;
+  /** Everything the graph allocated, disposed in reverse. */
+  private readonly owned = new DisposableStack();
   // Scratch shared by every sequence (one runs at a time).
   readonly s: {
     embed: Buffer; positions: Buffer; h: Buffer; xn: Buffer; q: Buffer; k: Buffer; v: Buffer; attn: Buffer; o: Buffer; ffn: Buffer;
@@ -75,7 +75,7 @@ export class DecodeGraph implements Disposable {
   /** Fault hook for tests: the next replay reports a lost device (after really running). */
   injectDeviceLost = false;
   readonly views: {
-    embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; chosen: Int32Array;
+    embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; resultValue: Float32Array; chosen: Int32Array;
     xn: Float32Array; router: Float32Array; ffn: Float32Array;
   };
 
@@ -88,16 +88,10 @@ export class DecodeGraph implements Disposable {
     const dense = weights.layers.findIndex((l) => !l.router);
     if (dense >= 0) throw new GraphUnsupportedError(`layer ${dense} has a dense MLP (mlp_only_layers / decoder_sparse_step), not in the decode graph yet`);
     this.linears = new LinearKernels(device);
-    this.owned.push(this.linears);
+    this.owned.use(this.linears);
     try {
       const { hidden: D, heads: H, kvHeads: KV, headDim: hd, vocab: V } = cfg;
-      let bytes = 0;
-      const up = (name: string, l: ModelWeights["lmHead"]) => {
-        const d = new DeviceLinear(this.linears, name, l);
-        this.owned.push(d);
-        bytes += d.bytes;
-        return d;
-      };
+      const up = (name: string, l: ModelWeights["lmHead"]) => this.own(new DeviceLinear(this.linears, name, l));
       // Every norm vector in one buffer.
       const normParts: Float32Array[] = [];
       let at = 0;
@@ -122,7 +116,6 @@ export class DecodeGraph implements Disposable {
       for (const p of normParts) normData.set(p, (o += p.length) - p.length);
       this.norms = this.buffer(4 * at, "device");
       uploadBytes(device, this.norms, 0n, new Uint8Array(normData.buffer));
-      this.weightBytes = bytes + 4 * at;
       const inv = ropeInverseFrequencies(hd, cfg.ropeTheta, cfg.ropeFrequencies);
       this.invFreq = this.buffer(4 * inv.length, "device");
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
@@ -141,6 +134,7 @@ export class DecodeGraph implements Disposable {
       this.views = {
         embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, 4),
         logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
+        resultValue: new Float32Array(this.s.result.host(), 4, 1),
         chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
         xn: new Float32Array(this.s.xnHost.host(), 0, T * D), router: new Float32Array(this.s.routerHost.host(), 0, T * cfg.experts),
         ffn: new Float32Array(this.s.ffnHost.host(), 0, T * D),
@@ -153,8 +147,7 @@ export class DecodeGraph implements Disposable {
   }
 
   private own<T extends Disposable>(d: T): T {
-    this.owned.push(d);
-    return d;
+    return this.owned.use(d);
   }
 
   private buffer(bytes: number, memory: "device" | "upload" | "readback" = "device"): Buffer {
@@ -277,8 +270,7 @@ export class DecodeGraph implements Disposable {
 
   private dispose(): void {
     for (const seq of [...this.live]) seq[Symbol.dispose]();
-    for (const d of this.owned.reverse()) d[Symbol.dispose]();
-    this.owned.length = 0;
+    this.owned.dispose();
   }
 
   [Symbol.dispose](): void {
@@ -314,10 +306,11 @@ export class GraphSequence implements Disposable {
   /** Bytes of the KV cache in device memory. */
   readonly cacheBytes: number;
   private readonly cache: SequenceCache;
-  private readonly owned: Disposable[] = [];
+  /** Everything the sequence allocated, disposed in reverse. */
+  private readonly owned = new DisposableStack();
   private readonly commands: CommandPool;
-  /** Recordings per (output, tokens): made on first use, replayed after. */
-  private readonly recorded = new Map<string, { cb: CommandBuffer; submission: Submission; dispatches: number }>();
+  /** Recordings, by recording()'s index: made on first use, replayed after. */
+  private readonly recorded: ({ cb: CommandBuffer; submission: Submission; dispatches: number } | undefined)[] = [];
   private readonly fence: Fence;
   private readonly queries: QueryPool | undefined;
   private readonly tick: number;
@@ -364,27 +357,32 @@ export class GraphSequence implements Disposable {
   }
 
   private own<T extends Disposable>(d: T): T {
-    this.owned.push(d);
-    return d;
+    return this.owned.use(d);
   }
 
-  /** A split run's recordings: `segment` a layer index (its attention half), or the head ("head"). */
+  /**
+   * The recording of a whole token (`segment` undefined), or of a split run's part: a layer index
+   * (its attention half) or the head ("head"). Made on first use; found by index (no key built per token).
+   */
   private recording(output: GraphOutput, S = 1, segment?: number | "head") {
-    const key = `${output}/${S}/${segment ?? "whole"}`;
-    let r = this.recorded.get(key);
+    const L = this.graph.cfg.layers;
+    const part = segment === undefined ? 0 : segment === "head" ? 1 : segment + 2;
+    const index = (OUTPUTS.indexOf(output) * (GRAPH_MAX_TOKENS + 1) + S) * (L + 2) + part;
+    let r = this.recorded[index];
     if (!r) {
       const cb = this.commands.allocate().begin();
-      if (this.queries) cb.resetQueries(this.queries).timestamp(this.queries, 0);
-      const L = this.graph.cfg.layers;
+      // GPU time is measured on whole tokens only
+      const timed = this.queries && segment === undefined ? this.queries : undefined;
+      if (timed) cb.resetQueries(timed).timestamp(timed, 0);
       const dispatches = segment === undefined
         ? this.graph.recordToken(cb, this.cache, output, S)
         : segment === "head"
           ? this.graph.recordRange(cb, this.cache, S, { first: L, end: L, start: false, output, split: true })
           : this.graph.recordRange(cb, this.cache, S, { first: segment, end: segment + 1, start: segment === 0, split: true });
-      if (this.queries) cb.timestamp(this.queries, 1);
+      if (timed) cb.timestamp(timed, 1);
       cb.end();
       const submission = this.own(new Submission(this.graph.device, [cb], { fence: this.fence }));
-      this.recorded.set(key, (r = { cb, submission, dispatches }));
+      this.recorded[index] = r = { cb, submission, dispatches };
     }
     return r;
   }
@@ -443,13 +441,16 @@ export class GraphSequence implements Disposable {
       const [a, b] = this.queries.results(0, 2);
       this.lastGpuUs = (Number(b! - a!) * this.tick) / 1000;
     }
-    if (output === "logits") return { logits: this.graph.views.logits };
-    if (output === "argmax") {
-      const v = this.graph.views.result;
-      const bestId = v[0]!;
-      return { id: bestId === ARGMAX_NONE ? -1 : bestId, value: new Float32Array(v.buffer, v.byteOffset, 2)[1] };
-    }
-    return {};
+    return this.result(output);
+  }
+
+  /** What a run returns for `output`, read from the host-visible outputs. */
+  private result(output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    const v = this.graph.views;
+    if (output === "logits") return { logits: v.logits };
+    if (output === "none") return {};
+    const bestId = v.result[0]!;
+    return { id: bestId === ARGMAX_NONE ? -1 : bestId, value: v.resultValue[0] };
   }
 
   /**
@@ -472,10 +473,7 @@ export class GraphSequence implements Disposable {
     const h = this.recording(output, S, "head");
     this.submitAndWait(h.submission);
     this.counts.dispatches += h.dispatches;
-    if (output === "logits") return { logits: v.logits };
-    const res = v.result;
-    const bestId = res[0]!;
-    return { id: bestId === ARGMAX_NONE ? -1 : bestId, value: new Float32Array(res.buffer, res.byteOffset, 2)[1] };
+    return this.result(output);
   }
 
   /**
@@ -512,8 +510,7 @@ export class GraphSequence implements Disposable {
   }
 
   private dispose(): void {
-    for (const d of this.owned.reverse()) d[Symbol.dispose]();
-    this.owned.length = 0;
+    this.owned.dispose();
   }
 
   private disposed = false;
@@ -526,7 +523,7 @@ export class GraphSequence implements Disposable {
     } catch {
       // a lost device: destroying is still valid
     }
-    this.recorded.clear();
+    this.recorded.length = 0;
     this.dispose();
     this.graph.live.delete(this);
   }

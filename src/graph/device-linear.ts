@@ -47,7 +47,6 @@ export class LinearKernels implements Disposable {
 export class DeviceLinear implements Disposable {
   readonly rows: number;
   readonly cols: number;
-  readonly bytes: number;
   private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
   private readonly matrix: DeviceMatrix | undefined;
 
@@ -68,10 +67,8 @@ export class DeviceLinear implements Disposable {
         throw e;
       }
       this.float = { buffer, dtype: linear.dtype === "F32" ? "f32" : linear.dtype === "F16" ? "f16" : "bf16" };
-      this.bytes = Number(buffer.size);
     } else if (linear instanceof QuantLinear) {
       this.matrix = new DeviceMatrix(device, linear.matrix);
-      this.bytes = this.matrix.bytes;
     } else {
       throw new GraphUnsupportedError(`${name}: a ${linear.kind} matrix has no GPU kernel`);
     }

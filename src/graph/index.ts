@@ -51,8 +51,6 @@ export interface DeviceDecoder extends Disposable {
   readonly mode: "resident" | "split";
   /** One line: where the token runs. */
   readonly why: string;
-  /** Bytes of dense weights held in device memory. */
-  readonly weightBytes: number;
   /** `hostExperts` runs a layer's experts in split mode (required there). */
   sequence(ctx: number, options?: { timing?: boolean; hostExperts?: HostExperts }): DeviceSequence;
   /** Tests: the next run reports a lost device (after really running). */
@@ -63,10 +61,6 @@ class GraphDecoder implements DeviceDecoder {
   readonly mode: "resident" | "split";
   constructor(private readonly graph: DecodeGraph, readonly why: string) {
     this.mode = graph.stage ? "resident" : "split";
-  }
-
-  get weightBytes(): number {
-    return this.graph.weightBytes;
   }
 
   sequence(ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}): DeviceSequence {

@@ -52,8 +52,8 @@ export class Session implements Disposable {
     private readonly log: (line: string) => void = (line) => console.error(line),
     /** Told when the device is lost (the model drops its GPU paths). */
     private readonly onDeviceLost: (why: string) => void = () => {},
-    /** GPU submissions the CPU decoder makes per chunk (one per MoE layer while the experts run on the GPU). */
-    private readonly cpuDecoderSubmits: () => number = () => 0,
+    /** GPU submissions the experts make per chunk of tokens (one per MoE layer while they run on the GPU). */
+    private readonly moeCallsPerChunk: () => number = () => 0,
   ) {
     const ctx = options.ctx ?? Math.min(4096, config.maxPositions);
     if (!Number.isInteger(ctx) || ctx < 1) throw new ContextLengthError(`context length must be a positive integer, got ${ctx}`);
@@ -110,14 +110,7 @@ export class Session implements Disposable {
       const r = this.onDevice(ids, GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(Array.prototype.slice.call(ids, i, i + n) as number[], pos, i + n === ids.length ? "logits" : "none").logits);
       if (r) return r;
     }
-    for (let i = 0; i < ids.length; i += MAX_CHUNK) {
-      const chunk = Array.prototype.slice.call(ids, i, Math.min(ids.length, i + MAX_CHUNK)) as number[];
-      const last = i + MAX_CHUNK >= ids.length;
-      this.decoder.forward(chunk, this.kv!, last ? 1 : 0, last ? this.logits : undefined, this.observer);
-      for (const id of chunk) this.tokens.push(id);
-      this.counts.tokens += chunk.length;
-      this.counts.submits += this.cpuDecoderSubmits();
-    }
+    this.onCpu(ids, (i, n) => (i + n === ids.length ? { rows: 1, into: this.logits } : undefined));
     return this.logits;
   }
 
@@ -171,13 +164,25 @@ export class Session implements Disposable {
       });
       if (done) return out;
     }
+    this.onCpu(ids, (i, n) => ({ rows: n, into: out.subarray(i * V, (i + n) * V) }));
+    return out;
+  }
+
+  /**
+   * Runs `ids` on the CPU decoder in chunks of up to MAX_CHUNK tokens, appending them to the
+   * session; `logits(first, count)` says where a chunk's logits go (its last `rows` tokens), if
+   * anywhere. `replay` (after a lost device): the tokens are not counted again, no observer.
+   */
+  private onCpu(ids: ArrayLike<number>, logits: (first: number, count: number) => { rows: number; into: Float32Array } | undefined, replay = false): void {
     for (let i = 0; i < ids.length; i += MAX_CHUNK) {
       const chunk = Array.prototype.slice.call(ids, i, Math.min(ids.length, i + MAX_CHUNK)) as number[];
-      this.decoder.forward(chunk, this.kv!, chunk.length, out.subarray(i * V, (i + chunk.length) * V), this.observer);
+      const out = logits(i, chunk.length);
+      this.decoder.forward(chunk, this.kv!, out?.rows ?? 0, out?.into, replay ? undefined : this.observer);
       for (const id of chunk) this.tokens.push(id);
+      if (replay) continue;
       this.counts.tokens += chunk.length;
+      this.counts.submits += this.moeCallsPerChunk();
     }
-    return out;
   }
 
   /**
@@ -213,7 +218,7 @@ export class Session implements Disposable {
 
   /** A split run's expert calls: one per MoE layer while the experts run on the GPU. */
   private splitExpertSubmits(): number {
-    return this.device && this.device.submitsPerRun > 1 ? this.cpuDecoderSubmits() : 0;
+    return this.device && this.device.submitsPerRun > 1 ? this.moeCallsPerChunk() : 0;
   }
 
   private reportRouting(d: DeviceSequence, S: number): void {
@@ -236,13 +241,7 @@ export class Session implements Disposable {
     const tokens = this.tokens.slice(0, keep);
     this.tokens.length = 0;
     this.kv = new KvCache(this.config.layers, this.ctx, this.config.kvHeads, this.config.headDim, this.cpuCache);
-    if (tokens.length > 0) {
-      for (let i = 0; i < tokens.length; i += MAX_CHUNK) {
-        const chunk = tokens.slice(i, i + MAX_CHUNK);
-        this.decoder.forward(chunk, this.kv, 0, undefined);
-        for (const id of chunk) this.tokens.push(id);
-      }
-    }
+    this.onCpu(tokens, () => undefined, true);
   }
 
   /** Drops everything after the first `keep` tokens (a chat turn reuses its shared prefix). */

@@ -40,8 +40,6 @@ export class MoeGraphStage implements Disposable {
   readonly pairs: Buffer;
   readonly slotWeight: Buffer;
   readonly slotExpert: Buffer;
-  /** Expert id per slot (observers, tests). */
-  readonly chosen: Buffer;
   readonly mode: "fused" | "grouped";
   readonly experts: number;
   readonly topK: number;
@@ -82,7 +80,6 @@ export class MoeGraphStage implements Disposable {
     this.pairs = buf(4 * slots);
     this.slotWeight = buf(4 * slots);
     this.slotExpert = buf(8 * slots);
-    this.chosen = buf(4 * slots);
     this.done = buf(16);
     this.gate = buf(16);
     this.arrived = buf(16);

@@ -101,7 +101,7 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
     // split runs submit between the MoE calls: a pre-launched kernel would hold their barriers
     if (!stage) {
       backend.stopPrelaunch("the decode graph's split runs share the queue");
-      backend.lossSaidElsewhere = true; // the session says it (its next graph wait fails too)
+      backend.sharedDevice = true; // on a lost device the session says it, and frees the graph first
     }
     const why = stage
       ? `${ctx.device.info.name}: every op of the token in one submit, ${stage.mode} MoE call`
@@ -111,6 +111,11 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
     stage?.[Symbol.dispose]();
     throw e;
   }
+}
+
+/** The error a lost device raises, for a user of the device that learnt of the loss elsewhere (`where`). */
+export function deviceLostError(where: string): Error {
+  return new DeviceLostError(where);
 }
 
 /** True when `e` says the GPU device was lost (the session then continues on the CPU path). */

@@ -164,10 +164,12 @@ export class Model implements Disposable {
     return this.experts.takeValidationMessages();
   }
 
-  /** Tests: the next GPU call of the experts fails as if the device were lost (they continue on the CPU). */
-  simulateDeviceLoss(): void {
+  /** Tests: the next GPU wait fails as if the device were lost (sessions continue on the CPU); `first` says whose wait. */
+  simulateDeviceLoss(first: "graph" | "experts" = "graph"): void {
+    // `first`: which user of the device sees the loss first (a per-layer split run can meet it in
+    // either: in its own wait, or in the MoE layer's)
     this.experts.simulateDeviceLoss();
-    this.deviceDecoder?.simulateDeviceLoss();
+    if (first === "graph") this.deviceDecoder?.simulateDeviceLoss();
   }
 
   session(options: SessionOptions = {}): Session {

@@ -8,7 +8,7 @@
  * the session to the CPU path: the tokens so far are run again there, with one line.
  */
 import type { DeviceDecoder, DeviceSequence } from "../graph/index.ts";
-import { GRAPH_MAX_TOKENS, isDeviceLost } from "../graph/index.ts";
+import { deviceLostError, GRAPH_MAX_TOKENS, isDeviceLost } from "../graph/index.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import { Decoder, MAX_CHUNK, type DecoderObserver } from "./decoder.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
@@ -64,7 +64,11 @@ export class Session implements Disposable {
       try {
         // split runs (experts not all resident): the host routes and runs each layer's experts
         const hostExperts = deviceDecoder.mode === "split"
-          ? (l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array) => this.decoder.routeAndRun(l, xn, logits, S, y, this.observer)
+          ? (l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array) => {
+            this.decoder.routeAndRun(l, xn, logits, S, y, this.observer);
+            // the MoE layer met a lost device (and went on on the CPU, silently): so did the graph
+            if (this.decoder.experts.mode === "cpu") throw deviceLostError("the MoE layer's wait");
+          }
           : undefined;
         this.device = deviceDecoder.sequence(ctx, { timing: options.timing, hostExperts });
       } catch (e) {

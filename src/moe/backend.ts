@@ -571,13 +571,25 @@ export class MoeBackend implements Disposable {
 
   /** After a lost device: free what we hold (vkDestroy* stays valid on a lost device), CPU from now on. */
   private dropGpu(why: string): void {
+    if (this.sharedDevice) {
+      // the other user still holds objects of this device: free ours only after it (abandonGpu)
+      this.heldAfterLoss = this.gpu;
+      this.gpu = undefined;
+      this.calls.clear();
+      this.whyCpu = why;
+      return;
+    }
     this[Symbol.dispose]();
-    if (this.lossSaidElsewhere) this.whyCpu = why;
-    else this.toCpu(why);
+    this.toCpu(why);
   }
 
-  /** Another user of the device (the decode graph's split runs) says a lost device in its own line: this backend then only moves to the CPU. */
-  lossSaidElsewhere = false;
+  /**
+   * Another user shares this backend's device (the decode graph's split runs): on a lost device
+   * the backend moves to the CPU without its own line (that user says it) and keeps the device
+   * until abandonGpu() or disposal, which that user calls once its own objects are freed.
+   */
+  sharedDevice = false;
+  private heldAfterLoss: GpuState | undefined;
 
   /**
    * Turns pre-launched fused calls off: another submitter shares the queue (the decode graph's
@@ -591,7 +603,7 @@ export class MoeBackend implements Disposable {
 
   /** The device was lost elsewhere (the decode graph on the same device): CPU from now on, no line (the caller says it). */
   abandonGpu(why: string): void {
-    if (!this.gpu) return;
+    if (!this.gpu && !this.heldAfterLoss) return;
     this[Symbol.dispose]();
     this.whyCpu = why;
   }
@@ -607,8 +619,8 @@ export class MoeBackend implements Disposable {
   }
 
   [Symbol.dispose](): void {
-    const g = this.gpu;
-    this.gpu = undefined;
+    const g = this.gpu ?? this.heldAfterLoss;
+    this.gpu = this.heldAfterLoss = undefined;
     this.calls.clear();
     if (!g) return;
     g.layer[Symbol.dispose]();

@@ -1,12 +1,12 @@
 #version 450
 // dec_attention_combine: pass 2 of dec_attention.  One workgroup per (head h, token t) merges the
-// ceil((n + t) / CHUNK) partial records of that row with the log-sum-exp rule:
+// ceil((n + t) / span) partial records of that row (span = pass 1's CHUNK * iters) with the
+// log-sum-exp rule:
 //   M = max_c m_c,  L = sum_c l_c exp(m_c - M),  out = sum_c acc_c exp(m_c - M) / L.
 // Records past the row's causal context are never read (pass 1 may leave them unwritten).
 // n is pass 1's: p.n (+ positions[posIndex] with flags bit 0), capped at limit - (S - 1).
 layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HEAD_DIM = 128u;
-layout(constant_id = 2) const uint CHUNK = 64u;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint REC = HEAD_DIM + 4u;
@@ -24,6 +24,7 @@ layout(push_constant) uniform Params {
   uint posIndex;   // as pass 1
   uint flags;      // as pass 1 (bit 0: n += positions[posIndex])
   uint limit;      // as pass 1
+  uint span;       // positions per record: pass 1's CHUNK * iters
 } p;
 
 uint contextN() {
@@ -35,7 +36,7 @@ void main() {
   const uint tid = gl_LocalInvocationIndex;
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
   const uint row = t * p.heads + h;
-  const uint chunks = (contextN() + t + CHUNK - 1u) / CHUNK;
+  const uint chunks = (contextN() + t + p.span - 1u) / p.span;
   const uint base = row * p.numChunks * REC;
   float M = -3.0e38;
   for (uint c = 0u; c < chunks; c++) M = max(M, part[base + c * REC + HEAD_DIM]);

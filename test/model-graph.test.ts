@@ -14,6 +14,7 @@ import type { DecoderObserver } from "../src/model/decoder.ts";
 import type { Session } from "../src/model/session.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { fixture } from "./support/fixtures.ts";
+import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
 
 const baseEnv = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
 
@@ -211,26 +212,29 @@ test("per-layer mode: a budget below the experts runs the dense ops on the GPU a
   expect(small.takeValidationMessages()).toEqual([]);
 }, 120_000);
 
-test("prefill in chunks of up to 4 tokens a replay: prompts of 1..13 tokens and the step after them equal the CPU decoder's, one submit per chunk", async () => {
+test(`prefill in chunks of up to ${GRAPH_MAX_TOKENS} tokens a replay: prompts of 1..150 tokens and the step after them equal the CPU decoder's, one submit per chunk`, async () => {
   const ps = prompts();
   using gpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv());
   using cpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_GPU: false }));
   if (!ps || !gpu || !cpu) return;
-  const ids = ps[1]!;
-  for (const n of [1, 3, 4, 5, 9, 13]) {
-    using a = gpu.session({ ctx: 64 });
-    using b = cpu.session({ ctx: 64, cpuCache: "f16" });
+  // the fixture's prompts end to end: a context past two chunks
+  const ids = ps.flat().concat(ps.flat(), ps.flat(), ps.flat()).slice(0, 151);
+  expect(ids.length).toBe(151);
+  // 1..4: the decode call paths (fused); 5+: the MoE call regrouped by expert; 64, 65, 150: several chunks
+  for (const n of [1, 4, 5, 13, 64, 65, 150]) {
+    using a = gpu.session({ ctx: 256 });
+    using b = cpu.session({ ctx: 256, cpuCache: "f16" });
     const tapA = routingTap(), tapB = routingTap();
     a.observer = tapA.observer;
     b.observer = tapB.observer;
     const x = a.prefill(ids.slice(0, n)).slice(), y = b.prefill(ids.slice(0, n)).slice();
     expect({ n, e: nmse(y, x) <= 1e-6 }).toEqual({ n, e: true });
-    expect(a.counts.submits).toBe(Math.ceil(n / 4));
+    expect(a.counts.submits).toBe(Math.ceil(n / GRAPH_MAX_TOKENS));
     expect(tapA.routes).toEqual(tapB.routes);
     expect({ n, e: nmse(b.step(ids[n]!), a.step(ids[n]!)) <= 1e-6 }).toEqual({ n, e: true });
   }
   expect(gpu.takeValidationMessages()).toEqual([]);
-}, 180_000);
+}, 300_000);
 
 describe("resident on every addressing and MoE call path", () => {
   const variants: { name: string; env: Partial<VkmoeEnv>; bound: number; mode: RegExp }[] = [

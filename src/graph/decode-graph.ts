@@ -34,7 +34,7 @@ import { GraphUnsupportedError } from "./errors.ts";
 /** What a replay ends with: nothing (a prompt chunk), the last token's logits in host memory, or its greedy id. */
 export type GraphOutput = "none" | "logits" | "argmax";
 
-/** Tokens one replay runs at most (a prompt in chunks of this many; the attention kernel's limit). */
+/** Tokens one replay runs at most (a prompt in chunks of this many; the MoE call's and the attention kernel's limit). */
 export const GRAPH_MAX_TOKENS = MAX_ATTENTION_TOKENS;
 const OUTPUTS: readonly GraphOutput[] = ["none", "logits", "argmax"];
 
@@ -209,7 +209,7 @@ export class DecodeGraph implements Disposable {
       L.q.record(cb, s.xn, s.q, S);
       L.k.record(cb, s.xn, s.k, S);
       L.v.record(cb, s.xn, s.v, S);
-      op("q, k, v", 3);
+      op("q, k, v", L.q.dispatches(S) + L.k.dispatches(S) + L.v.dispatches(S));
       cb.barrier("computeToCompute");
       // the per-head q/k RMSNorm runs inside the RoPE kernel (one head of one token per workgroup)
       kv.rope.record(cb, {
@@ -223,13 +223,13 @@ export class DecodeGraph implements Disposable {
       op("attention", 2);
       cb.barrier("computeToCompute");
       L.o.record(cb, s.attn, s.o, S);
-      op("o");
+      op("o", L.o.dispatches(S));
       cb.barrier("computeToCompute");
       this.rmsnorm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps });
       op("post norm");
       cb.barrier("computeToCompute");
       L.router.record(cb, s.xn, s.routerLogits, S);
-      op("router");
+      op("router", L.router.dispatches(S));
       if (r.split) {
         cb.barrier("computeToTransfer")
           .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
@@ -244,8 +244,8 @@ export class DecodeGraph implements Disposable {
       });
       op("route");
       cb.barrier("computeToCompute");
-      st!.record(cb, s.xn, s.ffn, S);
-      op("experts", st!.dispatches);
+      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l });
+      op("experts", st!.dispatches(S));
       cb.barrier("computeToCompute");
     }
     const output = r.output ?? "none";
@@ -342,7 +342,7 @@ export class GraphSequence implements Disposable {
       // a layer against 48 with the kernel's 64 / 64; scripts/profile-graph.ts). CPU devices keep 64 / 64.
       const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
       const attention = this.own(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
-      const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytes(ctx, GRAPH_MAX_TOKENS)), memory: "device", priority: 1 }));
+      const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS)), memory: "device", priority: 1 }));
       const s = graph.s;
       const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
       this.cache = { ctx, keys, values, rope, attention, bindings };

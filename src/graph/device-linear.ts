@@ -4,7 +4,7 @@
  * through QuantGemvKernel.
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
-import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
+import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
@@ -74,10 +74,19 @@ export class DeviceLinear implements Disposable {
     }
   }
 
+  /** Dispatches `record` makes for S tokens. */
+  dispatches(S = 1): number {
+    return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : 1;
+  }
+
   /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, xOffset = 0, yOffset = 0): void {
     if (this.float) {
-      this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S, dtype: this.float.dtype, xOffset, yOffset });
+      // the float kernel takes GEMV_HALF_MAX_S tokens a dispatch: more run as several (independent rows of y, no barrier)
+      for (let t = 0; t < S; t += GEMV_HALF_MAX_S) {
+        const n = Math.min(GEMV_HALF_MAX_S, S - t);
+        this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
+      }
     } else {
       this.kernels.quantKernel(this.matrix!.matrix as QuantLinear["matrix"]).record(cb, { matrix: this.matrix!, x, y, S, xOffset, yOffset });
     }

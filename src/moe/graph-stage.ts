@@ -3,8 +3,10 @@
  * the slot tables are written on the device by the router kernel (dec_route) from a table of
  * every resident expert's handle, so a whole token runs without a host hop. Only where every
  * routed expert of the layers it serves is resident (nothing is ever uploaded or evicted while
- * the graph runs). One token's call: the fused kernel where the device has float atomics, else
- * [quantize] + gate+up + down + sum over one work item per slot.
+ * the graph runs). A call of few tokens (decode): the fused kernel where the device has float
+ * atomics, else [quantize] + gate+up + down + sum over one work item per slot. A call of more
+ * (a prompt chunk): dec_group_experts regroups the slots by expert first, and the grouped kernels
+ * read each chosen expert's weights once for all the tokens that chose it.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
@@ -12,6 +14,7 @@ import { DescriptorPool, type BufferBinding } from "../vk/descriptors.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
+import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
 import { QUANTIZE_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
@@ -21,6 +24,19 @@ export class ExpertsNotResidentError extends InvalidArgumentError {}
 
 /** Sequence number the graph's calls carry (the completion word is not polled). */
 const GRAPH_SEQ = 1;
+/** Grouped calls of at most this many tokens keep one work item per slot (no regrouping dispatch). */
+const PER_SLOT_TOKENS = 4;
+
+/** How a call of S tokens runs: the fused kernel, grouped over one item per slot, or regrouped by expert. */
+export type StagePath = "fused" | "per-slot" | "by-expert";
+
+/** Where dec_route left the call's choices (for regrouping by expert). */
+export interface StageRouting {
+  chosen: Buffer;
+  /** Words: slot u's expert id at chosen[chosenOffset + u]. */
+  chosenOffset: number;
+  layer: number;
+}
 
 export interface MoeGraphStageOptions {
   layers: number;
@@ -40,6 +56,7 @@ export class MoeGraphStage implements Disposable {
   readonly pairs: Buffer;
   readonly slotWeight: Buffer;
   readonly slotExpert: Buffer;
+  /** Decode calls' kernel: fused where the device has float atomics, else grouped. */
   readonly mode: "fused" | "grouped";
   readonly experts: number;
   readonly topK: number;
@@ -51,6 +68,7 @@ export class MoeGraphStage implements Disposable {
   private readonly ypair: Buffer;
   private readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
   private readonly descriptors: DescriptorPool;
+  private readonly groupKernel: GroupExpertsKernel;
   private readonly sets = new Map<string, bigint[]>();
   private readonly owned: Buffer[] = [];
 
@@ -85,7 +103,7 @@ export class MoeGraphStage implements Disposable {
     this.arrived = buf(16);
     const p = layer.pipelines;
     this.mode = p.fused ? "fused" : "grouped";
-    this.yacc = p.fused ? buf(4 * S * D) : undefined;
+    this.yacc = p.fused ? buf(4 * Math.min(S, layer.fusedTokens) * D) : undefined;
     this.h = buf(4 * slots * I);
     this.ypair = buf(4 * slots * D);
     if (p.quantize) {
@@ -96,6 +114,13 @@ export class MoeGraphStage implements Disposable {
     // rest is zeroed so that no kernel ever reads undefined memory.
     for (const b of this.owned) if (b !== this.table) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
     this.descriptors = new DescriptorPool(device, 16, 16 * (10 + p.maxSlabs));
+    this.groupKernel = new GroupExpertsKernel(device);
+  }
+
+  /** How a call of S tokens runs (see the module comment). */
+  pathFor(S: number): StagePath {
+    if (this.mode === "fused" && S <= this.layer.fusedTokens) return "fused";
+    return S <= PER_SLOT_TOKENS ? "per-slot" : "by-expert";
   }
 
   /** Element of `table` where layer l's handles start (uvec2 units). */
@@ -107,13 +132,13 @@ export class MoeGraphStage implements Disposable {
     return this.layer.pipelines.maxSlabs > 0 ? [...stage, this.layer.slabArray(this.gate)] : stage;
   }
 
-  private setsFor(x: Buffer, y: Buffer): bigint[] {
-    const key = `${x.handle}/${y.handle}`;
+  private setsFor(x: Buffer, y: Buffer, fused: boolean): bigint[] {
+    const key = `${x.handle}/${y.handle}/${fused}`;
     let sets = this.sets.get(key);
     if (sets) return sets;
     const p = this.layer.pipelines;
     const b = (buffer: Buffer) => ({ buffer });
-    if (this.mode === "fused") {
+    if (fused) {
       sets = [this.descriptors.allocate(p.fused!, this.slabs([x, this.work, this.slotExpert, y, this.slotWeight, this.done, this.arrived, this.yacc!, this.gate].map(b)))];
     } else {
       const q = this.quantized;
@@ -132,15 +157,26 @@ export class MoeGraphStage implements Disposable {
   /**
    * Records one call of S tokens reading x [S][D] and writing y [S][D], after the router kernel
    * wrote the slot tables (the caller places a compute barrier between them, and after this).
+   * Calls regrouped by expert (`pathFor(S)`) read the router's choices from `routing`.
    */
-  record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1): void {
+  record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, routing?: StageRouting): void {
     const L = this.layer, p = L.pipelines, K = this.topK;
-    const sets = this.setsFor(x, y);
-    if (this.mode === "fused") {
+    const path = this.pathFor(S);
+    const sets = this.setsFor(x, y, path === "fused");
+    if (path === "fused") {
       cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
       return;
     }
-    const items = S * K;
+    let items = S * K;
+    if (path === "by-expert") {
+      if (!routing) throw new InvalidArgumentError(`a call of ${S} tokens is regrouped by expert: it needs the router's choices (routing)`);
+      this.groupKernel.record(cb, {
+        chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
+        S, E: this.experts, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer),
+      });
+      cb.barrier("computeToCompute");
+      items = Math.min(items, this.experts);
+    }
     let i = 0;
     if (p.quantize) {
       cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP)).barrier("computeToCompute");
@@ -150,9 +186,11 @@ export class MoeGraphStage implements Disposable {
     cb.bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
   }
 
-  /** Dispatches one call records. */
-  get dispatches(): number {
-    return this.mode === "fused" ? 1 : this.layer.pipelines.quantize ? 4 : 3;
+  /** Dispatches a call of S tokens records. */
+  dispatches(S = 1): number {
+    const path = this.pathFor(S);
+    if (path === "fused") return 1;
+    return (this.layer.pipelines.quantize ? 4 : 3) + (path === "by-expert" ? 1 : 0);
   }
 
   get seq(): number {
@@ -160,6 +198,7 @@ export class MoeGraphStage implements Disposable {
   }
 
   [Symbol.dispose](): void {
+    this.groupKernel[Symbol.dispose]();
     this.descriptors[Symbol.dispose]();
     for (const b of this.owned) b[Symbol.dispose]();
     this.owned.length = 0;

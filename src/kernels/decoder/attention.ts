@@ -1,10 +1,13 @@
 /**
  * Host side of the decode attention kernel (shaders/dec_attention.comp + dec_attention_combine.comp):
- * S = 1..4 query tokens at the end of a context, over an f16 KV cache, split over the sequence
- * (flash-decoding). Pass 1 runs one workgroup per (chunk of `chunk` positions, KV head, token
- * group) for all the query heads of that KV head (each K/V row of the chunk read once for all of
- * them) and writes per-(token, head, chunk) partials (max, sum of exp, weighted value sum); pass 2
- * merges them with the log-sum-exp rule into out [S][heads][headDim] f32.
+ * S = 1..64 query tokens at the end of a context, over an f16 KV cache, split over the sequence
+ * (flash-decoding). Pass 1 runs one workgroup per (span of positions, KV head, token group) for
+ * all the query heads of that KV head (each K/V row of the span read once for all of them) and
+ * writes per-(token, head, span) partials (max, sum of exp, weighted value sum); pass 2 merges
+ * them with the log-sum-exp rule into out [S][heads][headDim] f32. Decode (S <= 4) spans one chunk
+ * of `chunk` positions, so the work spreads over the sequence; a prompt chunk of more tokens
+ * spans several chunks (walked with the online-softmax rule), so its partials stay at most
+ * PREFILL_SPANS records per row however long the context.
  *
  * The combine is a second dispatch (not a last-workgroup-with-atomic-counter tail): it needs no
  * counter to zero between calls, no coherent/volatile reads of other workgroups' partials and no
@@ -14,7 +17,7 @@
  * Layouts: q [S][heads][headDim] f32 (qOffset floats, a multiple of 4); keys and values
  * [ctx][kvHeads][headDim] IEEE halves per layer, one buffer each, the layer's first element at
  * `cacheOffset` halves (a multiple of 8; `layerOffset()`); out [S][heads][headDim] f32 at
- * outOffset floats. Partials: record (token t, head h, chunk c) at ((t*heads + h)*numChunks + c)
+ * outOffset floats. Partials: record (token t, head h, span c) at ((t*heads + h)*spans + c)
  * * (headDim + 4) floats: headDim weighted-value floats, m, l, 2 pad.
  *
  * Replay at any position: a binding made with a `positions` buffer (u32 words) reads the context
@@ -36,13 +39,19 @@ import { shaderFile } from "../shaders.ts";
 /**
  * Pass 1: q, keys, values, partials, positions; push n, S, heads, kvHeads, kOffset (uvec4), vOffset
  * (uint), qOffset (vec4), numChunks, tokensPerGroup, scale (f32), posIndex, flags (bit 0: n +=
- * positions[posIndex]), limit (n capped at limit - (S - 1)): 52 B.
+ * positions[posIndex]), limit (n capped at limit - (S - 1)), iters (chunks per span): 56 B.
  */
-export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushConstantBytes: 52 } as const;
-/** Pass 2: partials, out, positions; push n, S, heads, numChunks, outOffset (floats), posIndex, flags, limit (as pass 1): 32 B. */
-export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 3, pushConstantBytes: 32 } as const;
+export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushConstantBytes: 56 } as const;
+/** Pass 2: partials, out, positions; push n, S, heads, numChunks, outOffset (floats), posIndex, flags, limit (as pass 1), span: 36 B. */
+export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 3, pushConstantBytes: 36 } as const;
 
-export const MAX_ATTENTION_TOKENS = 4;
+export const MAX_ATTENTION_TOKENS = 64;
+/** Calls of at most this many tokens span one chunk per workgroup (decode: parallel over the sequence). */
+export const DECODE_ATTENTION_TOKENS = 4;
+/** Partial records per row at most for calls of more tokens (a prompt chunk): longer spans instead. */
+export const PREFILL_SPANS = 16;
+/** Query rows (tokens x heads per KV head) one pass-1 workgroup serves at most: its registers. */
+const MAX_GROUP_ROWS = 32;
 export const ATTENTION_HEAD_DIMS = [32, 64, 128, 256] as const;
 export const ATTENTION_GQA = [1, 2, 4, 8] as const;
 
@@ -94,7 +103,7 @@ export interface AttentionCall {
   n: number;
   /** The word of the binding's positions buffer added to n (default 0); only with a positions buffer. */
   posIndex?: number;
-  /** Query tokens, 1..4. */
+  /** Query tokens, 1..MAX_ATTENTION_TOKENS. */
   S: number;
   /** The layer's first key/value element, in halves (a multiple of 8); default 0. */
   cacheOffset?: number;
@@ -135,8 +144,8 @@ export class DecoderAttention implements Disposable {
     const group = heads / kvHeads;
     if (!(ATTENTION_GQA as readonly number[]).includes(group)) throw new InvalidArgumentError(`heads / kvHeads must be 1, 2, 4 or 8, got ${group}`);
     if (!Number.isInteger(chunk) || chunk < 1 || chunk > 1024) throw new InvalidArgumentError(`chunk must be an integer in 1..1024, got ${chunk}`);
-    if (!Number.isInteger(wg) || wg < MAX_ATTENTION_TOKENS * group || wg > device.info.limits.maxComputeWorkGroupInvocations) {
-      throw new InvalidArgumentError(`workgroupSize ${wg} must be at least ${MAX_ATTENTION_TOKENS * group} (heads per KV head x 4 tokens) and at most maxComputeWorkGroupInvocations`);
+    if (!Number.isInteger(wg) || wg < DECODE_ATTENTION_TOKENS * group || wg > device.info.limits.maxComputeWorkGroupInvocations) {
+      throw new InvalidArgumentError(`workgroupSize ${wg} must be at least ${DECODE_ATTENTION_TOKENS * group} (heads per KV head x ${DECODE_ATTENTION_TOKENS} tokens) and at most maxComputeWorkGroupInvocations`);
     }
     if (this.sharedBytes(group, headDim, chunk) > device.info.limits.maxComputeSharedMemorySize) {
       throw new InvalidArgumentError(`chunk ${chunk} needs ${this.sharedBytes(group, headDim, chunk)} B of shared memory for one token (limit ${device.info.limits.maxComputeSharedMemorySize})`);
@@ -151,30 +160,44 @@ export class DecoderAttention implements Disposable {
     this.unroll = options.unroll ?? device.info.type !== 4;
     this.combinePipeline = new ComputePipeline(device, {
       spirv: shaderFile(DEC_ATTENTION_COMBINE.name), storageBuffers: DEC_ATTENTION_COMBINE.storageBuffers,
-      pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim, 2: chunk },
+      pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim },
     });
     this.pool = new DescriptorPool(device, 2 * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers) * maxBindings);
   }
 
+  /** Pass 1's shared memory for `rows` query rows: q, scores, the span's running values and state. */
   private sharedBytes(rows: number, headDim = this.headDim, chunk = this.chunk): number {
-    return 4 * rows * (headDim + chunk);
+    return 4 * rows * (2 * headDim + chunk + 3);
   }
 
-  /** Tokens one pass-1 workgroup serves for S tokens: as many as fit its shared memory. */
+  /** Tokens one pass-1 workgroup serves for S tokens: as many as its registers, threads and shared memory allow. */
   tokensPerGroup(S: number): number {
-    let T = S;
+    let T = Math.max(1, Math.min(S, Math.floor(Math.min(MAX_GROUP_ROWS, this.workgroupSize) / this.group)));
     while (T > 1 && this.sharedBytes(this.group * T) > this.device.info.limits.maxComputeSharedMemorySize) T--;
     return T;
   }
 
-  /** Pass-1 workgroups along x (and partial records per row) for a context of `positions`. */
-  chunks(positions: number): number {
-    return Math.ceil(positions / this.chunk);
+  /** Chunks of `chunk` positions a pass-1 workgroup walks for a call of S tokens over `positions`. */
+  itersPerSpan(positions: number, S: number): number {
+    const chunks = Math.ceil(positions / this.chunk);
+    return S <= DECODE_ATTENTION_TOKENS ? 1 : Math.max(1, Math.ceil(chunks / PREFILL_SPANS));
+  }
+
+  /** Pass-1 workgroups along x (and partial records per row) for S tokens over `positions`. */
+  spans(positions: number, S: number = 1): number {
+    return Math.ceil(positions / (this.chunk * this.itersPerSpan(positions, S)));
   }
 
   /** Bytes of partials scratch for S tokens when the last token sees `maxPositions` positions. */
   partialBytes(maxPositions: number, S: number = MAX_ATTENTION_TOKENS): number {
-    return 4 * S * this.heads * this.chunks(maxPositions) * (this.headDim + 4);
+    return 4 * S * this.heads * this.spans(maxPositions, S) * (this.headDim + 4);
+  }
+
+  /** Bytes of partials scratch every call of 1..maxS tokens over at most `maxPositions` positions fits in. */
+  partialBytesUpTo(maxPositions: number, maxS: number = MAX_ATTENTION_TOKENS): number {
+    let most = 0;
+    for (let S = 1; S <= maxS; S++) most = Math.max(most, this.partialBytes(maxPositions, S));
+    return most;
   }
 
   /** The first key/value element of `layer` in a cache of `ctx` positions per layer (halves). */
@@ -230,7 +253,8 @@ export class DecoderAttention implements Disposable {
     if (!Number.isInteger(cacheOffset) || cacheOffset < 0 || cacheOffset % 8 !== 0) throw new InvalidArgumentError(`cacheOffset must be a non-negative multiple of 8 halves, got ${cacheOffset}`);
     if (!Number.isInteger(qOffset) || qOffset < 0 || qOffset % 4 !== 0) throw new InvalidArgumentError(`qOffset must be a non-negative multiple of 4 floats, got ${qOffset}`);
     if (!Number.isInteger(outOffset) || outOffset < 0) throw new InvalidArgumentError(`outOffset must be a non-negative integer, got ${outOffset}`);
-    const numChunks = this.chunks(positions);
+    const iters = this.itersPerSpan(positions, S);
+    const numChunks = this.spans(positions, S);
     const need = this.partialBytes(positions, S);
     if (BigInt(need) > binding.partials.size) throw new InvalidArgumentError(`partials scratch of ${binding.partials.size} B, ${need} B needed`);
     const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
@@ -242,10 +266,10 @@ export class DecoderAttention implements Disposable {
     const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
     words.forEach((w, i) => pc.setUint32(4 * i, w, true));
     pc.setFloat32(36, 1 / Math.sqrt(this.headDim), true);
-    [posIndex, flags, positions].forEach((w, i) => pc.setUint32(40 + 4 * i, w, true));
+    [posIndex, flags, positions, iters].forEach((w, i) => pc.setUint32(40 + 4 * i, w, true));
     cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, DEC_ATTENTION.pushConstantBytes)).dispatch(numChunks, this.kvHeads, Math.ceil(S / T));
     cb.barrier("computeToCompute");
-    [n, S, this.heads, numChunks, outOffset, posIndex, flags, positions].forEach((w, i) => pc.setUint32(4 * i, w, true));
+    [n, S, this.heads, numChunks, outOffset, posIndex, flags, positions, this.chunk * iters].forEach((w, i) => pc.setUint32(4 * i, w, true));
     cb.bind(this.combinePipeline, binding.combine).pushConstants(this.combinePipeline, new Uint8Array(pc.buffer, 0, DEC_ATTENTION_COMBINE.pushConstantBytes)).dispatch(this.heads, S);
   }
 

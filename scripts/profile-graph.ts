@@ -1,20 +1,22 @@
 // Where a decode token's GPU time goes on the whole-token path: one token recorded with a GPU
 // timestamp after every op, after a prompt of --context tokens (and --warm untimed tokens to raise
-// the clocks), summed per op kind over the layers, as the median of --reps tokens.
+// the clocks), summed per op kind over the layers, as the median of --reps tokens. --tokens N
+// profiles a prompt chunk of N tokens in one replay instead (prefill).
 //
-//   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64]
+//   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64] [--tokens 1]
 import { parseArgs } from "node:util";
 import { z } from "zod";
+import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
 import { Model } from "../src/model/model.ts";
 import { args, fail } from "./lib/cli.ts";
 
 const SCRIPT = "profile-graph";
-const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N]";
+const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N] [--tokens N]";
 const count = (min: number) => z.coerce.number().int().min(min);
-let flags: { model: string; context: number; reps: number; warm: number };
+let flags: { model: string; context: number; reps: number; warm: number; tokens: number };
 try {
-  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" } }, strict: true, allowPositionals: false });
-  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64) }).safeParse(values);
+  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" }, tokens: { type: "string" } }, strict: true, allowPositionals: false });
+  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), tokens: count(1).max(GRAPH_MAX_TOKENS).default(1) }).safeParse(values);
   if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
   flags = parsed.data;
 } catch (e) {
@@ -25,7 +27,7 @@ using model = await Model.load(flags.model, { log: (l) => console.error(l) });
 if (model.device.mode !== "resident") fail(SCRIPT, `the model runs ${model.device.mode} (${model.device.why}); the whole-token profile needs it resident`);
 const V = model.config.vocab;
 const ids = Array.from({ length: flags.context }, (_, i) => (i * 7919 + 13) % V);
-using session = model.session({ ctx: flags.context + flags.warm + flags.reps + 1 });
+using session = model.session({ ctx: flags.context + flags.warm + flags.reps * flags.tokens + 1 });
 session.prefill(ids);
 let id = 1;
 for (let i = 0; i < flags.warm; i++) id = session.stepGreedy(id).id;
@@ -34,7 +36,8 @@ const runs = new Map<string, number[]>();
 const perToken = new Map<string, number>();
 const totals: number[] = [];
 for (let r = 0; r < flags.reps; r++) {
-  const split = session.profileStep(id);
+  const chunk = Array.from({ length: flags.tokens }, (_, i) => (id * 31 + 7 * i) % V);
+  const split = flags.tokens === 1 ? session.profileStep(id) : session.profileChunk(chunk);
   id = (id * 31 + 7) % V;
   const byOp = new Map<string, number>();
   for (const { op, us } of split) byOp.set(op, (byOp.get(op) ?? 0) + us);
@@ -45,7 +48,8 @@ for (let r = 0; r < flags.reps; r++) {
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const total = median(totals);
 console.log(model.device.why);
-console.log(`one decode token at position ${flags.context + flags.warm}: ${total.toFixed(0)} µs of GPU time (median of ${flags.reps}), ${session.dispatchesPerToken} dispatches; per op kind, summed over the token:`);
+const what = flags.tokens === 1 ? "one decode token" : `a prompt chunk of ${flags.tokens} tokens (${(total / flags.tokens).toFixed(0)} µs a token)`;
+console.log(`${what} at position ${flags.context + flags.warm}: ${total.toFixed(0)} µs of GPU time (median of ${flags.reps}); per op kind, summed over the layers:`);
 console.log("| op | µs | share | µs each (runs per token) |");
 console.log("|---|---:|---:|---:|");
 for (const [op, samples] of runs) {

@@ -477,12 +477,14 @@ export class GraphSequence implements Disposable {
   }
 
   /**
-   * Runs token `id` at `position` once through a recording with a timestamp after every op (a
+   * Runs tokens `ids` from `position` once through a recording with a timestamp after every op (a
    * profiler's recording, not the replayed one: the timestamps cost a little) and returns each
    * op's GPU µs in order, the time since the previous op ended.
    */
-  profile(id: number, position: number, output: GraphOutput): { op: string; us: number }[] {
-    if (!Number.isInteger(position) || position < 0 || position >= this.ctx) throw new InvalidArgumentError(`position ${position} is outside the context 0..${this.ctx - 1}`);
+  profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[] {
+    const S = ids.length;
+    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a profile runs 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
+    if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
     const device = this.graph.device;
     const names: string[] = [];
     const cfg = this.graph.cfg;
@@ -490,16 +492,16 @@ export class GraphSequence implements Disposable {
     using pool = new CommandPool(device);
     const cb = pool.allocate().begin();
     cb.resetQueries(queries).timestamp(queries, 0);
-    this.graph.recordToken(cb, this.cache, output, 1, (op) => {
+    this.graph.recordToken(cb, this.cache, output, S, (op) => {
       names.push(op);
       cb.timestamp(queries, names.length);
     });
     cb.end();
     using fence = new Fence(device);
     using submission = new Submission(device, [cb], { fence });
-    this.graph.writeInput([id], position);
+    this.graph.writeInput(ids, position);
     submission.submit();
-    if (!fence.wait()) throw new Error("decode graph: the profiled token did not finish within the timeout");
+    if (!fence.wait()) throw new Error("decode graph: the profiled tokens did not finish within the timeout");
     const t = queries.results(0, names.length + 1);
     return names.map((op, i) => ({ op, us: (Number(t[i + 1]! - t[i]!) * this.tick) / 1000 }));
   }

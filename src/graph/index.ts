@@ -39,8 +39,8 @@ export interface DeviceSequence extends Disposable {
   readonly lastGpuUs: number;
   /** Graph submits per run: 1 resident; split, one per layer and the head. */
   readonly submitsPerRun: number;
-  /** One token through a recording with a timestamp after every op: each op's GPU µs, in order. */
-  profile(id: number, position: number, output: GraphOutput): { op: string; us: number }[];
+  /** 1..GRAPH_MAX_TOKENS consecutive tokens through a recording with a timestamp after every op: each op's GPU µs, in order. */
+  profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[];
 }
 
 export interface DeviceDecoder extends Disposable {

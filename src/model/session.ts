@@ -145,12 +145,17 @@ export class Session implements Disposable {
    * op and returns each op's GPU µs, in order; the token joins the session as a step would.
    */
   profileStep(id: number): { op: string; us: number }[] {
+    return this.profileChunk([id]);
+  }
+
+  /** As profileStep for a prompt chunk of 1..GRAPH_MAX_TOKENS tokens in one replay. */
+  profileChunk(ids: readonly number[]): { op: string; us: number }[] {
     if (!this.device) throw new InvalidArgumentError(`profiling needs the whole token on the GPU (this session runs on the ${this.path})`);
-    this.checkRoom(1);
-    this.checkIds([id]);
-    const split = this.device.profile(id, this.tokens.length, "argmax");
-    this.tokens.push(id);
-    this.counts.tokens++;
+    this.checkRoom(ids.length);
+    this.checkIds(ids);
+    const split = this.device.profile(ids, this.tokens.length, "argmax");
+    this.tokens.push(...ids);
+    this.counts.tokens += ids.length;
     this.counts.submits++;
     return split;
   }

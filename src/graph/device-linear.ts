@@ -1,10 +1,12 @@
 /**
  * A decoder matrix in device memory with the kernel that multiplies by it: float weights
  * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, q4/q8 QuantMatrix
- * through QuantGemvKernel.
+ * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
+ * QuantGemmKernel (tiles that read each weight once for the whole chunk).
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
+import { QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
@@ -13,10 +15,14 @@ import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
+/** Calls of this many tokens or more run q4/q8 matrices through the tiled GEMM instead of the GEMV. */
+export const GEMM_FROM_TOKENS = 8;
+
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
 export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
   private readonly quant = new Map<string, QuantGemvKernel>();
+  private readonly gemm = new Map<string, QuantGemmKernel>();
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -38,9 +44,17 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
+  gemmKernel(m: QuantLinear["matrix"]): QuantGemmKernel {
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+    let k = this.gemm.get(key);
+    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
+    return k;
+  }
+
   [Symbol.dispose](): void {
     this.half?.[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
+    for (const k of this.gemm.values()) k[Symbol.dispose]();
   }
 }
 
@@ -88,7 +102,9 @@ export class DeviceLinear implements Disposable {
         this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
     } else {
-      this.kernels.quantKernel(this.matrix!.matrix as QuantLinear["matrix"]).record(cb, { matrix: this.matrix!, x, y, S, xOffset, yOffset });
+      const m = this.matrix!.matrix as QuantLinear["matrix"];
+      const kernel = S >= GEMM_FROM_TOKENS ? this.kernels.gemmKernel(m) : this.kernels.quantKernel(m);
+      kernel.record(cb, { matrix: this.matrix!, x, y, S, xOffset, yOffset });
     }
   }
 

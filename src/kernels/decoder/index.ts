@@ -6,5 +6,6 @@ export { ARGMAX_NONE, DEC_ARGMAX, ArgmaxKernel, type ArgmaxArgs, type ArgmaxKern
 export { DEC_TOPK, TOPK_MAX, TopKKernel, type TopKArgs, type TopKKernelOptions } from "./topk.ts";
 export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions } from "./attention.ts";
 export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type GemvHalfKernelOptions, type HalfDType } from "./gemv-half.ts";
+export { DEC_GEMM_QUANT, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel } from "./quant-gemm.ts";
 export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs } from "./group-experts.ts";
 export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type RouteArgs, type RouteKernelOptions } from "./route.ts";

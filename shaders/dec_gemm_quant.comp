@@ -1,0 +1,115 @@
+#version 450
+// dec_gemm_quant: y[s, o] = sum_i x[s, i] * dequant(W)[o, i] for a prompt chunk of S tokens on
+// q4/q8 weights (FORMATS.md), tiled: one workgroup per block of BM = 32 rows and BN = 64 tokens
+// walks the columns 32 at a time (one q4 uvec4, two q8 uvec4s per row: one scale group, as every
+// group size is a multiple of 32), dequantizing the weight tile to f32 in shared memory once
+// for all 64 tokens and the x tile once for all 32 rows; each of the 128 threads then
+// accumulates a 4 x 4 (rows x tokens) register tile. Rows past O and tokens past S compute
+// zeros that are never stored; columns past I read x as 0 (the weights' padding may hold
+// anything). The GEMV kernels read each weight once per few tokens (their register chunk); this
+// reads it once per 64.
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint QBITS = 4u;        // 4 or 8
+layout(constant_id = 1) const bool SCALE_F16 = true;
+layout(constant_id = 2) const uint GROUP_SIZE = 32u;  // 32, 64 or 128
+
+const uint BM = 32u;  // rows per workgroup
+const uint BN = 64u;  // tokens per workgroup
+const uint BK = 32u;  // columns per step
+
+layout(std430, binding = 0) readonly restrict buffer WW { uint wWords[]; };
+layout(std430, binding = 1) readonly restrict buffer SC { uint sWords[]; };
+layout(std430, binding = 2) readonly restrict buffer XS { float xs[]; };
+layout(std430, binding = 2) readonly restrict buffer XV { vec4 xv[]; };
+layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
+layout(push_constant, std430) uniform PC {
+    uint O;
+    uint I;
+    uint S;
+    uint rowWords;
+    uint groupsPerRow;
+    uint weightOffset;  // uvec4 units
+    uint scaleOffset;   // words
+    uint xOffset;       // floats
+    uint yOffset;       // floats
+} pc;
+
+// [column][row / 4] and [column][token / 4]: the compute loop reads one vec4 of each per column
+shared vec4 wTile[BK][BM / 4u];
+shared vec4 xTile[BK][BN / 4u];
+
+float scaleOf(uint k) {
+    return SCALE_F16 ? unpackHalf2x16(sWords[pc.scaleOffset + (k >> 1u)])[k & 1u] : uintBitsToFloat(sWords[pc.scaleOffset + k]);
+}
+
+void main() {
+    const uint t = gl_LocalInvocationIndex;
+    const uint rowBase = gl_WorkGroupID.x * BM;
+    const uint tokBase = gl_WorkGroupID.y * BN;
+    const uint ty = t / 16u, tx = t % 16u;  // this thread's rows ty*4.., tokens tx*4..
+    // the weight tile: thread t dequantizes 8 columns (lr/4 .. of the step) of row lr
+    const uint lr = t / 4u, lc = (t % 4u) * 8u;
+    const uint wRow = rowBase + lr;
+    const bool xAligned = ((pc.xOffset | pc.I) & 3u) == 0u;
+    float acc[4][4];
+    [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
+
+    for (uint k0 = 0u; k0 < pc.I; k0 += BK) {
+        // weights: 8 columns of row lr, dequantized (0 past O)
+        float w[8];
+        if (wRow < pc.O) {
+            const float d = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
+            const uint rowWord = pc.weightOffset * 4u + wRow * pc.rowWords;
+            if (QBITS == 4u) {
+                // word k0/8 + t%4 holds columns 8w .. 8w+7: low nibbles of its bytes first, then the high
+                const uint word = wWords[rowWord + k0 / 8u + t % 4u];
+                [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                    w[i] = d * float(int((word >> (8u * i)) & 15u) - 8);
+                    w[i + 4u] = d * float(int((word >> (8u * i + 4u)) & 15u) - 8);
+                }
+            } else {
+                // a q8 row ends on a uvec4 (16 columns): the last step's second half may lie past it
+                const uint wi = k0 / 4u + (t % 4u) * 2u;
+                const uint w0 = wi < pc.rowWords ? wWords[rowWord + wi] : 0u;
+                const uint w1 = wi + 1u < pc.rowWords ? wWords[rowWord + wi + 1u] : 0u;
+                [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                    w[i] = d * float(bitfieldExtract(int(w0), int(8u * i), 8));
+                    w[i + 4u] = d * float(bitfieldExtract(int(w1), int(8u * i), 8));
+                }
+            }
+        } else {
+            [[unroll]] for (uint i = 0u; i < 8u; i++) w[i] = 0.0;
+        }
+        [[unroll]] for (uint i = 0u; i < 8u; i++) wTile[lc + i][lr / 4u][lr % 4u] = w[i];
+        // x: 64 tokens x 32 columns, 4 vec4s per thread (0 past S and past I)
+        [[unroll]] for (uint m = 0u; m < 4u; m++) {
+            const uint e = t + 128u * m;
+            const uint tok = e / 8u, c = (e % 8u) * 4u;
+            const uint s = tokBase + tok, col = k0 + c;
+            vec4 v = vec4(0.0);
+            if (s < pc.S) {
+                const uint xb = pc.xOffset + s * pc.I + col;
+                if (xAligned && col + 4u <= pc.I) v = xv[xb >> 2u];
+                else [[unroll]] for (uint q = 0u; q < 4u; q++) v[q] = col + q < pc.I ? xs[xb + q] : 0.0;
+            }
+            [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = v[q];
+        }
+        barrier();
+        [[unroll]] for (uint k = 0u; k < BK; k++) {
+            const vec4 a = wTile[k][ty];
+            const vec4 b = xTile[k][tx];
+            [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] += a[i] * b[j];
+        }
+        barrier();
+    }
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        const uint s = tokBase + tx * 4u + j;
+        if (s >= pc.S) continue;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            const uint row = rowBase + ty * 4u + i;
+            if (row < pc.O) yb[pc.yOffset + s * pc.O + row] = acc[i][j];
+        }
+    }
+}

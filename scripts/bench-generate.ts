@@ -108,7 +108,10 @@ const halfGen = flags["half-gen"] ?? Math.min(flags.gen, 32);
 // ---- bytes one decode token reads --------------------------------------------------------------
 
 /** Bytes per weight of each tensor type vkmoe reads (Q4_0: f16 scale + 32 nibbles per 32 weights). */
-const BYTES_PER_WEIGHT: Record<TensorDType, number> = { F32: 4, F16: 2, BF16: 2, Q8_0: 34 / 32, Q4_0: 18 / 32 };
+const BYTES_PER_WEIGHT: Record<TensorDType, number> = {
+  F32: 4, F16: 2, BF16: 2, Q8_0: 34 / 32, Q4_0: 18 / 32,
+  Q4_1: 20 / 32, Q5_0: 22 / 32, Q5_1: 24 / 32, Q4_K: 144 / 256, Q5_K: 176 / 256, Q6_K: 210 / 256,
+};
 
 interface TokenBytes {
   /** Per layer, summed over layers: attention (q/k/v/o + q/k norms), router, other dense tensors (norms, dense MLPs, shared experts). */

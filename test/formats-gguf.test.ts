@@ -417,21 +417,21 @@ describe("GGUF: bad files", () => {
   });
 
   test("an unsupported tensor type names the first such tensor, its type and what is supported", async () => {
-    const path = writeGguf("q4k.gguf", {
+    const path = writeGguf("q2k.gguf", {
       kv: [["general.architecture", "qwen3moe"]],
       tensors: [
         { name: "blk.0.attn_norm.weight", ne: [256], type: 0, bytes: 1024 },
-        { name: "blk.0.ffn_down_exps.weight", ne: [256, 4], type: 12, bytes: 4 * 144 }, // Q4_K: 144-byte blocks of 256
-        { name: "blk.0.ffn_gate_exps.weight", ne: [256, 4], type: 14, bytes: 4 * 210 }, // Q6_K
-        { name: "blk.0.ffn_up_exps.weight", ne: [256, 4], type: 12, bytes: 4 * 144 },
+        { name: "blk.0.ffn_down_exps.weight", ne: [256, 4], type: 10, bytes: 4 * 84 }, // Q2_K: 84-byte blocks of 256
+        { name: "blk.0.ffn_gate_exps.weight", ne: [256, 4], type: 11, bytes: 4 * 110 }, // Q3_K
+        { name: "blk.0.ffn_up_exps.weight", ne: [256, 4], type: 10, bytes: 4 * 84 },
       ],
     });
     const error = await openGguf(path).catch((e) => e);
     expect(error).toBeInstanceOf(UnsupportedTensorTypeError);
     expect(error.tensor).toBe("blk.0.ffn_down_exps.weight");
-    expect(error.type).toBe("Q4_K");
+    expect(error.type).toBe("Q2_K");
     expect(error.message).toBe(
-      `${path}: tensor "blk.0.ffn_down_exps.weight" is Q4_K (unreadable tensors: 2 Q4_K, 1 Q6_K); vkmoe reads F32, F16, BF16, Q8_0, Q4_0: requantize with llama-quantize to Q8_0 or Q4_0`,
+      `${path}: tensor "blk.0.ffn_down_exps.weight" is Q2_K (unreadable tensors: 2 Q2_K, 1 Q3_K); vkmoe reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: requantize with llama-quantize to Q8_0 or Q4_0`,
     );
   });
 

@@ -237,8 +237,8 @@ beforeAll(() => {
   writeFileSync(paths.ggufHeader, gguf.subarray(0, 100_000));
   paths.ggufData = join(tmp, "data.gguf");
   writeFileSync(paths.ggufData, gguf.subarray(0, gguf.length - 1_000_000));
-  paths.ggufQ4K = join(tmp, "q4k.gguf");
-  writeFileSync(paths.ggufQ4K, patchGgufType(gguf, "blk.1.ffn_down_exps.weight", 12));
+  paths.ggufQ2K = join(tmp, "q2k.gguf");
+  writeFileSync(paths.ggufQ2K, patchGgufType(gguf, "blk.1.ffn_down_exps.weight", 10)); // Q2_K: still unreadable
   paths.dumped = join(tmp, "logits.f32");
 });
 
@@ -270,8 +270,8 @@ errorTest("a tensor whose dtype disagrees with its byte size (BF16 → F32)", ()
   () => ["model.layers.0.input_layernorm.weight", "128 bytes", "256"]);
 errorTest("an unsupported GGUF architecture (qwen35moe)", () => ["--model", q35!, "--prompt", "hi"], () => ["qwen35moe", "not supported", "qwen3moe"]);
 errorTest("an unsupported HF model_type (llama)", () => ["--model", paths.llama!, "--prompt", "hi"], () => ['"llama"', "not supported", "qwen3_moe"]);
-errorTest("an unsupported GGUF tensor type (Q4_K)", () => ["--model", paths.ggufQ4K!, "--prompt", "hi"],
-  () => ["blk.1.ffn_down_exps.weight", "Q4_K", "Q8_0", "Q4_0"]);
+errorTest("an unsupported GGUF tensor type (Q2_K)", () => ["--model", paths.ggufQ2K!, "--prompt", "hi"],
+  () => ["blk.1.ffn_down_exps.weight", "Q2_K", "Q8_0", "Q4_0"]);
 
 test.concurrent("a prompt longer than --ctx names both numbers", async () => {
   if (!ready()) return;

@@ -2,6 +2,7 @@
  * ggml tensor types as GGUF stores them: the ids of ggml.h's `enum ggml_type` (stable; the
  * removed Q4_2/Q4_3/Q4_0_4_4... ids are gaps), and the byte sizes of the ones vkmoe reads.
  */
+import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES } from "../quant/ggml-blocks.ts";
 import type { TensorDType } from "./tensor.ts";
 
 const GGML_TYPE_NAMES: Record<number, string> = {
@@ -29,6 +30,12 @@ const READABLE: Record<number, Encoding> = {
   30: { dtype: "BF16", blockElements: 1, blockBytes: 2 },
   8: { dtype: "Q8_0", blockElements: 32, blockBytes: 34 }, // f16 scale + 32 × i8
   2: { dtype: "Q4_0", blockElements: 32, blockBytes: 18 }, // f16 scale + 32 × 4-bit
+  // Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: opened as views in their block layout (src/quant/ggml-blocks.ts);
+  // the model layer says where it cannot use them.
+  ...Object.fromEntries(GGML_BLOCK_TYPES.map((t) => {
+    const { ggmlType, blockElements, blockBytes } = GGML_BLOCK_LAYOUTS[t];
+    return [ggmlType, { dtype: t, blockElements, blockBytes }];
+  })),
 };
 
 export function readableGgmlType(type: number): Encoding | undefined {

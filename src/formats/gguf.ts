@@ -1,7 +1,7 @@
 /**
  * GGUF files (llama.cpp's format, v3 and v2): the header parsed from the mapped file, each tensor
- * a view into its data. Types vkmoe reads: F32, F16, BF16, Q8_0, Q4_0; a file holding any other is
- * refused at open, naming its first such tensor.
+ * a view into its data. Types vkmoe reads: TENSOR_DTYPES (floats, Q8_0, Q4_0 and GGML's Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K blocks); a file holding any other is refused at open, naming its first such tensor.
  */
 import type { MappedFile } from "../ffi/index.ts";
 import { ModelFileError, TruncatedFileError, UnsupportedTensorTypeError } from "./errors.ts";

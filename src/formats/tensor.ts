@@ -3,9 +3,9 @@
  * mapped file, and the file's metadata. GGUF and Hugging Face safetensors both come out as this.
  */
 
-/** Tensor encodings vkmoe reads. GGUF's Q8_0/Q4_0 keep their block layout in `bytes`. */
-export type TensorDType = "F32" | "F16" | "BF16" | "Q8_0" | "Q4_0";
-export const TENSOR_DTYPES: readonly TensorDType[] = ["F32", "F16", "BF16", "Q8_0", "Q4_0"];
+/** Tensor encodings vkmoe reads. GGUF's block types (Q8_0, Q4_0, ..., Q6_K) keep their block layout in `bytes`. */
+export type TensorDType = "F32" | "F16" | "BF16" | "Q8_0" | "Q4_0" | "Q4_1" | "Q5_0" | "Q5_1" | "Q4_K" | "Q5_K" | "Q6_K";
+export const TENSOR_DTYPES: readonly TensorDType[] = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"];
 
 export interface TensorView {
   name: string;

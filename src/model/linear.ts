@@ -1,9 +1,12 @@
 /**
  * A weight matrix the decoder multiplies by on the CPU path: y[S, rows] = x[S, cols] · Wᵀ. Float
  * weights are read in place from the mapped file (f32/f16/bf16, one row converted at a time and
- * reused for all S tokens); quantized ones are QuantMatrix (q4/q8, lossless from GGUF Q4_0/Q8_0).
+ * reused for all S tokens); quantized ones are QuantMatrix (q4/q8, lossless from GGUF Q4_0/Q8_0), or
+ * GGML blocks (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) read in place from the file by a CPU GEMV.
  */
 import { gemvCpu } from "../quant/gemv-cpu.ts";
+import { checkGgmlScalesFinite, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
+import { gemvGgmlBlocks } from "../quant/ggml-gemv.ts";
 import { f16ToF32Table } from "../quant/half.ts";
 import type { QuantMatrix } from "../quant/types.ts";
 import type { TensorDType } from "../formats/tensor.ts";
@@ -11,7 +14,7 @@ import type { TensorDType } from "../formats/tensor.ts";
 export interface Linear {
   readonly rows: number;
   readonly cols: number;
-  /** "f32", "bf16", "f16", "q8", "q4": what the weights are held as. */
+  /** "f32", "bf16", "f16", "q8", "q4", or a GGML block type in lower case ("q4_k"): what the weights are held as. */
   readonly kind: string;
   /** Bytes the weights take where they are held. */
   readonly bytes: number;
@@ -95,6 +98,29 @@ export class QuantLinear implements Linear {
       const n = Math.min(64, S - s0);
       gemvCpu(this.matrix, x.subarray(s0 * cols, (s0 + n) * cols), n, y.subarray(s0 * rows, (s0 + n) * rows));
     }
+  }
+}
+
+/** A GGML block tensor used in place (CPU only: the GPU graph refuses this kind with GraphUnsupportedError). */
+export class GgmlBlockLinear implements Linear {
+  readonly rows: number;
+  readonly cols: number;
+  readonly kind: string;
+  readonly bytes: number;
+  readonly tensor: GgmlBlockTensor;
+  /** Checks the byte length and that every block scale is finite (GgufLayoutError / NonFiniteValueError naming `name`). */
+  constructor(type: GgmlBlockType, bytes: Uint8Array, rows: number, cols: number, name?: string) {
+    this.tensor = ggmlBlockTensor(type, bytes, rows, cols, name);
+    checkGgmlScalesFinite(this.tensor, name);
+    this.rows = rows;
+    this.cols = cols;
+    this.kind = type.toLowerCase();
+    this.bytes = bytes.byteLength;
+  }
+
+  apply(x: Float32Array, S: number, y: Float32Array): void {
+    // Callers may pass longer buffers (as for the other kinds); the GEMV checks exact lengths.
+    gemvGgmlBlocks(this.tensor, x.subarray(0, S * this.cols), S, y.subarray(0, S * this.rows));
   }
 }
 

@@ -6,13 +6,14 @@
  */
 import type { TensorFile, TensorView } from "../formats/tensor.ts";
 import { fromGgufQ4_0, fromGgufQ8_0 } from "../quant/gguf.ts";
+import { dequantizeGgmlRow, ggmlBlockTensor, isGgmlBlockType } from "../quant/ggml-blocks.ts";
 import { dequantize } from "../quant/dequantize.ts";
 import { createQuantMatrix, getQ, setQ } from "../quant/layout.ts";
 import { quantize } from "../quant/quantize.ts";
 import type { QuantFormat, QuantMatrix } from "../quant/types.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import { ModelWeightsError } from "./errors.ts";
-import { FloatLinear, floatElements, isFloatDType, QuantLinear, readFloatRow, type FloatDType, type Linear } from "./linear.ts";
+import { FloatLinear, floatElements, GgmlBlockLinear, isFloatDType, QuantLinear, readFloatRow, type FloatDType, type Linear } from "./linear.ts";
 
 /** How float checkpoint weights are held: "none" keeps them float (exact); q8/q4 quantize on load. */
 export type WeightQuant = "none" | "q8" | "q4";
@@ -150,6 +151,7 @@ function toLinear(t: TensorView, rows: number, cols: number, quant: WeightQuant,
   let m: QuantMatrix;
   if (t.dtype === "Q8_0") m = fromGgufQ8_0(t.bytes, rows, cols);
   else if (t.dtype === "Q4_0") m = fromGgufQ4_0(t.bytes, rows, cols);
+  else if (isGgmlBlockType(t.dtype)) return new GgmlBlockLinear(t.dtype, t.bytes, rows, cols, `${where}: tensor ${t.name}`); // in place, CPU GEMV
   else {
     if (!isFloatDType(t.dtype)) throw new ModelWeightsError(`${where}: tensor ${t.name} has type ${t.dtype}`);
     const data = floatElements(t.dtype, t.bytes);
@@ -239,6 +241,10 @@ function embeddingReader(t: TensorView, D: number, where: string): (id: number, 
     const data = floatElements(dtype, t.bytes);
     return (id, out) => readFloatRow(dtype, data, id, D, out);
   }
+  if (isGgmlBlockType(t.dtype)) {
+    const blocks = ggmlBlockTensor(t.dtype, t.bytes, t.shape[0] ?? 1, D, `${where}: embedding ${t.name}`);
+    return (id, out) => dequantizeGgmlRow(blocks, id, out);
+  }
   if (t.dtype !== "Q8_0" && t.dtype !== "Q4_0") throw new ModelWeightsError(`${where}: embedding ${t.name} of type ${t.dtype} cannot be read`);
   // One row at a time through the lossless GGUF conversion: a token's embedding is 1 x D.
   const rowBytes = t.bytes.byteLength / (t.shape[0] ?? 1);
@@ -261,6 +267,11 @@ function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number
   const all = [gate, up, down];
   const quantTypes = new Set(all.map((t) => t.dtype));
   const float = all.every((t) => isFloatDType(t.dtype));
+  const unusable = all.find((t) => !isFloatDType(t.dtype) && t.dtype !== "Q8_0" && t.dtype !== "Q4_0");
+  if (unusable) {
+    // K-quant (and Q4_1/Q5_x) experts open but have no expert kernels yet: dense tensors of these types do work.
+    throw new ModelWeightsError(`${r.where}: tensor ${unusable.name} is ${unusable.dtype}; routed experts must be Q8_0 or Q4_0 (or all float) for now: requantize with llama-quantize to Q8_0 or Q4_0`);
+  }
   if (!float && !all.every((t) => t.dtype === "Q8_0" || t.dtype === "Q4_0")) {
     throw new ModelWeightsError(`${r.where}: layer ${l} mixes float and quantized expert tensors (${[...quantTypes].join(", ")}); vkmoe needs them alike`);
   }

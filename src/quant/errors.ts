@@ -22,5 +22,5 @@ export class NonFiniteValueError extends InvalidArgumentError {}
 /** A scale that cannot be stored in the requested scale type (f16 overflow). */
 export class ScaleRangeError extends InvalidArgumentError {}
 
-/** A GGUF tensor whose shape or byte length does not fit Q4_0/Q8_0 blocks. */
+/** A GGUF tensor whose shape or byte length does not fit its blocks (Q4_0/Q8_0, or GGML's Q4_1 ... Q6_K). */
 export class GgufLayoutError extends InvalidArgumentError {}

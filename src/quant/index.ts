@@ -1,4 +1,4 @@
-/** Quantized weight formats, conversion, and the CPU GEMV. Formats are specified in FORMATS.md. */
+/** Quantized weight formats, conversion, GGML block formats, and the CPU GEMVs. Formats are specified in FORMATS.md. */
 export type { DenseSource, GroupSize, QuantFormat, QuantMatrix, QuantizeOptions, ScaleType } from "./types.ts";
 export { MAX_TOKENS, SUPPORTED_FORMATS, SUPPORTED_GROUP_SIZES, SUPPORTED_SCALE_TYPES } from "./types.ts";
 export {
@@ -38,6 +38,19 @@ export { checkGemvArgs, validateQuantMatrix } from "./validate.ts";
 export { quantize } from "./quantize.ts";
 export { dequantize } from "./dequantize.ts";
 export { fromGgufQ4_0, fromGgufQ8_0 } from "./gguf.ts";
+export {
+  checkGgmlScalesFinite,
+  dequantizeGgml,
+  dequantizeGgmlRow,
+  GGML_BLOCK_LAYOUTS,
+  GGML_BLOCK_TYPES,
+  ggmlBlockTensor,
+  isGgmlBlockType,
+  type GgmlBlockLayout,
+  type GgmlBlockTensor,
+  type GgmlBlockType,
+} from "./ggml-blocks.ts";
+export { gemvGgmlBlocks } from "./ggml-gemv.ts";
 export { gateUpReference, gemvReference } from "./gemv-reference.ts";
 export { gateUpCpu, gemvCpu } from "./gemv-cpu.ts";
 export { frexpExponent, gemvIntDotEmulated, quantizeActivations, type QuantizedActivations } from "./intdot.ts";

@@ -1,0 +1,8 @@
+/** The engine host: an OpenAI-compatible HTTP server over a loaded model (Bun and Deno). */
+export { createHost, startServer, type Host, type HostOptions, type RunningServer } from "./server.ts";
+export { HostConfigError, isLoopback, resolveHostConfig, type HostConfig, type HostConfigInput } from "./config.ts";
+export { SlotScheduler, roundRobinStepper, type DecodeStepper, type Job, type JobSink, type Scheduler, type SchedulerStats } from "./scheduler.ts";
+export { Sequence, type SequenceDelta, type SequenceOptions, type SequenceSession } from "./sequence.ts";
+export { ReasoningSplitter } from "./reasoning.ts";
+export { ApiError, toApiError, type OpenAiErrorBody } from "./errors.ts";
+export { listen, type Listener } from "./listen.ts";

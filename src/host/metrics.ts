@@ -1,0 +1,89 @@
+/**
+ * The server's counters and gauges, rendered as Prometheus text (GET /metrics): requests by route
+ * and status, prompt and completion tokens, decode throughput over the last seconds, and the
+ * scheduler's queue depth and active sequences, read live.
+ */
+export interface LiveGauges {
+  queued: number;
+  active: number;
+  slots: number;
+  queueLimit: number;
+}
+
+/** Seconds of history for the throughput gauge. */
+const WINDOW_S = 10;
+
+export class Metrics {
+  private readonly requests = new Map<string, number>();
+  private promptTokens = 0;
+  private completionTokens = 0;
+  private cancelled = 0;
+  private streamErrors = 0;
+  private timeouts = 0;
+  /** Tokens decoded per whole second (epoch seconds → count), the last WINDOW_S seconds. */
+  private readonly perSecond = new Map<number, number>();
+  private readonly startedAt = performance.now();
+
+  constructor(private readonly live: () => LiveGauges) {}
+
+  request(route: string, status: number): void {
+    const key = `route="${route}",status="${status}"`;
+    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+  }
+
+  prefilled(tokens: number): void {
+    this.promptTokens += tokens;
+  }
+
+  /** Tokens generated (any sequence). */
+  generated(count: number): void {
+    this.completionTokens += count;
+    const now = Math.floor(Date.now() / 1000);
+    this.perSecond.set(now, (this.perSecond.get(now) ?? 0) + count);
+    if (this.perSecond.size > WINDOW_S + 2) for (const s of this.perSecond.keys()) if (s <= now - WINDOW_S) this.perSecond.delete(s);
+  }
+
+  cancel(): void {
+    this.cancelled++;
+  }
+
+  streamError(): void {
+    this.streamErrors++;
+  }
+
+  timeout(): void {
+    this.timeouts++;
+  }
+
+  /** Decode tokens per second, all sequences together, over the last WINDOW_S seconds (or since start). */
+  tokensPerSecond(): number {
+    const now = Date.now() / 1000;
+    let sum = 0;
+    for (const [s, n] of this.perSecond) if (s > now - WINDOW_S) sum += n;
+    const span = Math.min(WINDOW_S, Math.max(1, (performance.now() - this.startedAt) / 1000));
+    return sum / span;
+  }
+
+  render(): string {
+    const g = this.live();
+    const lines: string[] = [];
+    const metric = (name: string, type: "counter" | "gauge", help: string, samples: [string, number][]) => {
+      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+      for (const [labels, value] of samples) lines.push(`${name}${labels ? `{${labels}}` : ""} ${Number.isFinite(value) ? value : 0}`);
+    };
+    metric("vkmoe_requests_total", "counter", "HTTP requests answered, by route and status.", [...this.requests].sort());
+    metric("vkmoe_prompt_tokens_total", "counter", "Prompt tokens prefilled.", [["", this.promptTokens]]);
+    metric("vkmoe_completion_tokens_total", "counter", "Tokens generated.", [["", this.completionTokens]]);
+    metric("vkmoe_decode_tokens_per_second", "gauge", `Tokens generated per second, all sequences together, over the last ${WINDOW_S} s.`, [["", round(this.tokensPerSecond())]]);
+    metric("vkmoe_queue_depth", "gauge", "Requests waiting for a slot.", [["", g.queued]]);
+    metric("vkmoe_queue_limit", "gauge", "Requests that may wait before new ones get a 429.", [["", g.queueLimit]]);
+    metric("vkmoe_active_sequences", "gauge", "Requests holding a slot (a session).", [["", g.active]]);
+    metric("vkmoe_slots", "gauge", "Slots (--parallel).", [["", g.slots]]);
+    metric("vkmoe_requests_cancelled_total", "counter", "Requests ended by the client (disconnect or stream cancelled).", [["", this.cancelled]]);
+    metric("vkmoe_request_timeouts_total", "counter", "Requests ended by the server's time limit.", [["", this.timeouts]]);
+    metric("vkmoe_stream_errors_total", "counter", "Streams that ended with an error event.", [["", this.streamErrors]]);
+    return `${lines.join("\n")}\n`;
+  }
+}
+
+const round = (x: number) => Math.round(x * 100) / 100;

@@ -1,0 +1,228 @@
+/**
+ * Who runs next. A bounded queue in front of a fixed number of slots; each slot holds one request's
+ * Sequence over its own Session. Each round the loop fills free slots from the queue (their
+ * prefills run between decode steps), then lets the DecodeStepper advance every active sequence by one token,
+ * then yields to the event loop so that streams flush and new requests, disconnects and aborts are
+ * seen. A request that finishes, fails, is cancelled or runs past its deadline frees its slot at
+ * once and its Session is disposed.
+ *
+ * The stepper is the seam for batching: round-robin makes one model call per sequence; a batched
+ * stepper can make one S-token call for all of them (Sequence.pendingInput / accept / takeDelta).
+ */
+import { ApiError, RequestTimeoutError } from "./errors.ts";
+import type { Sequence, SequenceDelta } from "./sequence.ts";
+
+export interface DecodeStepper {
+  /** Advances each sequence by one model call: its delta, or the error it met (which fails only that one). */
+  step(sequences: readonly Sequence[]): (SequenceDelta | { error: unknown })[];
+}
+
+/** One model call per sequence, in turn. */
+export const roundRobinStepper: DecodeStepper = {
+  step: (sequences) => sequences.map((s) => {
+    try {
+      return s.step();
+    } catch (error) {
+      return { error };
+    }
+  }),
+};
+
+/** Where a job's output goes (the HTTP handler's response). Called from the scheduler's loop. */
+export interface JobSink {
+  delta(delta: SequenceDelta, sequence: Sequence): void;
+  finished(sequence: Sequence): void;
+  failed(error: unknown): void;
+}
+
+export interface JobRequest {
+  /** Opens the session and builds the sequence when a slot is free (it may throw: that fails the job). */
+  open(): Sequence;
+  /** performance.now() after which the job fails with RequestTimeoutError. */
+  deadline: number;
+  timeoutSeconds: number;
+  promptTokens: number;
+}
+
+export type JobState = "queued" | "active" | "done";
+
+export interface Job {
+  readonly state: JobState;
+  /** The client went away: frees the slot (or the queue place) now; the sink hears nothing more. */
+  cancel(): void;
+}
+
+export interface SchedulerStats {
+  queued: number;
+  active: number;
+  slots: number;
+  queueLimit: number;
+}
+
+export interface Scheduler extends AsyncDisposable {
+  /** Queues a job; throws a 429 ApiError when the queue is full, a 503 once closing. */
+  submit(request: JobRequest, sink: JobSink): Job;
+  stats(): SchedulerStats;
+}
+
+export interface SchedulerHooks {
+  /** A job's prompt ran. */
+  prefilled?(tokens: number): void;
+  /** Tokens picked (for throughput and the token counters). */
+  generated?(tokens: number): void;
+  cancelled?(): void;
+  timedOut?(): void;
+}
+
+class SlotJob implements Job {
+  state: JobState = "queued";
+  sequence: Sequence | undefined;
+  startedAt = 0;
+  constructor(readonly request: JobRequest, readonly sink: JobSink, private readonly onCancel: (job: SlotJob) => void) {}
+  cancel(): void {
+    if (this.state !== "done") this.onCancel(this);
+  }
+}
+
+export class SlotScheduler implements Scheduler {
+  private readonly queue: SlotJob[] = [];
+  private readonly active: SlotJob[] = [];
+  private wake: (() => void) | undefined;
+  private closing = false;
+  private readonly loopDone: Promise<void>;
+  /** Seconds recent jobs held a slot, for Retry-After. */
+  private recentSeconds = 1;
+
+  constructor(
+    private readonly slots: number,
+    private readonly queueLimit: number,
+    private readonly stepper: DecodeStepper = roundRobinStepper,
+    private readonly hooks: SchedulerHooks = {},
+  ) {
+    if (!Number.isInteger(slots) || slots < 1) throw new RangeError(`slots must be an integer >= 1, got ${slots}`);
+    if (!Number.isInteger(queueLimit) || queueLimit < 0) throw new RangeError(`queueLimit must be an integer >= 0, got ${queueLimit}`);
+    this.loopDone = this.loop();
+  }
+
+  submit(request: JobRequest, sink: JobSink): Job {
+    if (this.closing) throw new ApiError(503, "service_unavailable_error", "the server is shutting down", null, "shutting_down");
+    const freeSlots = Math.max(0, this.slots - this.active.length);
+    if (this.queue.length >= this.queueLimit + freeSlots) {
+      const retry = String(Math.min(60, Math.max(1, Math.ceil(this.recentSeconds))));
+      throw new ApiError(429, "rate_limit_error", `the server is busy: ${this.slots} requests running and ${this.queue.length} waiting (the queue's limit); retry after ${retry} s`, null, "queue_full", { "Retry-After": retry });
+    }
+    const job = new SlotJob(request, sink, (j) => this.cancel(j));
+    this.queue.push(job);
+    this.wake?.();
+    return job;
+  }
+
+  stats(): SchedulerStats {
+    return { queued: this.queue.length, active: this.active.length, slots: this.slots, queueLimit: this.queueLimit };
+  }
+
+  /** Stops taking jobs, fails the waiting ones, lets the loop end; active jobs are ended and their sessions disposed. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.closing) return this.loopDone;
+    this.closing = true;
+    const closed = new ApiError(503, "service_unavailable_error", "the server is shutting down", null, "shutting_down");
+    for (const job of [...this.queue, ...this.active]) this.end(job, () => job.sink.failed(closed));
+    this.wake?.();
+    await this.loopDone;
+  }
+
+  private cancel(job: SlotJob): void {
+    this.hooks.cancelled?.();
+    this.end(job, () => {});
+  }
+
+  /** Takes the job out of the queue or its slot, disposes its session, then tells the sink (`notify`). */
+  private end(job: SlotJob, notify: () => void): void {
+    if (job.state === "done") return;
+    const list = job.state === "queued" ? this.queue : this.active;
+    const at = list.indexOf(job);
+    if (at >= 0) list.splice(at, 1);
+    job.state = "done";
+    try {
+      job.sequence?.session[Symbol.dispose]();
+    } catch {
+      // a session that cannot free its device memory (a lost device) has nothing more to give back
+    }
+    notify();
+  }
+
+  private async loop(): Promise<void> {
+    while (!this.closing) {
+      this.expire();
+      // free slots take waiting jobs now: their prefills run here, between two decode rounds
+      while (this.active.length < this.slots && this.queue.length > 0) this.admit(this.queue[0]!);
+      if (this.active.length > 0) this.round();
+      else if (this.queue.length === 0) {
+        await new Promise<void>((resolve) => (this.wake = resolve));
+        this.wake = undefined;
+        continue;
+      }
+      await yieldToEventLoop();
+    }
+  }
+
+  /** Moves the job into a slot: opens its session and runs its prompt. */
+  private admit(job: SlotJob): void {
+    this.queue.shift();
+    this.active.push(job);
+    job.state = "active";
+    job.startedAt = performance.now();
+    try {
+      job.sequence = job.request.open();
+      const delta = job.sequence.prefill();
+      this.hooks.prefilled?.(job.request.promptTokens);
+      this.deliver(job, delta);
+    } catch (error) {
+      this.end(job, () => job.sink.failed(error));
+    }
+  }
+
+  /** One decode step of every active sequence that prefilled and is not done. */
+  private round(): void {
+    const jobs = this.active.filter((j) => j.sequence && !j.sequence.done);
+    if (jobs.length === 0) return;
+    let results: ReturnType<DecodeStepper["step"]>;
+    try {
+      results = this.stepper.step(jobs.map((j) => j.sequence!));
+    } catch (error) {
+      // a stepper that fails as a whole fails its round's jobs, not the loop
+      results = jobs.map(() => ({ error }));
+    }
+    results.forEach((r, i) => {
+      const job = jobs[i]!;
+      if (job.state !== "active") return; // cancelled by a sink during this round
+      if ("error" in r) this.end(job, () => job.sink.failed(r.error));
+      else this.deliver(job, r);
+    });
+  }
+
+  private deliver(job: SlotJob, delta: SequenceDelta): void {
+    const seq = job.sequence!;
+    if (delta.tokens.length) this.hooks.generated?.(delta.tokens.length);
+    if (delta.text || delta.tokens.length) job.sink.delta(delta, seq);
+    if (seq.done && job.state === "active") {
+      this.recentSeconds = 0.7 * this.recentSeconds + 0.3 * ((performance.now() - job.startedAt) / 1000);
+      this.end(job, () => job.sink.finished(seq));
+    }
+  }
+
+  private expire(): void {
+    const now = performance.now();
+    for (const job of [...this.queue, ...this.active]) {
+      if (now <= job.request.deadline) continue;
+      this.hooks.timedOut?.();
+      this.end(job, () => job.sink.failed(new RequestTimeoutError(job.request.timeoutSeconds)));
+    }
+  }
+}
+
+/** Lets I/O run (stream writes, new requests, aborts) between rounds; a macrotask, not a microtask. */
+function yieldToEventLoop(): Promise<void> {
+  const immediate = (globalThis as { setImmediate?: (f: () => void) => unknown }).setImmediate;
+  return new Promise((resolve) => (immediate ? immediate(resolve) : setTimeout(resolve, 0)));
+}

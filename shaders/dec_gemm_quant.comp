@@ -44,59 +44,76 @@ float scaleOf(uint k) {
     return SCALE_F16 ? unpackHalf2x16(sWords[pc.scaleOffset + (k >> 1u)])[k & 1u] : uintBitsToFloat(sWords[pc.scaleOffset + k]);
 }
 
+// The next step's inputs, loaded into registers while the current step computes (with a barrier
+// per step and few warps per SM, a load issued only after the barrier stalls every step).
+uint nextW0, nextW1;
+float nextScale;
+vec4 nextX[4];
+
+void loadStep(uint k0, uint wRow, bool xAligned) {
+    const uint t = gl_LocalInvocationIndex;
+    nextW0 = 0u;
+    nextW1 = 0u;
+    nextScale = 0.0;  // rows past O: every weight 0
+    if (wRow < pc.O) {
+        nextScale = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
+        const uint rowWord = pc.weightOffset * 4u + wRow * pc.rowWords;
+        if (QBITS == 4u) {
+            // word k0/8 + t%4 holds columns 8w .. 8w+7: low nibbles of its bytes first, then the high
+            nextW0 = wWords[rowWord + k0 / 8u + t % 4u];
+        } else {
+            // a q8 row ends on a uvec4 (16 columns): the last step's second half may lie past it
+            const uint wi = k0 / 4u + (t % 4u) * 2u;
+            if (wi < pc.rowWords) nextW0 = wWords[rowWord + wi];
+            if (wi + 1u < pc.rowWords) nextW1 = wWords[rowWord + wi + 1u];
+        }
+    }
+    // x: 64 tokens x 32 columns, 4 vec4s per thread (0 past S and past I)
+    [[unroll]] for (uint m = 0u; m < 4u; m++) {
+        const uint e = t + 128u * m;
+        const uint tok = e / 8u, c = (e % 8u) * 4u;
+        const uint s = gl_WorkGroupID.y * BN + tok, col = k0 + c;
+        vec4 v = vec4(0.0);
+        if (s < pc.S) {
+            const uint xb = pc.xOffset + s * pc.I + col;
+            if (xAligned && col + 4u <= pc.I) v = xv[xb >> 2u];
+            else [[unroll]] for (uint q = 0u; q < 4u; q++) v[q] = col + q < pc.I ? xs[xb + q] : 0.0;
+        }
+        nextX[m] = v;
+    }
+}
+
 void main() {
     const uint t = gl_LocalInvocationIndex;
     const uint rowBase = gl_WorkGroupID.x * BM;
     const uint tokBase = gl_WorkGroupID.y * BN;
     const uint ty = t / 16u, tx = t % 16u;  // this thread's rows ty*4.., tokens tx*4..
-    // the weight tile: thread t dequantizes 8 columns (lr/4 .. of the step) of row lr
+    // the weight tile: thread t dequantizes 8 columns (lc ..) of row lr of each step
     const uint lr = t / 4u, lc = (t % 4u) * 8u;
     const uint wRow = rowBase + lr;
     const bool xAligned = ((pc.xOffset | pc.I) & 3u) == 0u;
     float acc[4][4];
     [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
 
+    loadStep(0u, wRow, xAligned);
     for (uint k0 = 0u; k0 < pc.I; k0 += BK) {
-        // weights: 8 columns of row lr, dequantized (0 past O)
-        float w[8];
-        if (wRow < pc.O) {
-            const float d = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
-            const uint rowWord = pc.weightOffset * 4u + wRow * pc.rowWords;
+        const float d = nextScale;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
             if (QBITS == 4u) {
-                // word k0/8 + t%4 holds columns 8w .. 8w+7: low nibbles of its bytes first, then the high
-                const uint word = wWords[rowWord + k0 / 8u + t % 4u];
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    w[i] = d * float(int((word >> (8u * i)) & 15u) - 8);
-                    w[i + 4u] = d * float(int((word >> (8u * i + 4u)) & 15u) - 8);
-                }
+                wTile[lc + i][lr / 4u][lr % 4u] = d * float(int((nextW0 >> (8u * i)) & 15u) - 8);
+                wTile[lc + i + 4u][lr / 4u][lr % 4u] = d * float(int((nextW0 >> (8u * i + 4u)) & 15u) - 8);
             } else {
-                // a q8 row ends on a uvec4 (16 columns): the last step's second half may lie past it
-                const uint wi = k0 / 4u + (t % 4u) * 2u;
-                const uint w0 = wi < pc.rowWords ? wWords[rowWord + wi] : 0u;
-                const uint w1 = wi + 1u < pc.rowWords ? wWords[rowWord + wi + 1u] : 0u;
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    w[i] = d * float(bitfieldExtract(int(w0), int(8u * i), 8));
-                    w[i + 4u] = d * float(bitfieldExtract(int(w1), int(8u * i), 8));
-                }
+                wTile[lc + i][lr / 4u][lr % 4u] = d * float(bitfieldExtract(int(nextW0), int(8u * i), 8));
+                wTile[lc + i + 4u][lr / 4u][lr % 4u] = d * float(bitfieldExtract(int(nextW1), int(8u * i), 8));
             }
-        } else {
-            [[unroll]] for (uint i = 0u; i < 8u; i++) w[i] = 0.0;
         }
-        [[unroll]] for (uint i = 0u; i < 8u; i++) wTile[lc + i][lr / 4u][lr % 4u] = w[i];
-        // x: 64 tokens x 32 columns, 4 vec4s per thread (0 past S and past I)
         [[unroll]] for (uint m = 0u; m < 4u; m++) {
             const uint e = t + 128u * m;
             const uint tok = e / 8u, c = (e % 8u) * 4u;
-            const uint s = tokBase + tok, col = k0 + c;
-            vec4 v = vec4(0.0);
-            if (s < pc.S) {
-                const uint xb = pc.xOffset + s * pc.I + col;
-                if (xAligned && col + 4u <= pc.I) v = xv[xb >> 2u];
-                else [[unroll]] for (uint q = 0u; q < 4u; q++) v[q] = col + q < pc.I ? xs[xb + q] : 0.0;
-            }
-            [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = v[q];
+            [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = nextX[m][q];
         }
         barrier();
+        if (k0 + BK < pc.I) loadStep(k0 + BK, wRow, xAligned);
         [[unroll]] for (uint k = 0u; k < BK; k++) {
             const vec4 a = wTile[k][ty];
             const vec4 b = xTile[k][tx];

@@ -50,8 +50,12 @@ export const MAX_ATTENTION_TOKENS = 64;
 export const DECODE_ATTENTION_TOKENS = 4;
 /** Partial records per row at most for calls of more tokens (a prompt chunk): longer spans instead. */
 export const PREFILL_SPANS = 16;
-/** Query rows (tokens x heads per KV head) one pass-1 workgroup serves at most: its registers. */
+/**
+ * Query rows (tokens x heads per KV head) one pass-1 workgroup serves at most: its registers.
+ * Prompt chunks take fewer (their workgroups walk several chunks, and there are enough of them).
+ */
 const MAX_GROUP_ROWS = 32;
+const MAX_PREFILL_GROUP_ROWS = 16;
 export const ATTENTION_HEAD_DIMS = [32, 64, 128, 256] as const;
 export const ATTENTION_GQA = [1, 2, 4, 8] as const;
 
@@ -172,7 +176,8 @@ export class DecoderAttention implements Disposable {
 
   /** Tokens one pass-1 workgroup serves for S tokens: as many as its registers, threads and shared memory allow. */
   tokensPerGroup(S: number): number {
-    let T = Math.max(1, Math.min(S, Math.floor(Math.min(MAX_GROUP_ROWS, this.workgroupSize) / this.group)));
+    const rows = S <= DECODE_ATTENTION_TOKENS ? MAX_GROUP_ROWS : MAX_PREFILL_GROUP_ROWS;
+    let T = Math.max(1, Math.min(S, Math.floor(Math.min(rows, this.workgroupSize) / this.group)));
     while (T > 1 && this.sharedBytes(this.group * T) > this.device.info.limits.maxComputeSharedMemorySize) T--;
     return T;
   }

@@ -55,6 +55,8 @@ export const PREFILL_SPANS = 16;
  * Prompt chunks take fewer (their workgroups walk several chunks, and there are enough of them).
  */
 const MAX_GROUP_ROWS = 32;
+/** Partial records per row the combine pass merges at most (its shared memory). */
+const MAX_COMBINE_RECORDS = 4096;
 const MAX_PREFILL_GROUP_ROWS = 16;
 export const ATTENTION_HEAD_DIMS = [32, 64, 128, 256] as const;
 export const ATTENTION_GQA = [1, 2, 4, 8] as const;
@@ -66,7 +68,7 @@ export interface DecoderAttentionOptions {
   headDim: number;
   /** Positions per pass-1 workgroup (default 64). */
   chunk?: number;
-  /** Threads per workgroup of both passes (default 64). */
+  /** Threads per workgroup of both passes: a power of two (default 64). */
   workgroupSize?: number;
   /** Descriptor-set pairs `bind` may allocate (default 8). */
   maxBindings?: number;
@@ -148,8 +150,8 @@ export class DecoderAttention implements Disposable {
     const group = heads / kvHeads;
     if (!(ATTENTION_GQA as readonly number[]).includes(group)) throw new InvalidArgumentError(`heads / kvHeads must be 1, 2, 4 or 8, got ${group}`);
     if (!Number.isInteger(chunk) || chunk < 1 || chunk > 1024) throw new InvalidArgumentError(`chunk must be an integer in 1..1024, got ${chunk}`);
-    if (!Number.isInteger(wg) || wg < DECODE_ATTENTION_TOKENS * group || wg > device.info.limits.maxComputeWorkGroupInvocations) {
-      throw new InvalidArgumentError(`workgroupSize ${wg} must be at least ${DECODE_ATTENTION_TOKENS * group} (heads per KV head x ${DECODE_ATTENTION_TOKENS} tokens) and at most maxComputeWorkGroupInvocations`);
+    if (!Number.isInteger(wg) || (wg & (wg - 1)) !== 0 || wg < DECODE_ATTENTION_TOKENS * group || wg > device.info.limits.maxComputeWorkGroupInvocations) {
+      throw new InvalidArgumentError(`workgroupSize ${wg} must be a power of two, at least ${DECODE_ATTENTION_TOKENS * group} (heads per KV head x ${DECODE_ATTENTION_TOKENS} tokens) and at most maxComputeWorkGroupInvocations`);
     }
     if (this.sharedBytes(group, headDim, chunk) > device.info.limits.maxComputeSharedMemorySize) {
       throw new InvalidArgumentError(`chunk ${chunk} needs ${this.sharedBytes(group, headDim, chunk)} B of shared memory for one token (limit ${device.info.limits.maxComputeSharedMemorySize})`);
@@ -264,6 +266,7 @@ export class DecoderAttention implements Disposable {
     if (BigInt(need) > binding.partials.size) throw new InvalidArgumentError(`partials scratch of ${binding.partials.size} B, ${need} B needed`);
     const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
     if (numChunks > maxX) throw new InvalidArgumentError(`${numChunks} chunks exceed maxComputeWorkGroupCount[0] (${maxX}): use a larger chunk`);
+    if (numChunks > MAX_COMBINE_RECORDS) throw new InvalidArgumentError(`${numChunks} partial records per row exceed the combine pass's ${MAX_COMBINE_RECORDS}: use a larger chunk`);
     const T = this.tokensPerGroup(S);
     const split = this.splitPipeline(this.group * T);
     const pc = this.pc;

@@ -1,0 +1,67 @@
+// The floor of a dependent GPU step: what one tiny dispatch costs when a compute-to-compute barrier
+// follows it (every step of the decode graph), against the same dispatches with no barrier
+// between them, in one command buffer timed by GPU timestamps, after the clocks are warmed.
+// The decode graph makes ~10 dependent steps a layer; this says how much of a token that floor is.
+//   bun scripts/bench-barrier.ts [--steps 480]
+import { parseArgs } from "node:util";
+import { z } from "zod";
+import { readConfig } from "../src/config.ts";
+import { RmsNormKernel } from "../src/kernels/decoder/rmsnorm.ts";
+import { Buffer, CommandPool, Fence, QueryPool, Submission, VulkanContext } from "../src/vk/index.ts";
+import { readBandwidth } from "./lib/gpu-time.ts";
+import { args, fail } from "./lib/cli.ts";
+
+const SCRIPT = "bench-barrier";
+let steps: number;
+try {
+  const { values } = parseArgs({ args: args(), options: { steps: { type: "string" } }, strict: true, allowPositionals: false });
+  const parsed = z.object({ steps: z.coerce.number().int().min(1).max(10000).default(480) }).safeParse(values);
+  if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; usage: bun scripts/bench-barrier.ts [--steps N]`);
+  steps = parsed.data.steps;
+} catch (e) {
+  fail(SCRIPT, (e as Error).message.split("\n")[0]!);
+}
+
+using ctx = new VulkanContext({}, readConfig());
+const device = ctx.device;
+const D = 2048;
+using norm = new RmsNormKernel(device);
+using x = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
+using w = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
+using y = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
+using pool = new CommandPool(device);
+using queries = new QueryPool(device, 2);
+using fence = new Fence(device);
+
+/** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
+function run(barriers: boolean): number {
+  const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
+  for (let i = 0; i < steps; i++) {
+    // in place with a barrier: each step reads what the last wrote, as the graph's steps do
+    norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
+    if (barriers) cb.barrier("computeToCompute");
+  }
+  cb.timestamp(queries, 1).end();
+  using submission = new Submission(device, [cb], { fence });
+  const samples: number[] = [];
+  for (let r = 0; r < 7; r++) {
+    submission.submit();
+    if (!fence.wait()) throw new Error("bench-barrier: the GPU did not finish");
+    fence.reset();
+    const [a, b] = queries.results(0, 2);
+    samples.push((Number(b! - a!) * device.info.limits.timestampPeriod) / 1000);
+  }
+  return samples.sort((p, q) => p - q)[3]!;
+}
+
+const cpu = device.info.type === 4;
+if (!cpu) readBandwidth(device, 1 << 30, 150); // clocks up
+const dependent = run(true);
+if (!cpu) readBandwidth(device, 1 << 30, 150);
+const independent = run(false);
+console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}: ${steps} one-row RMSNorms of ${D} (median of 7 command buffers)`);
+console.log(`| steps | GPU µs | µs a step |`);
+console.log(`|---|---:|---:|`);
+console.log(`| dependent (a compute barrier after each) | ${dependent.toFixed(0)} | ${(dependent / steps).toFixed(2)} |`);
+console.log(`| independent (no barrier) | ${independent.toFixed(0)} | ${(independent / steps).toFixed(2)} |`);
+console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);

@@ -62,16 +62,12 @@ const parsed = flagsSchema.safeParse(raw);
 if (!parsed.success) fail(SCRIPT, `${parsed.error.issues.map((i) => `--${i.path.join(".")} ${i.message}`).join("; ")}; ${USAGE}`);
 const flags = parsed.data;
 
-// VKMOE_API_KEY is the host's, not the engine's: the engine's strict VKMOE_* reader must not see it
-const deno = (globalThis as any).Deno;
-const environment: Record<string, string> = deno ? deno.env.toObject() : { ...(globalThis as any).process.env };
-const apiKey = flags["api-key"] ?? (environment.VKMOE_API_KEY || undefined);
-delete environment.VKMOE_API_KEY;
-// refuse before the (slow) load
-if (!isLoopback(flags.host) && apiKey === undefined) fail(SCRIPT, `refusing to listen on ${flags.host} without an API key: a non-loopback address needs --api-key KEY or VKMOE_API_KEY (or bind 127.0.0.1)`);
-
 async function main(): Promise<void> {
-  const model = await Model.load(flags.model, { quant: flags.quant as any, ctx: flags.ctx, env: readConfig(environment) });
+  const env = readConfig(); // every VKMOE_* setting: VKMOE_API_KEY is the host's, the engine ignores it
+  const apiKey = flags["api-key"] ?? env.VKMOE_API_KEY;
+  // refuse before the (slow) load
+  if (!isLoopback(flags.host) && apiKey === undefined) fail(SCRIPT, `refusing to listen on ${flags.host} without an API key: a non-loopback address needs --api-key KEY or VKMOE_API_KEY (or bind 127.0.0.1)`);
+  const model = await Model.load(flags.model, { quant: flags.quant as any, ctx: flags.ctx, env });
   let server: ReturnType<typeof startServer>;
   try {
     server = startServer(model, {
@@ -102,6 +98,7 @@ async function main(): Promise<void> {
     model[Symbol.dispose]();
     exit(0);
   };
+  const deno = (globalThis as any).Deno;
   if (deno) for (const s of ["SIGINT", "SIGTERM"]) deno.addSignalListener(s, stop);
   else for (const s of ["SIGINT", "SIGTERM"]) (globalThis as any).process.on(s, stop);
 }

@@ -29,6 +29,11 @@ const envSchema = z.strictObject({
    * (the CPU decoder with the experts per layer).
    */
   VKMOE_GRAPH: mode3.default("auto"),
+  /**
+   * The host's Bearer key (`bun run serve`; --api-key wins over it). Here so that the one strict
+   * reader accepts it; the engine ignores it, and the host checks its length.
+   */
+  VKMOE_API_KEY: z.string().min(1).optional(),
 });
 
 export type VkmoeEnv = z.infer<typeof envSchema>;

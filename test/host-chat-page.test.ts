@@ -1,16 +1,17 @@
 /**
  * The chat page at GET /: one static HTML file, its script inline. Served as HTML with what it
  * needs (the streaming fetch to /v1/chat/completions, tok/s, a Stop button on an AbortController).
- * In headless Chromium, where `chromium` is installed: the page sends ?prompt= at load and its DOM
- * ends with the streamed reply and a tok/s figure. Without Chromium that part is skipped, saying why.
+ * In headless Chromium (driven over the DevTools protocol), where `chromium` is installed: a message
+ * typed into the page streams in as the API's greedy reply, and a tok/s figure shows. Without
+ * Chromium that part is skipped, saying why.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import type { Model } from "../src/engine/index.ts";
 import { startServer, type RunningServer } from "../src/host/index.ts";
+import { chromiumPath, openHeadlessPage } from "./support/chromium.ts";
 import { loadHostModel, modelPath } from "./support/host.ts";
 
-const chromium = Bun.which("chromium") ?? Bun.which("chromium-browser") ?? Bun.which("google-chrome");
-const browserSkip = chromium ? undefined : "skipping the headless-Chromium check of the chat page: no `chromium` (or chromium-browser, google-chrome) on PATH";
+const browserSkip = chromiumPath ? undefined : "skipping the headless-Chromium check of the chat page: no `chromium` (or chromium-browser, google-chrome) on PATH (apt-get install chromium)";
 if (browserSkip) console.warn(browserSkip);
 
 let model: Model | undefined;
@@ -39,19 +40,42 @@ afterAll(async () => {
   expect(html).not.toMatch(/<script[^>]+src=/); // inline only, no build step
 });
 
-(modelPath && chromium ? test : test.skip)("headless Chromium: the page streams a reply and shows tok/s", async () => {
-  const child = Bun.spawn({
-    cmd: [chromium!, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000", "--dump-dom", `${server!.url}/?prompt=Hello&max_tokens=4&temperature=0`],
-    stdout: "pipe",
-    stderr: "pipe",
+(modelPath && chromiumPath ? test : test.skip)("headless Chromium: a message typed into the page streams the API's greedy reply into it and shows tok/s", async () => {
+  const maxTokens = 12;
+  // what the API answers for the page's request (the page sends enable_thinking from its unchecked box)
+  const api = await fetch(`${server!.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ messages: [{ role: "user", content: "Hello" }], max_tokens: maxTokens, temperature: 0, chat_template_kwargs: { enable_thinking: false } }),
   });
-  const timer = setTimeout(() => child.kill("SIGKILL"), 40_000);
-  const dom = await new Response(child.stdout).text();
-  await child.exited;
-  clearTimeout(timer);
-  expect(dom).toContain('data-state="done"');
-  expect(dom).toMatch(/\d+ tokens · [\d.]+ tok\/s/);
-  expect(dom).toContain('id="reply-1"');
+  const want = (await api.json()) as { choices: { message: { content: string; reasoning_content?: string } }[]; usage: { completion_tokens: number } };
+  expect(want.choices[0]!.message.content.length).toBeGreaterThan(0);
+
+  await using page = await openHeadlessPage(`${server!.url}/?max_tokens=${maxTokens}&temperature=0`);
+  await page.waitFor(`document.getElementById("model").textContent.includes("tiny")`, 10_000); // the script ran: it asked /health
+  // every text the reply shows on its way: a streamed reply grows, a buffered one appears at once
+  await page.evaluate(`window.shown = []; new MutationObserver(() => {
+    const answer = document.querySelector("#reply-1 > div:last-child");
+    if (answer && answer.textContent !== window.shown.at(-1)) window.shown.push(answer.textContent);
+  }).observe(document.getElementById("log"), { subtree: true, childList: true, characterData: true })`);
+  await page.typeAndEnter("#prompt", "Hello");
+  await page.waitFor(`["done", "error"].includes(document.body.dataset.state)`, 30_000);
+  const seen = await page.evaluate<{ state: string; user: string; reasoning: string; answer: string; stats: string; shown: string[] }>(`({
+    state: document.body.dataset.state,
+    user: document.querySelector("#log > .user").textContent,
+    reasoning: document.querySelector("#reply-1 > .reasoning").textContent,
+    answer: document.querySelector("#reply-1 > div:last-child").textContent,
+    stats: document.getElementById("stats").textContent,
+    shown: window.shown,
+  })`);
+  expect(seen.state).toBe("done");
+  expect(seen.user).toBe("Hello");
+  expect(seen.answer).toBe(want.choices[0]!.message.content);
+  expect(seen.reasoning).toBe(want.choices[0]!.message.reasoning_content ?? "");
+  expect(seen.stats).toMatch(new RegExp(`^${want.usage.completion_tokens} tokens · \\d+\\.\\d tok/s$`));
+  // each text shown on the way is a start of the final one, and there was more than the final one
+  for (const partial of seen.shown) expect(seen.answer.startsWith(partial)).toBe(true);
+  expect(seen.shown.filter((t) => t !== "").length).toBeGreaterThan(1);
 }, 60_000);
 
 /**

@@ -1,9 +1,11 @@
 /**
  * The host's parts on their own: the reasoning splitter (whatever the deltas' split), the bind and
- * key rules, the Bearer check, request schemas' error naming, the Prometheus text, and a Sequence
- * stepped by hand giving the engine's generate() ids and text (sampled, penalized, with logprobs).
+ * key rules, VKMOE_API_KEY as a setting, the Bearer check, request schemas' error naming, the
+ * Prometheus text, and a Sequence stepped by hand giving the engine's generate() ids and text
+ * (sampled, penalized, with logprobs).
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
+import { ConfigError, readConfig } from "../src/config.ts";
 import type { Model } from "../src/engine/index.ts";
 import { promptIds } from "../src/engine/index.ts";
 import { bearerCheck } from "../src/host/auth.ts";
@@ -54,6 +56,12 @@ test("bind rules: loopback addresses need no key; anything else refuses to start
   expect(resolveHostConfig({ ...base, host: "0.0.0.0", apiKey: "long-enough-key" }).host).toBe("0.0.0.0");
   expect(() => resolveHostConfig({ ...base, apiKey: "short" })).toThrow(/apiKey must be at least 8 characters/);
   expect(() => resolveHostConfig({ ...base, parallel: 0 })).toThrow(HostConfigError);
+});
+
+test("VKMOE_API_KEY is one of the VKMOE_* settings: the strict reader takes it (the engine ignores it); an unknown name still fails", () => {
+  expect(readConfig({ VKMOE_API_KEY: "env-key-12345" }).VKMOE_API_KEY).toBe("env-key-12345");
+  expect(readConfig({ VKMOE_API_KEY: "" }).VKMOE_API_KEY).toBeUndefined(); // an empty variable is an unset one
+  expect(() => readConfig({ VKMOE_API_KEYS: "x" })).toThrow(ConfigError);
 });
 
 test("Bearer check: the right key passes; missing, wrong, longer, shorter or a non-Bearer scheme is a 401", () => {

@@ -3,7 +3,7 @@
  * its output comes back as one JSON object or as server-sent chunks. The client going away (the
  * request's signal, or the stream cancelled) cancels the job, which frees its slot at once.
  */
-import type { Model } from "../engine/index.ts";
+import { Sequence, type GeneratedToken, type Model, type SequenceSession } from "../engine/index.ts";
 import type { HostConfig } from "./config.ts";
 import { ClientGoneError, toApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
@@ -11,7 +11,6 @@ import { chatChunk, chatCompletion, chatLogprobs, legacyLogprobs, newIdentity, t
 import { ReasoningSplitter, type SplitText } from "./reasoning.ts";
 import type { RequestPlan } from "./request-plan.ts";
 import type { Job, JobRequest, Scheduler } from "./scheduler.ts";
-import { Sequence, type GeneratedToken, type SequenceSession } from "./sequence.ts";
 import { sseStream, type SseStream } from "./sse.ts";
 
 export interface HostContext {

@@ -2,7 +2,8 @@
 export { createHost, startServer, type Host, type HostOptions, type RunningServer } from "./server.ts";
 export { HostConfigError, isLoopback, resolveHostConfig, type HostConfig, type HostConfigInput } from "./config.ts";
 export { SlotScheduler, roundRobinStepper, type DecodeStepper, type Job, type JobSink, type Scheduler, type SchedulerStats } from "./scheduler.ts";
-export { Sequence, type SequenceDelta, type SequenceOptions, type SequenceSession } from "./sequence.ts";
+// a request's generation is the engine's Sequence; re-exported for what drives the scheduler
+export { Sequence, type SequenceDelta, type SequenceOptions, type SequenceSession } from "../engine/index.ts";
 export { ReasoningSplitter } from "./reasoning.ts";
 export { ApiError, toApiError, type OpenAiErrorBody } from "./errors.ts";
 export { listen, type Listener } from "./listen.ts";

@@ -2,9 +2,8 @@
  * The response objects, in OpenAI's shapes: chat.completion, chat.completion.chunk, text_completion
  * (whole and streamed), usage, and logprobs (chat's `content` list and completions' legacy lists).
  */
-import type { FinishReason } from "../engine/index.ts";
+import type { FinishReason, GeneratedToken } from "../engine/index.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
-import type { GeneratedToken } from "./sequence.ts";
 
 export interface ResponseIdentity {
   id: string;

@@ -3,14 +3,13 @@
  * template by the engine's prompt helpers, or a raw prompt), the sampling options (the request's
  * over the model's own defaults), the token limit, stop strings and logprobs; every limit checked.
  */
-import { promptIds, type Model } from "../engine/index.ts";
+import { promptIds, type Model, type SequenceOptions } from "../engine/index.ts";
 import { samplingFromModel } from "../sampling/defaults.ts";
 import type { SamplingOptions } from "../sampling/options.ts";
 import type { ChatMessage } from "../tokenizer/chat-template.ts";
 import type { HostConfig } from "./config.ts";
 import { invalidRequest, notSupported } from "./errors.ts";
 import type { ChatCompletionRequest, CompletionRequest } from "./schemas.ts";
-import type { SequenceOptions } from "./sequence.ts";
 
 export interface RequestPlan {
   promptIds: number[];

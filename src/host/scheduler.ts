@@ -10,7 +10,7 @@
  * stepper can make one S-token call for all of them (Sequence.pendingInput / accept / takeDelta).
  */
 import { ApiError, RequestTimeoutError } from "./errors.ts";
-import type { Sequence, SequenceDelta } from "./sequence.ts";
+import type { Sequence, SequenceDelta } from "../engine/index.ts";
 
 export interface DecodeStepper {
   /** Advances each sequence by one model call: its delta, or the error it met (which fails only that one). */

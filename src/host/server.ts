@@ -4,14 +4,13 @@
  * their sessions and stops listening.
  */
 import type { Hono } from "hono";
-import type { Model } from "../engine/index.ts";
+import type { Model, SequenceSession } from "../engine/index.ts";
 import { createApp } from "./app.ts";
 import { resolveHostConfig, type HostConfig, type HostConfigInput } from "./config.ts";
 import type { HostContext } from "./completions.ts";
 import { listen, type Listener } from "./listen.ts";
 import { Metrics } from "./metrics.ts";
 import { SlotScheduler, type DecodeStepper, type Scheduler } from "./scheduler.ts";
-import type { SequenceSession } from "./sequence.ts";
 
 export interface HostOptions {
   /** Opens one request's session (default: model.session({ ctx })). Tests wrap it to inject faults. */

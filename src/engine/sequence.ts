@@ -1,19 +1,23 @@
 /**
- * One request's generation, advanced one model call at a time so that a scheduler can interleave
- * many: `prefill()` runs the prompt and picks the first token, each `step()` runs the model on the
- * last token and picks the next. The decisions are the engine's generate() (src/engine/generate.ts)
- * made in the same order (sampling, EOS ids, stop strings, the token limit, the context's end), so
- * a sequence gives generate()'s text for the same prompt and options; the test holds them equal.
- * It is here and not in the engine because generate() is one uninterruptible generator that picks
- * its own model calls; a batched stepper needs to make the calls itself (`pendingInput` + `accept`).
+ * One generation's decisions, one model call at a time: `prefill()` runs the prompt and picks the
+ * first token; each `step()` runs the model on the last token and picks the next. Each pick samples
+ * (penalties over the prompt and what was generated), then stops at an EOS id, a stop string, the
+ * token limit or the context's end; text is released as it becomes safe to show (UTF-8 complete,
+ * not a possible start of a stop string). generate() is a loop over this; a server's scheduler
+ * interleaves many, and a batched stepper can make the model calls itself (`pendingInput`,
+ * `wantsLogits`, `accept`, `takeDelta`). The session is the caller's: a sequence never disposes it.
  */
-import type { FinishReason } from "../engine/index.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import type { SamplingOptions } from "../sampling/options.ts";
 import { Sampler, type TokenLogprob } from "../sampling/sampler.ts";
 import { StopStringMatcher } from "../sampling/stop.ts";
 import { TokenTextStream } from "../tokenizer/stream.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+
+export type FinishReason = "stop" | "length";
+
+/** Which stop ended a sequence: an EOS id or a stop string. */
+export type StoppedBy = { eos: number } | { text: string };
 
 /** What a sequence needs of an engine Session (a Session is one; tests wrap one to inject faults). */
 export interface SequenceSession extends Disposable {
@@ -26,10 +30,15 @@ export interface SequenceSession extends Disposable {
 
 export interface SequenceOptions {
   maxTokens: number;
-  sampling: SamplingOptions;
-  stop: readonly string[];
+  sampling?: SamplingOptions;
+  /** Texts that end the generation; the stop text itself is not returned. */
+  stop?: readonly string[];
+  /** Stop at the tokenizer's EOS ids (default true). */
+  stopAtEos?: boolean;
   /** Report each token's logprob and this many alternatives (undefined: no logprobs). */
   topLogprobs?: number;
+  /** Keep a copy of the logits after the prompt (`promptLogits`); the session's own view is reused by the next call. */
+  keepPromptLogits?: boolean;
 }
 
 /** One generated token, with its logprobs when they were asked for. */
@@ -46,35 +55,43 @@ export interface SequenceDelta {
 }
 
 export class Sequence {
+  /** Generated ids, the EOS id that ended it included. */
   readonly ids: number[] = [];
+  /** All text released so far (the whole reply once done). */
   text = "";
   finishReason: FinishReason | undefined;
+  stoppedBy: StoppedBy | undefined;
+  /** Logits after the last prompt token, where `keepPromptLogits` asked for them. */
+  promptLogits: Float32Array | undefined;
+  /** decodeTokens: model calls after the prompt (one per token picked after the first). */
   readonly timings = { promptSeconds: 0, decodeSeconds: 0, decodeTokens: 0 };
   private readonly sampler: Sampler;
   private readonly eos: Set<number>;
   private readonly stream: TokenTextStream;
   private readonly stops: StopStringMatcher;
+  /** Prompt and generated ids: what the penalties count. */
   private readonly history: number[];
   private readonly argmaxOnDevice: boolean;
-  private stoppedByText = false;
   /** The token the next model call runs (the last one picked). */
   private pending: number | undefined;
+  private prefilled = false;
   private delta: SequenceDelta = { text: "", tokens: [] };
   private decodeStart = 0;
 
   constructor(
-    private readonly tokenizer: TextTokenizer,
+    tokenizer: TextTokenizer,
     readonly session: SequenceSession,
     readonly promptIds: readonly number[],
     private readonly options: SequenceOptions,
   ) {
     if (!Number.isInteger(options.maxTokens) || options.maxTokens < 0) throw new InvalidArgumentError(`maxTokens must be an integer >= 0, got ${options.maxTokens}`);
     this.sampler = new Sampler(options.sampling);
-    this.eos = new Set(tokenizer.eosIds);
+    this.eos = new Set(options.stopAtEos === false ? [] : tokenizer.eosIds);
     this.stream = new TokenTextStream(tokenizer);
-    this.stops = new StopStringMatcher(options.stop);
+    this.stops = new StopStringMatcher(options.stop ?? []);
     this.history = [...promptIds];
-    // logprobs need the logits: then the device's argmax shortcut is not taken (the same id either way)
+    // Greedy without penalties: the device returns the argmax itself and no logits are read back.
+    // Logprobs need the logits, so they turn the shortcut off (the same id either way).
     this.argmaxOnDevice = this.sampler.argmaxOnly && options.topLogprobs === undefined;
   }
 
@@ -91,18 +108,22 @@ export class Sequence {
     return this.done ? undefined : this.pending;
   }
 
+  /** Whether accept() needs logits (false: the argmax id suffices). */
+  get wantsLogits(): boolean {
+    return !this.argmaxOnDevice;
+  }
+
   /** Runs the prompt and picks the first token. */
   prefill(): SequenceDelta {
-    if (this.pending !== undefined || this.done || this.ids.length > 0) throw new InvalidArgumentError("prefill runs once, first");
+    if (this.prefilled) throw new InvalidArgumentError("prefill runs once, first");
+    this.prefilled = true;
     const t0 = performance.now();
     const logits = this.session.prefill(this.promptIds);
     this.timings.promptSeconds = (performance.now() - t0) / 1000;
+    if (this.options.keepPromptLogits) this.promptLogits = logits.slice();
     this.decodeStart = performance.now();
-    if (this.options.maxTokens === 0) {
-      this.finish("length");
-      return this.takeDelta();
-    }
-    this.consume(logits, undefined);
+    if (this.options.maxTokens === 0) this.finish("length");
+    else this.consume(logits, undefined);
     return this.takeDelta();
   }
 
@@ -120,16 +141,13 @@ export class Sequence {
    * logits, or the argmax id where `wantsLogits` is false.
    */
   accept(output: { logits: Float32Array } | { greedyId: number }): void {
+    if (this.pendingInput === undefined) throw new InvalidArgumentError("accept needs a prefilled sequence that is not done");
     this.timings.decodeTokens++;
-    this.consume("logits" in output ? output.logits : undefined, "greedyId" in output ? output.greedyId : undefined);
+    if ("greedyId" in output) this.consume(undefined, output.greedyId);
+    else this.consume(output.logits, undefined);
   }
 
-  /** Whether accept() needs logits (false: the argmax id suffices). */
-  get wantsLogits(): boolean {
-    return !this.argmaxOnDevice;
-  }
-
-  /** What accept() produced since the last call (for a batched stepper). */
+  /** What was produced since the last call (prefill() and step() return it themselves). */
   takeDelta(): SequenceDelta {
     const d = this.delta;
     this.delta = { text: "", tokens: [] };
@@ -137,47 +155,47 @@ export class Sequence {
   }
 
   private consume(logits: Float32Array | undefined, greedyId: number | undefined): void {
-    let token: GeneratedToken;
-    if (greedyId !== undefined) token = { id: greedyId };
-    else if (this.options.topLogprobs !== undefined) {
-      const s = this.sampler.sampleWithInfo(logits!, this.history, { topLogprobs: this.options.topLogprobs });
-      token = { id: s.token, logprob: s.logprob, topLogprobs: s.topLogprobs };
-    } else token = { id: this.sampler.sample(logits!, this.history) };
+    const token = greedyId !== undefined ? { id: greedyId } : this.pick(logits!);
     const id = token.id;
     if (id < 0) throw new InvalidArgumentError("no token can be chosen: every logit is NaN or -Infinity");
     this.ids.push(id);
     this.history.push(id);
     this.delta.tokens.push(token);
     this.pending = id;
-    if (this.eos.has(id)) return this.finish("stop");
-    if (this.emit(this.stream.push(id))) {
-      this.stoppedByText = true;
+    if (this.eos.has(id)) {
+      this.stoppedBy = { eos: id };
       return this.finish("stop");
     }
-    if (this.ids.length >= this.options.maxTokens || this.session.length >= this.session.ctx) return this.finish("length");
+    if (this.emit(this.stream.push(id))) return this.finish("stop");
+    if (this.ids.length >= this.options.maxTokens || this.session.length >= this.session.ctx) this.finish("length");
   }
 
-  /** Passes text through the stop strings; true when one completed. */
+  private pick(logits: Float32Array): GeneratedToken {
+    if (this.options.topLogprobs === undefined) return { id: this.sampler.sample(logits, this.history) };
+    const s = this.sampler.sampleWithInfo(logits, this.history, { topLogprobs: this.options.topLogprobs });
+    return { id: s.token, logprob: s.logprob, topLogprobs: s.topLogprobs };
+  }
+
+  /** Passes text through the stop strings; true when one completed (it is then `stoppedBy`). */
   private emit(text: string): boolean {
     const r = this.stops.push(text);
-    if (r.text) {
-      this.text += r.text;
-      this.delta.text += r.text;
-    }
-    return r.stopped !== undefined;
+    this.release(r.text);
+    if (r.stopped === undefined) return false;
+    this.stoppedBy = { text: r.stopped };
+    return true;
+  }
+
+  private release(text: string): void {
+    if (!text) return;
+    this.text += text;
+    this.delta.text += text;
   }
 
   private finish(reason: FinishReason): void {
-    if (!this.stoppedByText) {
-      // the detokenizer's held bytes, then the stop matcher's held tail, as generate() releases them
+    if (this.stoppedBy === undefined || "eos" in this.stoppedBy) {
+      // the detokenizer's held bytes may still complete a stop string; else the matcher's held tail is text
       if (this.emit(this.stream.flush())) reason = "stop";
-      else {
-        const rest = this.stops.flush();
-        if (rest) {
-          this.text += rest;
-          this.delta.text += rest;
-        }
-      }
+      else this.release(this.stops.flush());
     }
     this.finishReason = reason;
     this.timings.decodeSeconds = (performance.now() - this.decodeStart) / 1000;

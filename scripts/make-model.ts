@@ -1,16 +1,18 @@
-// `bun run make-model --shape NAME --type q4_0|q8_0|f16 --out FILE [--seed N] [--layers N] [--threads N]`:
+// `bun run make-model --shape NAME --type q4_0|q8_0|f16 --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`:
 // a random-weight Qwen3-MoE GGUF (llama.cpp arch qwen3moe) with the Qwen3 tokenizer, so full-size
-// benchmarks need no download. Progress goes to stderr; the last line (stdout) gives size and time.
+// benchmarks need no download; --vocab N cuts the tokenizer to N tokens (small test files).
+// Progress goes to stderr; the last line (stdout) gives size and time.
 import { closeSync, openSync, renameSync, rmSync } from "node:fs";
 import { z } from "zod";
 import { MODEL_FILE_TYPES, qwen3MoeTensors } from "../src/model/qwen3moe-gguf-layout.ts";
-import { randomModelTensorBytes, writeRandomModel } from "../src/model/random-gguf.ts";
+import { qwen3TokenizerFiles, randomModelTensorBytes, writeRandomModel } from "../src/model/random-gguf.ts";
+import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
 import { SHAPE_NAMES, shapeByName } from "../src/model/shapes.ts";
 import { args, exit, fail, oneLine } from "./lib/cli.ts";
 import { formatBytes, Progress } from "./lib/progress.ts";
 
 const SCRIPT = "make-model";
-const USAGE = `usage: bun run make-model --shape ${SHAPE_NAMES.join("|")} --type ${MODEL_FILE_TYPES.join("|")} --out FILE [--seed N] [--layers N] [--threads N]`;
+const USAGE = `usage: bun run make-model --shape ${SHAPE_NAMES.join("|")} --type ${MODEL_FILE_TYPES.join("|")} --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`;
 
 const integer = z.string().regex(/^\d+$/, "must be a non-negative integer").transform(Number);
 const flagsSchema = z.strictObject({
@@ -20,6 +22,8 @@ const flagsSchema = z.strictObject({
   seed: integer.pipe(z.number().max(0xffffffff, "must fit in 32 bits")).default(1),
   // Fewer layers than the shape has: quick trials and per-layer timings of a big shape.
   layers: integer.pipe(z.number().min(1, "must be at least 1")).optional(),
+  // A smaller vocab than the shape's (the Qwen3 tokenizer's first tokens, its special tokens after them): files of a few MB for tests.
+  vocab: integer.pipe(z.number().min(282, "must be at least 282 (256 byte tokens and 26 special tokens)")).optional(),
   threads: integer.pipe(z.number().min(1, "must be at least 1").max(256, "must be at most 256")).default(defaultThreads()),
 });
 
@@ -60,7 +64,8 @@ if (!parsed.success) {
 }
 const flags = parsed.data;
 const base = shapeByName(flags.shape)!;
-const shape = flags.layers === undefined ? base : { ...base, layers: flags.layers };
+const shape = { ...base, layers: flags.layers ?? base.layers, vocab: flags.vocab ?? base.vocab };
+const tokenizer = flags.vocab === undefined ? undefined : truncateBpeTokenizer(qwen3TokenizerFiles(), flags.vocab);
 const fileType = flags.type;
 
 // Written under a temporary name, so an interrupted run leaves no file that looks complete.
@@ -71,7 +76,7 @@ try {
   fail(SCRIPT, `cannot write --out ${flags.out}: ${oneLine(e)}`);
 }
 try {
-  const layers = shape.layers === base.layers ? "" : `, ${shape.layers} of ${base.layers} layers`;
+  const layers = (shape.layers === base.layers ? "" : `, ${shape.layers} of ${base.layers} layers`) + (shape.vocab === base.vocab ? "" : `, vocab ${shape.vocab}`);
   const count = qwen3MoeTensors(shape, fileType).length;
   const progress = new Progress(`${SCRIPT}: ${shape.name} ${fileType}${layers}, seed ${flags.seed}, ${flags.threads} threads, ~${formatBytes(randomModelTensorBytes(shape, fileType))}`, count, "tensors");
   const report = await writeRandomModel({
@@ -80,6 +85,7 @@ try {
     path: partial,
     seed: flags.seed,
     threads: flags.threads,
+    tokenizer,
     onTensor: () => progress.tick(),
   });
   progress.finish();

@@ -242,6 +242,33 @@ beforeAll(() => {
   paths.dumped = join(tmp, "logits.f32");
 });
 
+/** The committed Q4_K_M file (Q4_K/Q6_K experts and dense matrices) and broken copies of it. */
+const kquant = `${repoRoot}test/fixtures/kquant-model/random-qwen3moe.Q4_K_M.gguf`;
+beforeAll(async () => {
+  if (!tmp) return;
+  using file = await openGguf(kquant);
+  const offset = (name: string) => file.tensors.get(name)!.bytes.byteOffset; // a view of the whole mapped file
+  const bytes = new Uint8Array(readFileSync(kquant));
+  const last = [...file.tensors.values()].sort((a, b) => b.bytes.byteOffset - a.bytes.byteOffset)[0]!;
+  if (last.name !== "blk.1.ffn_up_exps.weight") throw new Error(`unexpected last tensor ${last.name}`);
+  paths.kqTruncated = join(tmp, "kq-truncated.gguf");
+  writeFileSync(paths.kqTruncated, bytes.subarray(0, bytes.length - 100_000)); // inside the last tensor, a Q4_K one
+  paths.kqType = join(tmp, "kq-type99.gguf");
+  writeFileSync(paths.kqType, patchGgufType(bytes, "blk.1.ffn_down_exps.weight", 99)); // no ggml type has id 99
+  // f16 NaN (0x7e00) as the d of the first Q4_K block of a dense matrix: refused at load.
+  const nanDense = bytes.slice();
+  nanDense.set([0x00, 0x7e], offset("blk.0.attn_q.weight"));
+  paths.kqNanDense = join(tmp, "kq-nan-dense.gguf");
+  writeFileSync(paths.kqNanDense, nanDense);
+  // ... and as the d (byte 208) of the first Q6_K block of every layer-1 down expert: found when first routed.
+  const nanExperts = bytes.slice();
+  const down = file.tensors.get("blk.1.ffn_down_exps.weight")!;
+  if (down.dtype !== "Q6_K") throw new Error(`unexpected type ${down.dtype}`);
+  for (let e = 0; e < 16; e++) nanExperts.set([0x00, 0x7e], down.bytes.byteOffset + (e * down.bytes.byteLength) / 16 + 208);
+  paths.kqNanExperts = join(tmp, "kq-nan-experts.gguf");
+  writeFileSync(paths.kqNanExperts, nanExperts);
+});
+
 afterAll(() => {
   if (tmp) rmSync(tmp, { recursive: true, force: true });
 });
@@ -272,6 +299,24 @@ errorTest("an unsupported GGUF architecture (qwen35moe)", () => ["--model", q35!
 errorTest("an unsupported HF model_type (llama)", () => ["--model", paths.llama!, "--prompt", "hi"], () => ['"llama"', "not supported", "qwen3_moe"]);
 errorTest("an unsupported GGUF tensor type (Q2_K)", () => ["--model", paths.ggufQ2K!, "--prompt", "hi"],
   () => ["blk.1.ffn_down_exps.weight", "Q2_K", "Q8_0", "Q4_0"]);
+
+errorTest("a truncated K-quant tensor", () => ["--model", paths.kqTruncated!, "--prompt", "hi"], () => ['tensor "blk.1.ffn_up_exps.weight"', "Q4_K", "truncated"]);
+errorTest("an unknown GGUF tensor type id (99)", () => ["--model", paths.kqType!, "--prompt", "hi"], () => ["blk.1.ffn_down_exps.weight", "type 99", "Q4_K"]);
+errorTest("a NaN block scale in a dense K-quant matrix (at load)", () => ["--model", paths.kqNanDense!, "--prompt", "hi"],
+  () => ["NonFiniteValueError", "blk.0.attn_q.weight", "row 0, block 0", "Q4_K", "NaN"]);
+errorTest("NaN block scales in K-quant routed experts (when first routed)", () => ["--model", paths.kqNanExperts!, "--raw", "--prompt", "hi"],
+  () => ["NonFiniteValueError", "blk.1.ffn_down_exps.weight (expert", "Q6_K", "NaN"]);
+
+test.concurrent("a Q4_K_M file runs with the GPU enabled: mode cpu, one notice saying why the K-quant experts run on the CPU", async () => {
+  if (!ready()) return;
+  const r = await cli(["--model", kquant, "--raw", "--prompt", "Once upon a time", "--temperature", "0", "--max-tokens", "4", "--json"], { gpu: true });
+  const out = expectJson(r);
+  expect(out.mode, show(r)).toBe("cpu");
+  expect(out.device).toContain("Q4_K/Q6_K experts run on the CPU: the GPU has no kernels for them yet");
+  expect(out.ids.length).toBe(4);
+  const notices = r.stderr.split("\n").filter((l) => NOTICE.test(l));
+  expect(notices, show(r)).toEqual([expect.stringMatching(/^vkmoe: Q4_K\/Q6_K experts run on the CPU: the GPU has no kernels for them yet \(read in place: [\d.]+ MiB/)]);
+}, TEST_TIMEOUT_MS);
 
 test.concurrent("a prompt longer than --ctx names both numbers", async () => {
   if (!ready()) return;

@@ -9,6 +9,7 @@ import { gguf } from "@huggingface/gguf";
 import { encodeF16, encodeQ4_0, encodeQ8_0 } from "../src/formats/ggml-quantize.ts";
 import { type GgufMetadata, GgufValueTypeId, GgufWriter, type GgufValue, GgmlType, ggmlTensorBytes } from "../src/formats/gguf-writer.ts";
 import { tokenizerMetadata } from "../src/formats/hf-tokenizer-gguf.ts";
+import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
 import { ChunkPool } from "../src/model/chunk-pool.ts";
 import { f16BitsToF32, f32ToF16Bits } from "../src/quant/half.ts";
 import { type ModelFileType, qwen3MoeMetadata, qwen3MoeTensors } from "../src/model/qwen3moe-gguf-layout.ts";
@@ -364,6 +365,7 @@ describe("make-model flags", () => {
     ["a bad seed", ["--shape", "tiny", "--type", "q8_0", "--out", "X", "--seed", "-3"], /--seed must be a non-negative integer/],
     ["a seed past 32 bits", ["--shape", "tiny", "--type", "q8_0", "--out", "X", "--seed", "4294967296"], /fit in 32 bits/],
     ["a zero thread count", ["--shape", "tiny", "--type", "q8_0", "--out", "X", "--threads", "0"], /--threads must be at least 1/],
+    ["a vocab too small for the byte and special tokens", ["--shape", "tiny", "--type", "q8_0", "--out", "X", "--vocab", "100"], /--vocab must be at least 282/],
     ["an unwritable path", ["--shape", "tiny", "--type", "q8_0", "--out", "/nonexistent-dir/x.gguf"], /cannot write --out .*ENOENT/],
   ];
   for (const [what, args, message] of cases) {
@@ -379,4 +381,18 @@ describe("make-model flags", () => {
       expect(existsSync(join(repoRoot, "X")) || existsSync(join(repoRoot, "X.partial"))).toBe(false);
     }, 15_000);
   }
+});
+
+describe("--vocab N: the Qwen3 tokenizer cut to N tokens (test/model-kquant.test.ts: llama.cpp tokenizes as vkmoe does)", () => {
+  test("the first N - 26 tokens with dense ids, only the merges among them (in rank order), the 26 special tokens renumbered after them", () => {
+    const cut = truncateBpeTokenizer(tokenizer, 1024).tokenizer as any;
+    const full = tokenizer.tokenizer as any;
+    const ids = Object.values(cut.model.vocab as Record<string, number>).sort((a, b) => a - b);
+    expect(ids).toEqual(Array.from({ length: 998 }, (_, i) => i));
+    for (const [text, id] of Object.entries(cut.model.vocab as Record<string, number>)) expect(full.model.vocab[text]).toBe(id);
+    // Qwen's merge i makes token 256 + i: the first 998 - 256 merges are kept, in order.
+    expect(cut.model.merges).toEqual(full.model.merges.slice(0, 998 - 256));
+    expect(cut.added_tokens.map((t: { id: number; content: string }) => [t.id, t.content])).toEqual(full.added_tokens.map((t: { content: string }, i: number) => [998 + i, t.content]));
+    expect(() => truncateBpeTokenizer(tokenizer, 281)).toThrow("a vocab of 281 cannot hold the 256 byte tokens and 26 special tokens (at least 282)");
+  });
 });

@@ -2,7 +2,8 @@
  * GGML block formats (src/quant/ggml-blocks.ts, ggml-gemv.ts): dequantization bit for bit against
  * gguf-py on tensors llama.cpp's llama-quantize made (test/fixtures/ggml-blocks/blocks.gguf, made by
  * scripts/fixtures/make-ggml-blocks-fixture.ts; committed, so this always runs), the CPU GEMV over the
- * blocks against an f64 reference, and the typed errors for bad input.
+ * blocks against an f64 reference, the model layer's dense and expert matrices of these types, and
+ * the typed errors for bad input.
  */
 import { afterAll, describe, expect, test } from "bun:test";
 import { openGguf } from "../src/formats/gguf.ts";
@@ -229,10 +230,39 @@ describe("the model layer (loadWeights) on a GGUF whose dense tensors are GGML b
     expect(bitsOf(row)).toEqual(bitsOf(all.subarray(5 * D, 6 * D)));
   });
 
-  test("block-typed routed experts are refused at load, naming the tensor, its type and what works", () => {
+  test("block-typed routed experts load as \"ggml\": each expert matrix a block Linear of its own type, in place in the file", () => {
     const f = file({ ...dense, "blk.0.ffn_gate_exps.weight": "Q4_K", "blk.0.ffn_up_exps.weight": "Q4_K", "blk.0.ffn_down_exps.weight": "Q6_K" });
-    expect(() => loadWeights(f, cfg, { experts: "none", dense: "none" }, "test.gguf")).toThrow(
-      new ModelWeightsError("test.gguf: tensor blk.0.ffn_gate_exps.weight is Q4_K; routed experts must be Q8_0 or Q4_0 (or all float) for now: requantize with llama-quantize to Q8_0 or Q4_0"),
+    const w = loadWeights(f, cfg, { experts: "none", dense: "none" }, "test.gguf");
+    const layer = w.layers[0]!;
+    const stacks = ["gate", "up", "down"].map((m) => f.tensors.get(`blk.0.ffn_${m}_exps.weight`)!);
+    expect(layer.expertFormat).toBe("ggml");
+    expect(layer.expertTypes).toEqual(["Q4_K", "Q6_K"]);
+    expect(layer.expertBytes).toBe(stacks.reduce((n, t) => n + t.bytes.byteLength, 0));
+    const m = w.expert(0, 1);
+    if (m.kind !== "linear") throw new Error(`expert kind ${m.kind}`);
+    const linears = [m.gate, m.up, m.down] as GgmlBlockLinear[];
+    expect(linears.map((l) => [l.kind, l.rows, l.cols, l.bytes])).toEqual([["q4_k", I, D, I * 144], ["q4_k", I, D, I * 144], ["q6_k", D, I, D * 210]]);
+    linears.forEach((l, k) => {
+      // A view of expert 1's slice of the stacked tensor: no copy.
+      expect(l.tensor.bytes.buffer).toBe(stacks[k]!.bytes.buffer);
+      expect(l.tensor.bytes.byteOffset).toBe(stacks[k]!.bytes.byteOffset + stacks[k]!.bytes.byteLength / E);
+    });
+  });
+
+  test("a NaN scale in a block expert is refused when that expert is first made, naming tensor, expert, row and block; other types are refused at load", () => {
+    const f = file({ ...dense, "blk.0.ffn_gate_exps.weight": "Q4_K", "blk.0.ffn_up_exps.weight": "Q4_K", "blk.0.ffn_down_exps.weight": "Q6_K" });
+    const down = f.tensors.get("blk.0.ffn_down_exps.weight")!;
+    down.bytes.set([0x00, 0x7e], (2 * down.bytes.byteLength) / E + 3 * 210 + 208); // expert 2, row 3, block 0: d = NaN
+    const w = loadWeights(f, cfg, { experts: "none", dense: "none" }, "test.gguf");
+    expect(() => w.expert(0, 1)).not.toThrow();
+    expect(() => w.expert(0, 2)).toThrow(
+      new NonFiniteValueError("test.gguf: tensor blk.0.ffn_down_exps.weight (expert 2): row 3, block 0: the f16 scale at byte 208 of the Q6_K block is NaN or infinite"),
+    );
+    const g = file(dense);
+    const gate = g.tensors.get("blk.0.ffn_gate_exps.weight")!;
+    (g.tensors as Map<string, TensorView>).set(gate.name, { ...gate, dtype: "Q2_K" as TensorDType });
+    expect(() => loadWeights(g, cfg, { experts: "none", dense: "none" }, "test.gguf")).toThrow(
+      new ModelWeightsError("test.gguf: tensor blk.0.ffn_gate_exps.weight is Q2_K, which routed experts cannot be"),
     );
   });
 });

@@ -125,5 +125,6 @@ export function encodeAs(type: GgmlTypeName, src: Float32Array, dst: Uint8Array,
     case "Q4_0": return encodeQ4_0(src, dst, dstOffset);
     case "F16": return encodeF16(src, dst, dstOffset);
     case "F32": return encodeF32(src, dst, dstOffset);
+    default: throw new RangeError(`no ${type} encoder: the writer takes such blocks as they are (llama-quantize makes them)`);
   }
 }

@@ -6,8 +6,8 @@
 import { closeSync, openSync, writeSync } from "node:fs";
 import { readableGgmlType } from "./ggml-types.ts";
 
-/** GGML tensor types this writer takes, by ggml.h's ids. */
-export const GgmlType = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 8 } as const;
+/** GGML tensor types this writer takes, by ggml.h's ids (the block types' bytes come encoded, e.g. copied from llama-quantize's output). */
+export const GgmlType = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 8, Q4_1: 3, Q5_0: 6, Q5_1: 7, Q4_K: 12, Q5_K: 13, Q6_K: 14 } as const;
 export type GgmlTypeName = keyof typeof GgmlType;
 
 /** Bytes of a tensor of `type` with GGUF dims `ne` (innermost first). Rows must hold whole blocks. */

@@ -1,7 +1,8 @@
 /**
- * The routed experts of every MoE layer behind one call, `forward(layer, x, routing, y)`: quantized
- * experts run through `MoeBackend` (the GPU, or its CPU path, with one line saying why), float
- * experts (`--quant none`, float GGUF experts) on the CPU in f32 with f64 sums.
+ * The routed experts of every MoE layer behind one call, `forward(layer, x, routing, y)`: q4/q8
+ * experts run through `MoeBackend` (the GPU, or its CPU path, with one line saying why); float
+ * experts (`--quant none`, float GGUF experts) and GGML block experts (Q4_K, Q5_K, Q6_K ... of
+ * Q4_K_M files; no GPU kernels yet) on the CPU, read in place from the file, f64 sums.
  */
 import { collectGarbage } from "../ffi/index.ts";
 import { MoeBackend } from "../moe/backend.ts";
@@ -12,7 +13,7 @@ import type { VkmoeEnv } from "../config.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import type { Linear } from "./linear.ts";
 import { silu } from "./ops.ts";
-import type { ExpertMatrices, ModelWeights } from "./weights.ts";
+import type { ExpertMatrices, LayerWeights, ModelWeights } from "./weights.ts";
 
 export interface ExpertRunner extends Disposable {
   /** "gpu" when every MoE layer runs on the GPU. */
@@ -73,14 +74,12 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
   const formats = new Set(weights.layers.map((l) => l.expertFormat).filter((f) => f !== undefined));
   const cacheBytes = options.cpuCacheBytes ?? 512 * 2 ** 20;
   const backends = new Map<QuantFormat, MoeBackend>();
-  let float: FloatExperts | undefined;
+  // Float and GGML block experts: Linears over the mapped file, run by the CPU.
+  const cpu = formats.has("float") || formats.has("ggml") ? new CpuExperts(cfg, weights) : undefined;
   const E = cfg.experts;
   try {
     for (const f of formats) {
-      if (f === "float") {
-        float = new FloatExperts(cfg, weights);
-        continue;
-      }
+      if (f === "float" || f === "ggml") continue;
       const cache = new ExpertCache<ExpertWeights>(cacheBytes);
       let backend: MoeBackend | undefined;
       const convert = (l: number, e: number): ExpertWeights => {
@@ -106,7 +105,7 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
     throw e;
   }
   // Upload every expert now, so that the first tokens do not wait on uploads.
-  const moeLayers = weights.layers.flatMap((l, i) => (l.expertFormat !== undefined && l.expertFormat !== "float" ? [i] : []));
+  const moeLayers = weights.layers.flatMap((l, i) => (l.expertFormat === "q4" || l.expertFormat === "q8" ? [i] : []));
   let done = 0;
   for (const [f, backend] of backends) {
     const mine = moeLayers.filter((l) => weights.layers[l]!.expertFormat === f);
@@ -120,23 +119,27 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
     if (backend.mode === "gpu") for (const l of r.complete) weights.releaseExperts(l);
     if (r.skipped > 0) log(`vkmoe: ${r.loaded} of ${r.loaded + r.skipped} experts fit the GPU budget; the others upload when routed to, evicting colder ones`);
   }
-  const byLayer = weights.layers.map((l) => (l.expertFormat === undefined ? undefined : l.expertFormat === "float" ? float! : backends.get(l.expertFormat)!));
-  if (float) log("vkmoe: float experts (--quant none or a float GGUF) run on the CPU; the GPU's MoE kernels take q4/q8 weights");
+  const byLayer = weights.layers.map((l) => {
+    const f = l.expertFormat;
+    return f === undefined ? undefined : f === "float" || f === "ggml" ? cpu! : backends.get(f)!;
+  });
+  const cpuWhy = cpuExpertsWhy(weights.layers);
+  if (cpuWhy) log(`vkmoe: ${cpuWhy}`);
   const all = [...backends.values()];
   return {
     // Read each time: a lost device moves a backend to the CPU mid-generation.
     get mode() {
-      return all.length > 0 && !float && all.every((b) => b.mode === "gpu") ? "gpu" : "cpu";
+      return all.length > 0 && !cpu && all.every((b) => b.mode === "gpu") ? "gpu" : "cpu";
     },
     get why() {
       const parts = all.map((b) => b.why);
-      if (float) parts.push("float experts on the CPU (the GPU's MoE kernels take q4/q8 weights)");
+      if (cpuWhy) parts.push(cpuWhy);
       return parts.join("; ") || "no MoE layers";
     },
     forward: (layer, x, r, y) => byLayer[layer]!.forward(layer, x, r, y),
     abandonGpu: (why) => all.forEach((b) => b.abandonGpu(why)),
     get gpuBackend() {
-      return all.length === 1 && !float && all[0]!.mode === "gpu" ? all[0] : undefined;
+      return all.length === 1 && !cpu && all[0]!.mode === "gpu" ? all[0] : undefined;
     },
     takeValidationMessages: () => all.flatMap((b) => b.takeValidationMessages()),
     simulateDeviceLoss: () => all.forEach((b) => b.injectDeviceLost()),
@@ -146,37 +149,82 @@ export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options:
   };
 }
 
-/** Float experts on the CPU: y = Σ w · down(silu(gate x) ⊙ up x). */
-class FloatExperts {
-  /** Views over the mapped file cost nothing to keep, so every expert's Linear objects are kept once made. */
-  private readonly cache = new Map<number, Extract<ExpertMatrices, { kind: "float" }>>();
-  private readonly g: Float32Array;
-  private readonly u: Float32Array;
-  private readonly out: Float32Array;
+const MiB = 2 ** 20;
 
-  constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights) {
-    this.g = new Float32Array(cfg.expertIntermediate);
-    this.u = new Float32Array(cfg.expertIntermediate);
-    this.out = new Float32Array(cfg.hidden);
+/**
+ * Why some experts run on the CPU, one clause ("" when none do): "Q4_K/Q6_K experts run on the CPU:
+ * the GPU has no kernels for them yet (read in place: 3.6 MiB of the mapped file)", and/or the float experts'.
+ */
+function cpuExpertsWhy(layers: readonly LayerWeights[]): string {
+  const parts: string[] = [];
+  for (const format of ["ggml", "float"] as const) {
+    const mine = layers.filter((l) => l.expertFormat === format);
+    if (mine.length === 0) continue;
+    const types = [...new Set(mine.flatMap((l) => l.expertTypes ?? []))].join("/");
+    const bytes = mine.reduce((n, l) => n + (l.expertBytes ?? 0), 0);
+    const where = `read in place: ${(bytes / MiB).toFixed(1)} MiB of the mapped file`;
+    parts.push(format === "ggml"
+      ? `${types} experts run on the CPU: the GPU has no kernels for them yet (${where})`
+      : `${types} experts run on the CPU as floats (--quant none or a float GGUF; the GPU's MoE kernels take q4/q8 weights; ${where})`);
+  }
+  return parts.join("; ");
+}
+
+/**
+ * Float and GGML block experts on the CPU: y = Σ w · down(silu(gate x) ⊙ up x), each matrix a Linear
+ * over the mapped file (no converted copy; GgmlBlockLinear decodes one block at a time).
+ */
+class CpuExperts {
+  /** Views over the mapped file cost nothing to keep, so every expert's Linear objects are kept once made. */
+  private readonly cache = new Map<number, Extract<ExpertMatrices, { kind: "linear" }>>();
+  /** Scratch, grown to the largest call: gathered inputs, gate, up, expert outputs, and each (token, slot) pair's output. */
+  private xs = new Float32Array(0);
+  private g = new Float32Array(0);
+  private u = new Float32Array(0);
+  private o = new Float32Array(0);
+  private pairOut = new Float32Array(0);
+
+  constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights) {}
+
+  private expert(layer: number, id: number): Extract<ExpertMatrices, { kind: "linear" }> {
+    const key = layer * this.cfg.experts + id;
+    let m = this.cache.get(key);
+    // Made on first use: a GGML expert's scales are checked then (NonFiniteValueError naming tensor, expert, row, block).
+    if (!m) this.cache.set(key, (m = this.weights.expert(layer, id) as Extract<ExpertMatrices, { kind: "linear" }>));
+    return m;
   }
 
   forward(layer: number, x: Float32Array, r: Routing, y: Float32Array): void {
-    const D = this.cfg.hidden, E = this.cfg.experts, I = this.cfg.expertIntermediate;
+    const D = this.cfg.hidden, I = this.cfg.expertIntermediate, pairs = r.S * r.k;
+    if (this.pairOut.length < pairs * D) {
+      this.xs = new Float32Array(pairs * D);
+      this.g = new Float32Array(pairs * I);
+      this.u = new Float32Array(pairs * I);
+      this.o = new Float32Array(pairs * D);
+      this.pairOut = new Float32Array(pairs * D);
+    }
+    // Each expert once for all its tokens of the call: a block's weights are decoded once, not once a token.
+    const byExpert = new Map<number, number[]>();
+    for (let p = 0; p < pairs; p++) {
+      const id = r.ids[p]!;
+      const list = byExpert.get(id);
+      if (list) list.push(p);
+      else byExpert.set(id, [p]);
+    }
+    for (const [id, list] of byExpert) {
+      const m = this.expert(layer, id), n = list.length;
+      list.forEach((p, t) => this.xs.set(x.subarray(Math.floor(p / r.k) * D, (Math.floor(p / r.k) + 1) * D), t * D));
+      m.gate.apply(this.xs, n, this.g);
+      m.up.apply(this.xs, n, this.u);
+      for (let i = 0; i < n * I; i++) this.g[i] = silu(this.g[i]!) * this.u[i]!;
+      m.down.apply(this.g, n, this.o);
+      list.forEach((p, t) => this.pairOut.set(this.o.subarray(t * D, (t + 1) * D), p * D));
+    }
+    // Summed in routing order, as one token at a time would.
     y.fill(0, 0, r.S * D);
-    for (let s = 0; s < r.S; s++) {
-      const xs = x.subarray(s * D, (s + 1) * D);
-      for (let j = 0; j < r.k; j++) {
-        const id = r.ids[s * r.k + j]!;
-        const key = layer * E + id;
-        let m = this.cache.get(key);
-        if (!m) this.cache.set(key, (m = this.weights.expert(layer, id) as Extract<ExpertMatrices, { kind: "float" }>));
-        m.gate.apply(xs, 1, this.g);
-        m.up.apply(xs, 1, this.u);
-        for (let i = 0; i < I; i++) this.g[i] = silu(this.g[i]!) * this.u[i]!;
-        m.down.apply(this.g, 1, this.out);
-        const w = r.weights[s * r.k + j]!;
-        for (let d = 0; d < D; d++) y[s * D + d] = y[s * D + d]! + w * this.out[d]!;
-      }
+    for (let p = 0; p < pairs; p++) {
+      const w = r.weights[p]!, s = Math.floor(p / r.k);
+      for (let d = 0; d < D; d++) y[s * D + d] = y[s * D + d]! + w * this.pairOut[p * D + d]!;
     }
   }
 

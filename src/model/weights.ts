@@ -1,8 +1,8 @@
 /**
  * The tensors of a Qwen3-MoE checkpoint, found by name in either file format and turned into what
- * the decoder computes with: norms as f32, dense matrices as Linear (in place for float, QuantMatrix
- * for q4/q8), embedding rows read on demand, and routed experts converted one at a time when the MoE
- * layer asks (never the whole checkpoint in the JS heap).
+ * the decoder computes with: norms as f32, dense matrices as Linear (in place for float and GGML
+ * block types, QuantMatrix for q4/q8), embedding rows read on demand, and routed experts converted
+ * one at a time when the MoE layer asks (never the whole checkpoint in the JS heap).
  */
 import type { TensorFile, TensorView } from "../formats/tensor.ts";
 import { fromGgufQ4_0, fromGgufQ8_0 } from "../quant/gguf.ts";
@@ -39,10 +39,20 @@ export interface DenseMlpWeights {
   down: Linear;
 }
 
-/** One routed expert: float (in place) or quantized (q4/q8 QuantMatrix, all three alike). */
+/**
+ * One routed expert: Linears the CPU runs (float in place, or GGML blocks in place, each matrix in
+ * its own type), or quantized for the MoE backend (q4/q8 QuantMatrix, all three alike).
+ */
 export type ExpertMatrices =
-  | { kind: "float"; gate: Linear; up: Linear; down: Linear }
+  | { kind: "linear"; gate: Linear; up: Linear; down: Linear }
   | { kind: "quant"; gate: QuantMatrix; up: QuantMatrix; down: QuantMatrix };
+
+/**
+ * How an MoE layer's experts are held: "float" (in place), a QuantFormat every matrix uses (the MoE
+ * backend's), or "ggml": GGML block types (Q4_K, Q6_K ...) read in place by the CPU, which the GPU's
+ * MoE kernels do not take yet.
+ */
+export type ExpertFormat = "float" | "ggml" | QuantFormat;
 
 export interface LayerWeights {
   attention: AttentionWeights;
@@ -50,8 +60,12 @@ export interface LayerWeights {
   router?: Linear;
   /** Dense MLP on layers without experts. */
   mlp?: DenseMlpWeights;
-  /** Expert storage of an MoE layer: "float", or the QuantFormat every expert matrix of the layer uses. */
-  expertFormat?: "float" | QuantFormat;
+  /** Expert storage of an MoE layer (see ExpertFormat). */
+  expertFormat?: ExpertFormat;
+  /** The file's tensor types of the layer's gate, up and down experts, distinct, in that order ("Q4_K", "Q6_K"). */
+  expertTypes?: string[];
+  /** Bytes of the layer's expert tensors in the file. */
+  expertBytes?: number;
 }
 
 export interface ModelWeights {
@@ -203,6 +217,8 @@ export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPl
       layer.router = toLinear(router, E, D, "none", where);
       const experts = file.format === "gguf" ? ggufExperts(r, l, E, I, D) : hfExperts(r, l, E, I, D, plan.experts);
       layer.expertFormat = experts.format;
+      layer.expertTypes = [...new Set(experts.tensors.map((t) => t.dtype))];
+      layer.expertBytes = experts.tensors.reduce((n, t) => n + t.bytes.byteLength, 0);
       expertTensors[l] = experts;
     } else {
       const F = cfg.denseIntermediate;
@@ -253,10 +269,17 @@ function embeddingReader(t: TensorView, D: number, where: string): (id: number, 
 }
 
 interface LayerExperts {
-  format: "float" | QuantFormat;
+  format: ExpertFormat;
   get(e: number): ExpertMatrices;
   /** The file tensors the experts are read from. */
   tensors: TensorView[];
+}
+
+/** Expert e's [rows, cols] slice of a stacked [E, rows, cols] tensor, named for errors. */
+function expertSlice(t: TensorView, E: number, e: number, rows: number, cols: number): TensorView {
+  const per = t.bytes.byteLength / E;
+  // No `release`: a conversion of one slice must not drop the pages of the whole stack.
+  return { ...t, name: `${t.name} (expert ${e})`, shape: [rows, cols], bytes: t.bytes.subarray(e * per, (e + 1) * per), release: undefined };
 }
 
 /** GGUF stacks a layer's experts: ffn_{gate,up}_exps [E, I, D], ffn_down_exps [E, D, I]; expert e is a contiguous slice. */
@@ -267,19 +290,19 @@ function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number
   const all = [gate, up, down];
   const quantTypes = new Set(all.map((t) => t.dtype));
   const float = all.every((t) => isFloatDType(t.dtype));
-  const unusable = all.find((t) => !isFloatDType(t.dtype) && t.dtype !== "Q8_0" && t.dtype !== "Q4_0");
-  if (unusable) {
-    // K-quant (and Q4_1/Q5_x) experts open but have no expert kernels yet: dense tensors of these types do work.
-    throw new ModelWeightsError(`${r.where}: tensor ${unusable.name} is ${unusable.dtype}; routed experts must be Q8_0 or Q4_0 (or all float) for now: requantize with llama-quantize to Q8_0 or Q4_0`);
-  }
-  if (!float && !all.every((t) => t.dtype === "Q8_0" || t.dtype === "Q4_0")) {
+  const unusable = all.find((t) => !isFloatDType(t.dtype) && t.dtype !== "Q8_0" && t.dtype !== "Q4_0" && !isGgmlBlockType(t.dtype));
+  if (unusable) throw new ModelWeightsError(`${r.where}: tensor ${unusable.name} is ${unusable.dtype}, which routed experts cannot be`);
+  const linears = (e: number): ExpertMatrices => {
+    const g = expertSlice(gate, E, e, I, D), u = expertSlice(up, E, e, I, D), d = expertSlice(down, E, e, D, I);
+    return { kind: "linear", gate: toLinear(g, I, D, "none", r.where), up: toLinear(u, I, D, "none", r.where), down: toLinear(d, D, I, "none", r.where) };
+  };
+  if (float) return { format: "float", tensors: all, get: linears };
+  // Any GGML block type (Q4_K_M files mix Q4_K gate/up with Q6_K or Q4_K down): every matrix a CPU Linear, read in place.
+  if (all.some((t) => isGgmlBlockType(t.dtype))) return { format: "ggml", tensors: all, get: linears };
+  if (!all.every((t) => t.dtype === "Q8_0" || t.dtype === "Q4_0")) {
     throw new ModelWeightsError(`${r.where}: layer ${l} mixes float and quantized expert tensors (${[...quantTypes].join(", ")}); vkmoe needs them alike`);
   }
-  const format: "float" | QuantFormat = float ? "float" : quantTypes.has("Q8_0") ? "q8" : "q4";
-  const slice = (t: TensorView, e: number, rows: number, cols: number): TensorView => {
-    const per = t.bytes.byteLength / E;
-    return { ...t, shape: [rows, cols], bytes: t.bytes.subarray(e * per, (e + 1) * per) };
-  };
+  const format: QuantFormat = quantTypes.has("Q8_0") ? "q8" : "q4";
   const quant = (t: TensorView, rows: number, cols: number): QuantMatrix => {
     const m = t.dtype === "Q8_0" ? fromGgufQ8_0(t.bytes, rows, cols) : fromGgufQ4_0(t.bytes, rows, cols);
     return format === "q8" && m.format === "q4" ? widenQ4(m) : m;
@@ -287,13 +310,7 @@ function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number
   return {
     format,
     tensors: all,
-    get: (e) => {
-      const g = slice(gate, e, I, D), u = slice(up, e, I, D), d = slice(down, e, D, I);
-      if (format === "float") {
-        return { kind: "float", gate: toLinear(g, I, D, "none", r.where), up: toLinear(u, I, D, "none", r.where), down: toLinear(d, D, I, "none", r.where) };
-      }
-      return { kind: "quant", gate: quant(g, I, D), up: quant(u, I, D), down: quant(d, D, I) };
-    },
+    get: (e) => ({ kind: "quant", gate: quant(expertSlice(gate, E, e, I, D), I, D), up: quant(expertSlice(up, E, e, I, D), I, D), down: quant(expertSlice(down, E, e, D, I), D, I) }),
   };
 }
 
@@ -313,7 +330,7 @@ function hfExperts(r: WeightReader, l: number, E: number, I: number, D: number, 
     tensors,
     get: (e) => {
       const gate = r.tensor(name(e, "gate"), [I, D]), up = r.tensor(name(e, "up"), [I, D]), down = r.tensor(name(e, "down"), [D, I]);
-      if (quant === "none") return { kind: "float", gate: toLinear(gate, I, D, "none", r.where), up: toLinear(up, I, D, "none", r.where), down: toLinear(down, D, I, "none", r.where) };
+      if (quant === "none") return { kind: "linear", gate: toLinear(gate, I, D, "none", r.where), up: toLinear(up, I, D, "none", r.where), down: toLinear(down, D, I, "none", r.where) };
       const q = (t: TensorView, rows: number, cols: number) => quantizeFloat(t.dtype as FloatDType, floatElements(t.dtype as FloatDType, t.bytes), rows, cols, quant, t.name, r.where);
       return { kind: "quant", gate: q(gate, I, D), up: q(up, I, D), down: q(down, D, I) };
     },

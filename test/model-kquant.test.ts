@@ -1,0 +1,171 @@
+/**
+ * The K-quant GGUF files people download, end to end against llama.cpp itself: small random
+ * Qwen3-MoE files that llama.cpp's llama-quantize made (Q4_K_M: Q4_K gate/up experts, a Q4_K down in
+ * layer 0 and Q6_K in layer 1, Q4_K/Q6_K dense matrices; Q5_K_M: Q5_K gate/up, Q6_K down), with
+ * llama.cpp CPU's prompt ids, greedy ids and text (test/fixtures/kquant-model, made by
+ * scripts/fixtures/make-kquant-model-fixture.ts; committed, so this always runs).
+ *
+ * Margins: llama.cpp's CPU backend quantizes activations to Q8_K before every K-quant dot product
+ * and keeps an f16 KV cache, so its logits differ from vkmoe's (GGML's exact dequantized weights,
+ * f64 sums) a little: on the six logits llama.cpp prints (of the prompt's last position) by up to
+ * 0.32 on these files. Each step is run on llama.cpp's own ids (teacher forcing, so one near tie
+ * does not end the comparison), and vkmoe's argmax must be llama.cpp's at every step where vkmoe's
+ * top-1 margin is >= MARGIN (0.5, above any flip this distance can cause at a normal step: every
+ * disagreement seen had a margin <= 0.1); at least MIN_COMPARED of the 32 steps must be compared.
+ */
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { readConfig, type VkmoeEnv } from "../src/config.ts";
+import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
+import { encodeQ8_0 } from "../src/formats/ggml-quantize.ts";
+import { openGguf } from "../src/formats/gguf.ts";
+import { GgufWriter, ggmlTensorBytes, type GgmlTypeName } from "../src/formats/gguf-writer.ts";
+import { tokenizerMetadata } from "../src/formats/hf-tokenizer-gguf.ts";
+import { Model } from "../src/model/model.ts";
+import { qwen3MoeMetadata, qwen3MoeTensors } from "../src/model/qwen3moe-gguf-layout.ts";
+import { qwen3TokenizerFiles } from "../src/model/random-gguf.ts";
+import { QWEN3_MOE_SHAPES } from "../src/model/shapes.ts";
+import { dequantizeGgml, ggmlBlockTensor, isGgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { nmse } from "../src/quant/metrics.ts";
+import { repoRoot } from "./support/paths.ts";
+
+const DIR = `${repoRoot}test/fixtures/kquant-model`;
+const MARGIN = 0.5;
+/** vkmoe's logits against the six llama.cpp prints: measured <= 0.32 (a gross error, such as a skipped op, moves them by whole units). */
+const LOGIT_TOLERANCE = 0.5;
+const MIN_COMPARED = 12;
+
+interface Reference {
+  file: string;
+  tensor_types: Record<string, string>;
+  prompts: {
+    text: string;
+    prompt_ids: number[];
+    greedy_ids: number[];
+    greedy_text: string;
+    last_prompt_logits: { ids: number[]; values: number[]; sum: number };
+  }[];
+}
+
+const reference = (mix: string): Reference => JSON.parse(readFileSync(`${DIR}/random-qwen3moe.${mix}.llama-cpp.json`, "utf8"));
+
+/** The top id and its margin over the runner-up. */
+function top(logits: Float32Array): { id: number; margin: number } {
+  let a = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[a]!) a = i;
+  let b = a === 0 ? 1 : 0;
+  for (let i = 0; i < logits.length; i++) if (i !== a && logits[i]! > logits[b]!) b = i;
+  return { id: a, margin: logits[a]! - logits[b]! };
+}
+
+/** At each step of llama.cpp's greedy ids (fed back as they are): vkmoe's argmax is llama.cpp's where its margin allows. */
+function checkAgainstLlamaCpp(model: Model, ref: Reference): { compared: number[]; logitDistance: number } {
+  const compared: number[] = [];
+  let logitDistance = 0;
+  for (const p of ref.prompts) {
+    expect(model.tokenizer.encode(p.text)).toEqual(p.prompt_ids);
+    // llama.cpp's text is its pieces' bytes decoded as UTF-8 (invalid bytes as U+FFFD), control tokens left out.
+    expect(model.tokenizer.decode(p.greedy_ids, { skipSpecial: true })).toBe(p.greedy_text);
+    const session = model.session({ ctx: p.prompt_ids.length + p.greedy_ids.length + 1 });
+    let logits = session.prefill(p.prompt_ids);
+    const { ids, values } = p.last_prompt_logits;
+    ids.forEach((id, i) => (logitDistance = Math.max(logitDistance, Math.abs(logits[id]! - values[i]!))));
+    let n = 0;
+    p.greedy_ids.forEach((want, step) => {
+      const { id, margin } = top(logits);
+      if (margin >= MARGIN) {
+        expect({ step, id }).toEqual({ step, id: want });
+        n++;
+      }
+      logits = session.step(want);
+    });
+    compared.push(n);
+    expect(n).toBeGreaterThanOrEqual(MIN_COMPARED);
+  }
+  expect(logitDistance).toBeLessThanOrEqual(LOGIT_TOLERANCE);
+  return { compared, logitDistance };
+}
+
+const env = (overrides: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...overrides });
+
+describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.cpp CPU's", () => {
+  for (const mix of ["Q4_K_M", "Q5_K_M"]) {
+    const ref = reference(mix);
+    const expertTypes = [...new Set(Object.entries(ref.tensor_types).filter(([n]) => n.includes("_exps.")).map(([, t]) => t))].sort();
+    for (const [path, e] of [["CPU decoder (VKMOE_GPU=0)", { VKMOE_GPU: false }], ["GPU enabled", { VKMOE_VALIDATION: true }]] as const) {
+      test(`${mix}, ${path}: experts on the CPU, said in one line; greedy ids equal wherever margins >= ${MARGIN}`, async () => {
+        const lines: string[] = [];
+        using model = await Model.load(`${DIR}/${ref.file}`, { env: env(e), log: (l) => lines.push(l) });
+        // Every MoE layer's experts are K-quants: no MoE backend opens, so the whole token runs on the CPU.
+        expect(model.device.mode).toBe("cpu");
+        expect(model.device.experts).toBe("cpu");
+        const why = `${expertTypes.join("/")} experts run on the CPU: the GPU has no kernels for them yet`;
+        expect(model.device.why).toContain(why);
+        expect(lines.filter((l) => l.includes("experts"))).toEqual([expect.stringMatching(new RegExp(`^vkmoe: ${why.replaceAll("/", "\\/")} \\(read in place: [\\d.]+ MiB`))]);
+        const { compared, logitDistance } = checkAgainstLlamaCpp(model, ref);
+        console.log(`${mix} ${path}: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's`);
+      }, 60_000);
+    }
+  }
+});
+
+const tmp = mkdtempSync(join(tmpdir(), "vkmoe-kquant-"));
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+/**
+ * The Q4_K_M file with its routed experts requantized to Q8_0 (GGML's dequantized Q4_K/Q6_K values
+ * through quantize_row_q8_0), every other tensor's bytes copied: K-quant dense matrices beside experts
+ * the GPU's MoE kernels take. Metadata as make-model writes it for this shape and vocab.
+ */
+async function withQ8Experts(src: string, out: string): Promise<void> {
+  using file = await openGguf(src);
+  const shape = { ...QWEN3_MOE_SHAPES.tiny!, vocab: 1024 };
+  const tokenizer = tokenizerMetadata(truncateBpeTokenizer(qwen3TokenizerFiles(), shape.vocab), { vocabSize: shape.vocab, pre: "qwen2", fallbackBosToken: "<|endoftext|>" });
+  const specs = qwen3MoeTensors(shape, "q8_0").map((t) => (t.name.includes("_exps.") ? t : { ...t, type: file.tensors.get(t.name)!.dtype as GgmlTypeName }));
+  using writer = GgufWriter.open(out, qwen3MoeMetadata(shape, "q8_0", tokenizer), specs);
+  for (const spec of specs) {
+    const view = file.tensors.get(spec.name)!;
+    if (spec.type !== "Q8_0" || view.dtype === "Q8_0") {
+      writer.write(view.bytes);
+      continue;
+    }
+    if (!isGgmlBlockType(view.dtype)) throw new Error(`${spec.name} is ${view.dtype}`);
+    const cols = spec.ne[0]!;
+    const values = dequantizeGgml(ggmlBlockTensor(view.dtype, view.bytes, view.bytes.byteLength / ggmlTensorBytes(view.dtype as GgmlTypeName, [cols]), cols));
+    const bytes = new Uint8Array(ggmlTensorBytes("Q8_0", spec.ne));
+    encodeQ8_0(values, bytes);
+    writer.write(bytes);
+  }
+  writer.close();
+}
+
+describe("K-quant dense matrices beside Q8_0 experts", () => {
+  test("GPU enabled: per-layer mode (the decode graph has no K-quant kernel, said in one line), the CPU path's tokens", async () => {
+    const path = join(tmp, "q8-experts.gguf");
+    await withQ8Experts(`${DIR}/${reference("Q4_K_M").file}`, path);
+    const lines: string[] = [];
+    // VKMOE_GRAPH=on: on Lavapipe (a CPU device) the graph is not tried otherwise.
+    using gpu = await Model.load(path, { env: env({ VKMOE_IDP: "off", VKMOE_GRAPH: "on", VKMOE_VALIDATION: true }), log: (l) => lines.push(l) });
+    using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
+    expect(gpu.device.mode).toBe("per-layer");
+    expect(gpu.device.experts).toBe("gpu");
+    expect(gpu.device.why).toContain("not resident: layer 0 q_proj: a q4_k matrix has no GPU kernel");
+    expect(lines.filter((l) => l.startsWith("vkmoe: per-layer mode"))).toEqual([expect.stringContaining("q4_k matrix has no GPU kernel")]);
+    expect(cpu.device.mode).toBe("cpu");
+    for (const p of reference("Q4_K_M").prompts) {
+      const a = gpu.session({ ctx: 64 }), b = cpu.session({ ctx: 64 });
+      let x = a.prefill(p.prompt_ids).slice(), y = b.prefill(p.prompt_ids);
+      // The same weights and ops; the experts' GPU float path sums in another order.
+      expect(nmse(y, x)).toBeLessThan(1e-8);
+      for (let step = 0; step < 8; step++) {
+        const want = top(y);
+        if (want.margin >= 0.01) expect(top(x).id).toBe(want.id);
+        x = a.step(want.id).slice();
+        y = b.step(want.id);
+      }
+    }
+    expect(gpu.takeValidationMessages()).toEqual([]);
+  }, 60_000);
+});

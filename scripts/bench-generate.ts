@@ -18,7 +18,8 @@
 //   --budget-half  decode again with a device budget of half the experts' bytes (per-layer mode,
 //                the expert cache evicting): tok/s and the cache hit rate during decode, after a
 //                --half-prompt N prompt (default min(prompt, 64)), over --half-gen N tokens
-//                (default min(gen, 32)): that mode runs the dense part on the host
+//                (default min(gen, 32)): that mode runs the dense ops on the GPU a layer a submit and
+//                the experts through the per-layer MoE call
 // Token ids are a seeded pseudo-random sequence (no text). Clocks: ~0.5 s of streaming reads before
 // the bandwidth figure and before each timed phase (not on a CPU device).
 //   bun scripts/bench-generate.ts --model FILE [--model FILE]... [--prompt N] [--gen N] [--depth N]

@@ -10,7 +10,10 @@
 // where n = p.n, plus positions[posIndex] when flags bit 0 is set (so one recorded command buffer
 // serves any position: the host writes the word between submits), capped at limit - (S - 1) so the
 // last token never reads past the `limit` positions the grid, the partials and the cache were
-// sized for.  Writes, per (token, head, span), the partial record
+// sized for.  Batched (flags bit 1: tokens of different sequences sharing one cache, one token
+// per group): token t sees positions[posIndex + t] + 1 positions (capped at limit) of its own
+// sequence, whose rows start at positions[posIndex + BATCH_WORDS + t] - positions[posIndex + t].
+// Writes, per (token, head, span), the partial record
 // [HEAD_DIM floats: sum_j exp(s_j - m) v_j][m][l = sum_j exp(s_j - m)][2 pad]; the combine pass
 // (dec_attention_combine) merges the spans with the log-sum-exp rule.
 //
@@ -48,10 +51,12 @@ layout(push_constant) uniform Params {
   uint tokensPerGroup; // tokens per workgroup (z splits S)
   float scale;         // 1 / sqrt(HEAD_DIM)
   uint posIndex;       // the word of positions[] added to n (flags bit 0)
-  uint flags;          // bit 0: n += positions[posIndex]
+  uint flags;          // bit 0: n += positions[posIndex]; bit 1: batched (see above)
   uint limit;          // positions the last token may see at most (>= n + S - 1): n is capped at limit - (S - 1)
   uint iters;          // chunks per span (>= 1)
 } p;
+
+const uint BATCH_WORDS = 64u;
 
 // n of this call: p.n (+ positions[posIndex]), capped (without overflow) so n + S - 1 <= limit
 uint contextN() {
@@ -76,7 +81,12 @@ void main() {
   const uint T = min(p.tokensPerGroup, p.S - t0);
   const uint R = G * T;
   const uint spanStart = c * p.iters * CHUNK;
-  const uint n = contextN();
+  const bool batched = (p.flags & 2u) != 0u;
+  // batched: n + t0 is the group's one token's count (uint arithmetic wraps back), and its rows start at rowBase
+  const uint n = batched ? min(positions[p.posIndex + t0] + 1u, p.limit) - t0 : contextN();
+  const uint rowBase = batched ? positions[p.posIndex + BATCH_WORDS + t0] - positions[p.posIndex + t0] : 0u;
+  const uint kOff = p.kOffset + rowBase * p.kvHeads * HD8;
+  const uint vOff = p.vOffset + rowBase * p.kvHeads * HD2;
   // positions of this span seen by the group's last token; none: a surplus workgroup
   const uint seen = n + t0 + T - 1u;
   if (spanStart >= seen) return;
@@ -100,7 +110,7 @@ void main() {
 
     // scores: one thread per position, all rows at once (each K row loaded once)
     for (uint j = tid; j < len; j += WG) {
-      const uint base = p.kOffset + ((start + j) * p.kvHeads + kh) * HD8;
+      const uint base = kOff + ((start + j) * p.kvHeads + kh) * HD8;
       float acc[MAX_ROWS];
       [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) acc[r] = 0.0;
       // UNROLL (GPUs): the row's HD8 loads are issued together, one memory latency instead of HD8 in
@@ -166,7 +176,7 @@ void main() {
         // over the whole chunk (positions past len masked): the CHUNK value loads are issued together
         [[unroll]] for (uint j = 0u; j < CHUNK; j++) {
           if (j < len) {
-            const vec2 v = unpackHalf2x16(v2[p.vOffset + ((start + j) * p.kvHeads + kh) * HD2 + u]);
+            const vec2 v = unpackHalf2x16(v2[vOff + ((start + j) * p.kvHeads + kh) * HD2 + u]);
             [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
               if (r < R) acc[r] += sc[r * CHUNK + j] * v;
             }
@@ -174,7 +184,7 @@ void main() {
         }
       } else {
         for (uint j = 0u; j < len; j++) {
-          const vec2 v = unpackHalf2x16(v2[p.vOffset + ((start + j) * p.kvHeads + kh) * HD2 + u]);
+          const vec2 v = unpackHalf2x16(v2[vOff + ((start + j) * p.kvHeads + kh) * HD2 + u]);
           [[unroll]] for (uint r = 0u; r < MAX_ROWS; r++) {
             if (r < R) acc[r] += sc[r * CHUNK + j] * v;
           }

@@ -28,7 +28,7 @@ layout(push_constant) uniform Params {
   uint numChunks;  // records per row (pass 1's grid x)
   uint outOffset;  // floats
   uint posIndex;   // as pass 1
-  uint flags;      // as pass 1 (bit 0: n += positions[posIndex])
+  uint flags;      // as pass 1 (bit 0: n += positions[posIndex]; bit 1: batched, token t sees positions[posIndex + t] + 1, capped at limit)
   uint limit;      // as pass 1
   uint span;       // positions per record: pass 1's CHUNK * iters
 } p;
@@ -45,7 +45,8 @@ void main() {
   const uint tid = gl_LocalInvocationIndex;
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
   const uint row = t * p.heads + h;
-  const uint records = min((contextN() + t + p.span - 1u) / p.span, MAX_RECORDS);
+  const uint seen = (p.flags & 2u) != 0u ? min(positions[p.posIndex + t] + 1u, p.limit) : contextN() + t;
+  const uint records = min((seen + p.span - 1u) / p.span, MAX_RECORDS);
   const uint base = row * p.numChunks * REC;
 
   float m = -3.0e38;

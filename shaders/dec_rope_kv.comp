@@ -5,7 +5,9 @@
 // [ctx][kvHeads][headDim] (halves packed two per uint, round to nearest even) at the token's
 // position. Token t's position: pos0 + t, plus positions[posIndex] when flags bit 0 is set (a
 // recorded graph replays with the position in a buffer). Cache rows at positions >= ctx are not
-// written. Workgroup (x, y) = (head slot, token): slots 0..heads-1 are q heads, heads.. the kv heads
+// written. Batched (flags bit 3: tokens of different sequences, one decode step of each): token
+// t's position is positions[posIndex + t] and its cache row positions[posIndex + BATCH_WORDS + t]
+// (its sequence's first row + the position: the sequences share one cache of ctx rows). Workgroup (x, y) = (head slot, token): slots 0..heads-1 are q heads, heads.. the kv heads
 // (k rotated, k and v cached). Each invocation owns 4 elements of a head: 2j, 2j+1 and
 // 2j+half, 2j+1+half (j < headDim/4), so its cache writes are whole uints.
 //
@@ -40,6 +42,7 @@ layout(set = 0, binding = 3) readonly buffer Inv { float invFreq[]; };
 layout(set = 0, binding = 4) writeonly buffer KC { uint kCache[]; };
 layout(set = 0, binding = 5) writeonly buffer VC { uint vCache[]; };
 layout(set = 0, binding = 6) readonly buffer Pos { uint positions[]; };
+const uint BATCH_WORDS = 64u;  // batched: the cache rows follow the S positions at this distance
 layout(set = 0, binding = 7) readonly buffer Norm { float normW[]; };
 
 layout(push_constant) uniform Params {
@@ -49,7 +52,7 @@ layout(push_constant) uniform Params {
     uint headDim;
     uint pos0;
     uint posIndex;      // word of positions[] added to pos0 when flags bit 0
-    uint flags;         // bit 0: positions[posIndex] + pos0 + t; bit 1: write the cache; bit 2: head norm
+    uint flags;         // bit 0: positions[posIndex] + pos0 + t; bit 1: write the cache; bit 2: head norm; bit 3: batched
     uint ctx;           // cache rows
     uint qOffset;       // floats
     uint kOffset;       // floats
@@ -220,14 +223,17 @@ void main() {
     const uint half_ = hd >> 1u;
     const uint groups = hd >> 2u;
     const uint li = gl_LocalInvocationIndex;
+    const bool batched = (pc.flags & 8u) != 0u;
     uint pos = pc.pos0 + t;
     if ((pc.flags & 1u) != 0u) pos += positions[pc.posIndex];
+    if (batched) pos = positions[pc.posIndex + t];
+    const uint row = batched ? positions[pc.posIndex + BATCH_WORDS + t] : pos;
     const bool isQ = slot < pc.heads;
     const uint kvh = slot - pc.heads;
     const uint base = isQ ? pc.qOffset + (t * pc.heads + slot) * hd : pc.kOffset + (t * pc.kvHeads + kvh) * hd;
-    const bool cache = !isQ && (pc.flags & 2u) != 0u && pos < pc.ctx;
+    const bool cache = !isQ && (pc.flags & 2u) != 0u && row < pc.ctx;
     const bool norm = (pc.flags & 4u) != 0u;
-    const uint cacheRow = (pos * pc.kvHeads + kvh) * (hd >> 1u);  // uints
+    const uint cacheRow = (row * pc.kvHeads + kvh) * (hd >> 1u);  // uints
     const float fpos = float(pos);
     // this invocation's first group (j = li), loaded once and kept in registers
     vec2 first1 = vec2(0.0), first2 = vec2(0.0);

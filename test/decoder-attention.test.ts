@@ -27,7 +27,7 @@ import { Buffer } from "../src/vk/memory.ts";
 import { Fence, Submission } from "../src/vk/sync.ts";
 import { uploadBytes } from "../src/vk/transfer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
-import { SENTINEL as TAIL_SENTINEL, expectTail, hostBuffer, u32 } from "./support/host-buffers.ts";
+import { SENTINEL as TAIL_SENTINEL, expectTail, f32, hostBuffer, u32 } from "./support/host-buffers.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -397,3 +397,87 @@ test("the unrolled K/V loops (the variant GPUs run) give the same answer: head_d
   const e = runCase({ headDim: 64, kvHeads: 2, group: 1, n: 300, S: 6, chunk: 16, unroll: true, qStd: 2 });
   expect(e).toBeLessThanOrEqual(1e-10);
 }, 120_000);
+
+describe("dec_attention batched: tokens of different sequences sharing one cache, one recording replayed (NMSE <= 1e-10)", () => {
+  /**
+   * `seqs` sequences of ctx rows each in one cache; S tokens, token t of sequence slot[t] at
+   * position pos[t] (it sees that sequence's rows 0..pos[t]); each token against attendCpu over
+   * its own sequence's rows alone. Two replays with other positions, and the negative control:
+   * the same output against another sequence's rows fails the bound.
+   */
+  function batchedCase(c: { headDim: number; kvHeads: number; group: number; ctx: number; seqs: number; chunk?: number; steps: { slot: number; pos: number }[][] }): number {
+    const { headDim: hd, kvHeads: KV, group: G, ctx } = c;
+    const H = KV * G, S = c.steps[0]!.length, rowsPerSeq = ctx * KV * hd;
+    using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 1 });
+    const k = halves(c.seqs * rowsPerSeq, seed++), v = halves(c.seqs * rowsPerSeq, seed++);
+    using qBuf = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "upload" });
+    using kBuf = new Buffer(device, { size: BigInt(k.bits.byteLength), memory: "device" });
+    using vBuf = new Buffer(device, { size: BigInt(v.bits.byteLength), memory: "device" });
+    uploadBytes(device, kBuf, 0n, bytesOf(k.bits));
+    uploadBytes(device, vBuf, 0n, bytesOf(v.bits));
+    using partials = new Buffer(device, { size: BigInt(op.partialBytes(ctx, S)), memory: "device" });
+    using out = hostBuffer(device, S * H * hd);
+    using pos = hostBuffer(device, 128, "upload");
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    const binding = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out, positions: pos });
+    op.record(cb, binding, { n: 1, S, maxPositions: ctx, batched: true });
+    cb.barrier("computeToHost").end();
+    using fence = new Fence(device);
+    using submission = new Submission(device, [cb], { fence });
+    let worst = 0;
+    for (const step of c.steps) {
+      const q = randomGaussianF32(S * H * hd, seed++, 2);
+      new Float32Array(qBuf.host()).set(q);
+      const words = u32(pos, 128);
+      step.forEach(({ slot, pos: p }, t) => {
+        words[t] = p;
+        words[64 + t] = slot * ctx + p;
+      });
+      submission.submit();
+      expect(fence.wait()).toBe(true);
+      fence.reset();
+      const got = f32(out, S * H * hd);
+      step.forEach(({ slot, pos: p }, t) => {
+        const ref = new Float32Array(H * hd);
+        const rows = (s: number) => [k.values.subarray(s * rowsPerSeq, (s + 1) * rowsPerSeq), v.values.subarray(s * rowsPerSeq, (s + 1) * rowsPerSeq)] as const;
+        const qt = q.subarray(t * H * hd, (t + 1) * H * hd), gt = got.subarray(t * H * hd, (t + 1) * H * hd);
+        const [ks, vs] = rows(slot);
+        attendCpu(qt, ks, vs, 1, p, H, KV, hd, ref);
+        const e = nmse(ref, gt);
+        if (!(e <= BOUND)) throw new Error(`token ${t} (sequence ${slot}, position ${p}): NMSE ${e}`);
+        worst = Math.max(worst, e);
+        // negative control: another sequence's rows at the same position
+        const [ko, vo] = rows((slot + 1) % c.seqs);
+        attendCpu(qt, ko, vo, 1, p, H, KV, hd, ref);
+        expect(nmse(ref, gt)).toBeGreaterThan(1e-4);
+      });
+      expectTail(out, S * H * hd, "out");
+    }
+    return worst;
+  }
+
+  test("4 sequences, head_dim 128, GQA 8 and 1, positions 0 to ctx - 1 (several chunks), out of order, two tokens of one sequence's neighbours", () => {
+    const e1 = batchedCase({
+      headDim: 128, kvHeads: 2, group: 8, ctx: 200, seqs: 4, chunk: 32,
+      steps: [
+        [{ slot: 0, pos: 0 }, { slot: 3, pos: 199 }, { slot: 1, pos: 64 }, { slot: 2, pos: 37 }],
+        [{ slot: 2, pos: 150 }, { slot: 0, pos: 1 }, { slot: 1, pos: 31 }, { slot: 3, pos: 32 }],
+      ],
+    });
+    const e2 = batchedCase({ headDim: 64, kvHeads: 4, group: 1, ctx: 70, seqs: 3, chunk: 16, steps: [[{ slot: 2, pos: 69 }, { slot: 0, pos: 5 }, { slot: 1, pos: 33 }, { slot: 0, pos: 40 }, { slot: 2, pos: 0 }]] });
+    console.log(`  dec_attention batched: worst NMSE ${Math.max(e1, e2).toExponential(2)}`);
+  }, 120_000);
+
+  test("a batched call without a positions buffer, or of more than 64 tokens, is refused", () => {
+    using op = new DecoderAttention(device, { heads: 4, kvHeads: 2, headDim: 64, maxBindings: 2 });
+    using small = new Buffer(device, { size: 1024n, memory: "device" });
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    const without = op.bind({ q: small, keys: small, values: small, partials: small, out: small });
+    const withPos = op.bind({ q: small, keys: small, values: small, partials: small, out: small, positions: small });
+    expect(() => op.record(cb, without, { n: 1, S: 2, maxPositions: 8, batched: true })).toThrow(/positions buffer/);
+    expect(() => op.record(cb, withPos, { n: 1, S: 65, maxPositions: 8, batched: true })).toThrow(/S must be|at most 64/);
+    cb.end();
+  });
+});

@@ -481,6 +481,55 @@ describe("dec_rope_kv vs ops.ts applyRope", () => {
       expectTail(kc, (layers * ctxRows * row) / 2, "k cache");
     }
   }, 60_000);
+
+  test("batched (flags bit 3): tokens of different sequences, each rotated at its own position and cached at its own row", () => {
+    const hd = 64, KV = 2, H = 8, ctxRows = 12, row = KV * hd;
+    const steps = [[{ pos: 5, cacheRow: 5 }, { pos: 0, cacheRow: 12 }, { pos: 11, cacheRow: 35 }], [{ pos: 40000, cacheRow: 30 }, { pos: 7, cacheRow: 7 }, { pos: 1, cacheRow: 13 }]];
+    const S = steps[0]!.length, rows = 3 * ctxRows;
+    const inv = ropeInverseFrequencies(hd, 1e6);
+    using qb = hostBuffer(S * H * hd), kb = hostBuffer(S * row), vb = hostBuffer(S * row, "upload"), ib = hostBuffer(hd / 2, "upload"), pb = hostBuffer(128, "upload");
+    using kc = hostBuffer((rows * row) / 2), vc = hostBuffer((rows * row) / 2);
+    f32(ib, hd / 2).set(inv);
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    rope.record(cb, { q: qb, k: kb, v: vb, invFreq: ib, kCache: kc, vCache: vc, S, heads: H, kvHeads: KV, headDim: hd, ctx: rows, pos0: 0, positions: pb, batched: true });
+    cb.barrier("computeToHost").end();
+    using fence = new Fence(device);
+    using submission = new Submission(device, [cb], { fence });
+    for (const step of steps) {
+      const q = randomGaussianF32(S * H * hd, seed++), k = randomGaussianF32(S * row, seed++), v = randomGaussianF32(S * row, seed++);
+      f32(qb, q.length).set(q);
+      f32(kb, k.length).set(k);
+      f32(vb, v.length).set(v);
+      step.forEach(({ pos, cacheRow }, t) => {
+        u32(pb, 128)[t] = pos;
+        u32(pb, 128)[64 + t] = cacheRow;
+      });
+      new Uint32Array(kc.host()).fill(SENTINEL);
+      new Uint32Array(vc.host()).fill(SENTINEL);
+      submission.submit();
+      expect(fence.wait()).toBe(true);
+      fence.reset();
+      const gk = f32(kb, k.length), kh = new Uint16Array(kc.host()), vh = new Uint16Array(vc.host());
+      step.forEach(({ pos }, t) => {
+        const ref = ropeReference(q.subarray(t * H * hd, (t + 1) * H * hd), k.subarray(t * row, (t + 1) * row), 1, H, KV, hd, pos, inv);
+        expectRotated(ref.q, f32(qb, H * hd, t * H * hd), q.subarray(t * H * hd), H, hd, "q");
+        expectRotated(ref.k, f32(kb, row, t * row), k.subarray(t * row), KV, hd, "k");
+      });
+      for (let r = 0; r < rows; r++) {
+        const t = step.findIndex((x) => x.cacheRow === r);
+        for (let i = 0; i < row; i += 2) {
+          const at = r * row + i;
+          if (t >= 0) {
+            expect(kh[at]).toBe(f32ToF16Bits(gk[t * row + i]!));
+            expect(vh[at + 1]).toBe(f32ToF16Bits(v[t * row + i + 1]!));
+          } else {
+            expect(new Uint32Array(kc.host(), 2 * at, 1)[0]).toBe(SENTINEL);
+          }
+        }
+      }
+    }
+  }, 60_000);
 });
 
 // ---------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
+import { BATCH_WORDS } from "./rope-kv.ts";
 
 /**
  * Pass 1: q, keys, values, partials, positions; push n, S, heads, kvHeads, kOffset (uvec4), vOffset
@@ -117,6 +118,13 @@ export interface AttentionCall {
   qOffset?: number;
   /** Floats; default 0. */
   outOffset?: number;
+  /**
+   * Tokens of different sequences sharing the binding's cache (one decode step of each): token t
+   * sees positions[posIndex + t] + 1 positions (capped at maxPositions, each sequence's length)
+   * of its own sequence, whose rows start at positions[posIndex + BATCH_WORDS + t] -
+   * positions[posIndex + t]. Needs a positions buffer; n is then ignored.
+   */
+  batched?: boolean;
   /**
    * Size the grid (and the partials stride) for this many positions instead of n + S - 1: surplus
    * workgroups exit at once. Default n + S - 1; required on a binding with a positions buffer
@@ -254,8 +262,15 @@ export class DecoderAttention implements Disposable {
     } else if (call.posIndex !== undefined) {
       throw new InvalidArgumentError("posIndex needs a binding with a positions buffer");
     }
-    const positions = call.maxPositions ?? n + S - 1;
-    if (!Number.isInteger(positions) || positions < n + S - 1) throw new InvalidArgumentError(`maxPositions ${positions} is below n + S - 1 = ${n + S - 1}`);
+    const batched = call.batched ?? false;
+    if (batched) {
+      if (!fromBuffer) throw new InvalidArgumentError("a batched call reads each token's position from the binding's positions buffer");
+      if (S > BATCH_WORDS) throw new InvalidArgumentError(`a batched call takes at most ${BATCH_WORDS} tokens, got ${S}`);
+      if (BigInt(4 * (posIndex + BATCH_WORDS + S)) > binding.positions!.size) throw new InvalidArgumentError(`a batched call reads positions words ${posIndex}..${posIndex + BATCH_WORDS + S - 1}, past the buffer (${binding.positions!.size} B)`);
+    }
+    const least = batched ? 1 : n + S - 1; // batched: each token's own count, capped at maxPositions
+    const positions = call.maxPositions ?? least;
+    if (!Number.isInteger(positions) || positions < least) throw new InvalidArgumentError(`maxPositions ${positions} is below ${batched ? "1" : `n + S - 1 = ${least}`}`);
     if (positions > 0xffffffff) throw new InvalidArgumentError(`maxPositions ${positions} exceeds u32`);
     if (!Number.isInteger(cacheOffset) || cacheOffset < 0 || cacheOffset % 8 !== 0) throw new InvalidArgumentError(`cacheOffset must be a non-negative multiple of 8 halves, got ${cacheOffset}`);
     if (!Number.isInteger(qOffset) || qOffset < 0 || qOffset % 4 !== 0) throw new InvalidArgumentError(`qOffset must be a non-negative multiple of 4 floats, got ${qOffset}`);
@@ -267,10 +282,11 @@ export class DecoderAttention implements Disposable {
     const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
     if (numChunks > maxX) throw new InvalidArgumentError(`${numChunks} chunks exceed maxComputeWorkGroupCount[0] (${maxX}): use a larger chunk`);
     if (numChunks > MAX_COMBINE_RECORDS) throw new InvalidArgumentError(`${numChunks} partial records per row exceed the combine pass's ${MAX_COMBINE_RECORDS}: use a larger chunk`);
-    const T = this.tokensPerGroup(S);
+    // batched: each token its own sequence, one per group
+    const T = batched ? 1 : this.tokensPerGroup(S);
     const split = this.splitPipeline(this.group * T);
     const pc = this.pc;
-    const flags = fromBuffer ? 1 : 0;
+    const flags = batched ? 2 : fromBuffer ? 1 : 0;
     const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
     words.forEach((w, i) => pc.setUint32(4 * i, w, true));
     pc.setFloat32(36, 1 / Math.sqrt(this.headDim), true);

@@ -1,6 +1,7 @@
 /**
  * Rotate-half RoPE of q and k in place and the f16 KV-cache write of k and v
- * (shaders/dec_rope_kv.comp), for S tokens at consecutive positions; optionally each q and k head
+ * (shaders/dec_rope_kv.comp), for S tokens at consecutive positions, or (batched) S tokens of
+ * different sequences each at its own position and cache row; optionally each q and k head
  * RMS-normalised first (Qwen3's q_norm / k_norm, as ops.ts rmsNorm over headDim), fused in.
  */
 import { InvalidArgumentError } from "../../errors.ts";
@@ -15,11 +16,13 @@ import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from 
  * norm weights r (binding 7); push S, heads, kvHeads, headDim, pos0, posIndex, flags, ctx,
  * qOffset, kOffset, vOffset, kCacheOffset, vCacheOffset, invOffset, qNormOffset, kNormOffset
  * (uints, bytes 0..63), eps (f32, byte 64): 68 B. flags: bit 0 positions buffer, bit 1 write the
- * cache, bit 2 head norm.
+ * cache, bit 2 head norm, bit 3 batched.
  */
 export const DEC_ROPE_KV: ShaderInterface = { name: "dec_rope_kv", storageBuffers: 8, pushConstantBytes: 68 };
 /** Angles (position x inverse frequency <= 1) must stay below 2^24 for the exact reduction. */
 export const ROPE_MAX_POSITION = 1 << 24;
+/** Batched calls: token t's position is positions word posIndex + t, its cache row word posIndex + BATCH_WORDS + t. */
+export const BATCH_WORDS = 64;
 
 export interface RopeKvArgs {
   /** [S][heads][headDim] f32 at qOffset, rotated in place. */
@@ -43,6 +46,12 @@ export interface RopeKvArgs {
   pos0: number;
   positions?: Buffer;
   posIndex?: number;
+  /**
+   * Tokens of different sequences (one decode step of each, up to BATCH_WORDS): token t's
+   * position is positions[posIndex + t] and its cache row positions[posIndex + BATCH_WORDS + t]
+   * (rows of all the sequences in one cache of ctx rows). Needs `positions`; pos0 is ignored.
+   */
+  batched?: boolean;
   /** Write k and v into the caches (default true). */
   writeCache?: boolean;
   qOffset?: number;
@@ -93,7 +102,11 @@ export class RopeKvKernel extends DecoderKernel {
     checkRange("rope invFreq", a.invFreq, invOffset, hd / 2);
     checkRange("rope k cache", a.kCache, kc / 2, (ctx * kvHeads * hd) / 2);
     checkRange("rope v cache", a.vCache, vc / 2, (ctx * kvHeads * hd) / 2);
-    if (a.positions) checkRange("rope positions", a.positions, posIndex, 1);
+    if (a.batched) {
+      if (!a.positions) throw new InvalidArgumentError("a batched call reads each token's position and cache row from `positions`");
+      if (S > BATCH_WORDS) throw new InvalidArgumentError(`a batched call takes at most ${BATCH_WORDS} tokens, got ${S}`);
+      checkRange("rope positions", a.positions, posIndex, BATCH_WORDS + S);
+    } else if (a.positions) checkRange("rope positions", a.positions, posIndex, 1);
     const norm = a.norm;
     if (norm) {
       checkRange("rope q norm", norm.weights, norm.qOffset, hd);
@@ -101,7 +114,7 @@ export class RopeKvKernel extends DecoderKernel {
       if (!(norm.eps >= 0 && Number.isFinite(norm.eps))) throw new InvalidArgumentError(`norm eps must be finite and >= 0, got ${norm.eps}`);
     }
     const writeCache = a.writeCache ?? true;
-    const flags = (a.positions ? 1 : 0) | (writeCache ? 2 : 0) | (norm ? 4 : 0);
+    const flags = (a.positions && !a.batched ? 1 : 0) | (writeCache ? 2 : 0) | (norm ? 4 : 0) | (a.batched ? 8 : 0);
     const set = this.setFor([a.q, a.k, a.v, a.invFreq, a.kCache, a.vCache, a.positions ?? a.invFreq, norm?.weights ?? a.invFreq]);
     const pc = pushWords(
       [S, heads, kvHeads, hd, pos0, posIndex, flags, ctx, qOffset, kOffset, vOffset, kc / 2, vc / 2, invOffset, norm?.qOffset ?? 0, norm?.kOffset ?? 0, norm?.eps ?? 0],

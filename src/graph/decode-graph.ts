@@ -16,7 +16,7 @@ import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
 import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
-import { RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
+import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
 import type { Qwen3MoeConfig } from "../model/config.ts";
@@ -124,7 +124,7 @@ export class DecodeGraph implements Disposable {
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
       const K = cfg.topK, T = GRAPH_MAX_TOKENS;
       this.s = {
-        embed: this.buffer(4 * T * D, "upload"), positions: this.buffer(16, "upload"),
+        embed: this.buffer(4 * T * D, "upload"), positions: this.buffer(4 * (BATCH_WORDS + T), "upload"),
         h: this.buffer(4 * T * D), xn: this.buffer(4 * T * D), q: this.buffer(4 * T * H * hd), k: this.buffer(4 * T * KV * hd), v: this.buffer(4 * T * KV * hd),
         attn: this.buffer(4 * T * H * hd), o: this.buffer(4 * T * D), ffn: this.buffer(4 * T * D), routerLogits: this.buffer(4 * T * cfg.experts),
         logits: this.buffer(4 * V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
@@ -132,7 +132,7 @@ export class DecodeGraph implements Disposable {
         xnHost: this.buffer(4 * T * D, "readback"), routerHost: this.buffer(4 * T * cfg.experts, "readback"), ffnHost: this.buffer(4 * T * D, "upload"),
       };
       this.views = {
-        embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, 4),
+        embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, BATCH_WORDS + T),
         logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
         resultValue: new Float32Array(this.s.result.host(), 4, 1),
         chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
@@ -163,12 +163,24 @@ export class DecodeGraph implements Disposable {
 
   /** Sequences not yet disposed: disposing the graph disposes them first (their recordings use its buffers). */
   readonly live = new Set<GraphSequence>();
+  /** Batches not yet disposed (likewise). */
+  readonly liveBatches = new Set<Disposable>();
 
   /** Writes the tokens' embeddings and the first one's position into the mapped inputs (host side of a replay). */
   writeInput(ids: ArrayLike<number>, position: number): void {
     const D = this.cfg.hidden;
     for (let t = 0; t < ids.length; t++) this.weights.embed(ids[t]!, this.views.embed.subarray(t * D, (t + 1) * D));
     this.views.positions[0] = position;
+  }
+
+  /** A batched replay's inputs: token t's embedding, its position and its cache row (its sequence's first row + the position). */
+  writeBatchInput(ids: ArrayLike<number>, positions: ArrayLike<number>, rows: ArrayLike<number>): void {
+    const D = this.cfg.hidden, w = this.views.positions;
+    for (let t = 0; t < ids.length; t++) {
+      this.weights.embed(ids[t]!, this.views.embed.subarray(t * D, (t + 1) * D));
+      w[t] = positions[t]!;
+      w[BATCH_WORDS + t] = rows[t]!;
+    }
   }
 
   /**
@@ -187,7 +199,11 @@ export class DecodeGraph implements Disposable {
    * and the MoE call run here. `start` copies the embeddings in first; `output` (when given) ends
    * with the final norm and lm_head.
    */
-  recordRange(cb: CommandBuffer, kv: SequenceCache, S: number, r: { first: number; end: number; start: boolean; output?: GraphOutput; split: boolean }, mark: (op: string) => void = () => {}): number {
+  recordRange(
+    cb: CommandBuffer, kv: SequenceCache, S: number,
+    r: { first: number; end: number; start: boolean; output?: GraphOutput; split: boolean; batch?: BatchOutputs },
+    mark: (op: string) => void = () => {},
+  ): number {
     if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
     const cfg = this.cfg, s = this.s, st = this.stage;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K } = cfg;
@@ -212,14 +228,15 @@ export class DecodeGraph implements Disposable {
       op("q, k, v", L.q.dispatches(S) + L.k.dispatches(S) + L.v.dispatches(S));
       cb.barrier("computeToCompute");
       // the per-head q/k RMSNorm runs inside the RoPE kernel (one head of one token per workgroup)
+      // a batch: each token at its own position and cache row, in a cache of kv.rows rows
       kv.rope.record(cb, {
         q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: kv.keys[l]!, vCache: kv.values[l]!,
-        S, heads: H, kvHeads: KV, headDim: hd, ctx: kv.ctx, pos0: 0, positions: s.positions, posIndex: 0,
+        S, heads: H, kvHeads: KV, headDim: hd, ctx: kv.rows, pos0: 0, positions: s.positions, posIndex: 0, batched: r.batch !== undefined,
         norm: { weights: this.norms, qOffset: L.qNorm, kOffset: L.kNorm, eps },
       });
       op("q/k norms + rope + kv append");
       cb.barrier("computeToCompute");
-      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0 });
+      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined });
       op("attention", 2);
       cb.barrier("computeToCompute");
       L.o.record(cb, s.attn, s.o, S);
@@ -248,6 +265,17 @@ export class DecodeGraph implements Disposable {
       op("experts", st!.dispatches(S));
       cb.barrier("computeToCompute");
     }
+    if (r.batch) {
+      // every token's logits: each row is another sequence's next token
+      this.rmsnorm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps });
+      op("final norm");
+      cb.barrier("computeToCompute");
+      this.lmHead.record(cb, s.xn, r.batch.logits, S);
+      op("lm_head", this.lmHead.dispatches(S));
+      cb.barrier("computeToTransfer").copyBuffer(r.batch.logits, r.batch.logitsHost, BigInt(4 * S * cfg.vocab)).barrier("transferToHost");
+      cb.barrier("computeToHost");
+      return n;
+    }
     const output = r.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
@@ -270,6 +298,7 @@ export class DecodeGraph implements Disposable {
 
   private dispose(): void {
     for (const seq of [...this.live]) seq[Symbol.dispose]();
+    for (const batch of [...this.liveBatches]) batch[Symbol.dispose]();
     this.owned.dispose();
   }
 
@@ -283,9 +312,21 @@ export class DecodeGraph implements Disposable {
   }
 }
 
-/** One sequence's f16 KV cache (a buffer per layer for keys and for values) and the kernels bound to it. */
-interface SequenceCache {
+/** Where a batched replay leaves its S rows of logits: device rows, copied to host memory. */
+export interface BatchOutputs {
+  logits: Buffer;
+  logitsHost: Buffer;
+}
+
+/**
+ * One sequence's f16 KV cache (a buffer per layer for keys and for values) and the kernels bound
+ * to it; or a batch's: `rows` = sequences x ctx rows, sequence i's from row i * ctx.
+ */
+export interface SequenceCache {
+  /** Positions per sequence. */
   ctx: number;
+  /** Cache rows in all (ctx for one sequence). */
+  rows: number;
   keys: Buffer[];
   values: Buffer[];
   rope: RopeKvKernel;
@@ -345,7 +386,7 @@ export class GraphSequence implements Disposable {
       const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS)), memory: "device", priority: 1 }));
       const s = graph.s;
       const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
-      this.cache = { ctx, keys, values, rope, attention, bindings };
+      this.cache = { ctx, rows: ctx, keys, values, rope, attention, bindings };
       this.commands = this.own(new CommandPool(device));
       this.fence = this.own(new Fence(device));
       this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.own(new QueryPool(device, 2)) : undefined;

@@ -11,8 +11,10 @@ import { DeviceLostError } from "../vk/errors.ts";
 import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
 import { ExpertsNotResidentError, type MoeGraphStage } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
+import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
 
 export { GraphUnsupportedError } from "./errors.ts";
+export type { BatchEntry } from "./graph-batch.ts";
 export { GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
 
 export interface TokenResult {
@@ -43,6 +45,15 @@ export interface DeviceSequence extends Disposable {
   profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[];
 }
 
+/** Several sequences decoding together on the device (continuous batching); see GraphBatch. */
+export interface DeviceBatch extends Disposable {
+  readonly slots: number;
+  readonly ctx: number;
+  readonly cacheBytes: number;
+  /** 1..GRAPH_MAX_TOKENS tokens of any slots in one replay: their logits, [S][vocab] (valid until the next run). Throws DeviceLostError when the device is lost. */
+  run(entries: readonly BatchEntry[]): Float32Array;
+}
+
 export interface DeviceDecoder extends Disposable {
   /**
    * "resident": the whole token in one submit; "split": the dense ops on the GPU layer by layer
@@ -53,6 +64,8 @@ export interface DeviceDecoder extends Disposable {
   readonly why: string;
   /** `hostExperts` runs a layer's experts in split mode (required there). */
   sequence(ctx: number, options?: { timing?: boolean; hostExperts?: HostExperts }): DeviceSequence;
+  /** `slots` sequences of ctx positions decoding together (resident mode only: GraphUnsupportedError in split mode). */
+  batch(slots: number, ctx: number): DeviceBatch;
   /** Tests: the next run reports a lost device (after really running). */
   simulateDeviceLoss(): void;
 }
@@ -65,6 +78,10 @@ class GraphDecoder implements DeviceDecoder {
 
   sequence(ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}): DeviceSequence {
     return this.graph.sequence(ctx, options);
+  }
+
+  batch(slots: number, ctx: number): DeviceBatch {
+    return new GraphBatch(this.graph, slots, ctx);
   }
 
   simulateDeviceLoss(): void {

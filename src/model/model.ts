@@ -6,7 +6,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { readConfig, type VkmoeEnv } from "../config.ts";
-import { GraphUnsupportedError, openDeviceDecoder, type DeviceDecoder } from "../graph/index.ts";
+import { GraphUnsupportedError, openDeviceDecoder, type DeviceBatch, type DeviceDecoder } from "../graph/index.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { openTensorFile } from "../formats/index.ts";
 import type { GgufFile, TensorFile } from "../formats/tensor.ts";
@@ -17,6 +17,7 @@ import { Decoder } from "./decoder.ts";
 import { ModelConfigError } from "./errors.ts";
 import { openExperts, type ExpertRunner } from "./experts.ts";
 import { Session, type SessionOptions } from "./session.ts";
+import { openDeviceBatch, SessionBatch } from "./session-batch.ts";
 import { loadWeights, type ModelWeights, type QuantPlan } from "./weights.ts";
 
 /** How a float checkpoint's weights are held: "auto" experts q4 + dense q8; "none" all float (exact); "q8" / "q4" everything so. */
@@ -175,6 +176,20 @@ export class Model implements Disposable {
   session(options: SessionOptions = {}): Session {
     this.checkLive();
     return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options, this.deviceDecoder, this.log, (why) => this.deviceLost(why), () => (this.experts.mode === "gpu" ? this.config.moeLayers.filter(Boolean).length : 0));
+  }
+
+  /**
+   * `slots` sequences of `ctx` tokens decoding together (a server's continuous batching): one
+   * replay a step where the model runs resident, else a Session per slot (one line says why).
+   */
+  batch(options: { slots: number; ctx?: number }): SessionBatch {
+    this.checkLive();
+    const ctx = options.ctx ?? Math.min(4096, this.config.maxPositions);
+    const decoder = this.deviceDecoder;
+    let opened: { device?: DeviceBatch; why?: string } = { why: `the model runs ${this.device.mode}` };
+    if (decoder?.mode === "resident") opened = openDeviceBatch(() => decoder.batch(options.slots, ctx));
+    if (decoder?.mode === "resident" && opened.why) this.log(`vkmoe: the batch of ${options.slots} runs a session per slot: ${opened.why}`);
+    return new SessionBatch(this.config, options.slots, ctx, opened.device, (c) => this.session({ ctx: c }), this.log, (why) => this.deviceLost(why));
   }
 
   /** A session lost the device: the graph and the experts' GPU path are dropped; sessions continue on the CPU. */

@@ -1,0 +1,203 @@
+/**
+ * Several sequences ("slots") decoding together, for a server's continuous batching. Where the
+ * whole token runs on the GPU, one replay steps every slot given at once (each weight read once
+ * for all of them) and a prompt runs as chunks of one slot's tokens through the same replay;
+ * elsewhere (per-layer or cpu mode, a device without room for the batch's cache, or after a lost
+ * device) each slot is a Session of its own, stepped in turn: the same API and the same tokens.
+ */
+import { InvalidArgumentError, VkmoeError } from "../errors.ts";
+import { GRAPH_MAX_TOKENS, isDeviceLost, type DeviceBatch } from "../graph/index.ts";
+import type { Qwen3MoeConfig } from "./config.ts";
+import { ContextLengthError } from "./errors.ts";
+import type { Session } from "./session.ts";
+
+/** One token of a step: the next token `id` of sequence `slot`. */
+export interface BatchStep {
+  slot: number;
+  id: number;
+}
+
+export type BatchPath = "device-batch" | "sessions";
+
+export class SessionBatch implements Disposable {
+  readonly slots: number;
+  readonly ctx: number;
+  private device: DeviceBatch | undefined;
+  private sessions: Session[] | undefined;
+  private readonly held: number[][];
+  private disposed = false;
+  /** Replays (device) or session calls made so far. */
+  readonly counts = { runs: 0, tokens: 0 };
+
+  constructor(
+    private readonly config: Qwen3MoeConfig,
+    slots: number,
+    ctx: number,
+    device: DeviceBatch | undefined,
+    /** A slot's own Session (the fallback path). */
+    private readonly openSession: (ctx: number) => Session,
+    private readonly log: (line: string) => void,
+    /** Told when the device is lost (the model drops its GPU paths). */
+    private readonly onDeviceLost: (why: string) => void,
+  ) {
+    if (!Number.isInteger(slots) || slots < 1) throw new InvalidArgumentError(`slots must be a positive integer, got ${slots}`);
+    if (!Number.isInteger(ctx) || ctx < 1) throw new ContextLengthError(`context length must be a positive integer, got ${ctx}`);
+    if (ctx > config.maxPositions) throw new ContextLengthError(`context length ${ctx} exceeds the model's maximum of ${config.maxPositions} tokens`);
+    this.slots = slots;
+    this.ctx = ctx;
+    this.device = device;
+    this.held = Array.from({ length: slots }, () => []);
+    if (!device) this.sessions = this.openSessions();
+  }
+
+  /** "device-batch": one replay steps every slot; "sessions": a Session per slot, in turn. */
+  get path(): BatchPath {
+    return this.device ? "device-batch" : "sessions";
+  }
+
+  /** The tokens slot `slot` holds (its prompt and generated tokens so far). */
+  tokens(slot: number): readonly number[] {
+    return this.held[this.checkSlot(slot)]!;
+  }
+
+  /** Drops everything after slot `slot`'s first `keep` tokens (a new request on the slot reuses a shared prefix). */
+  truncate(slot: number, keep = 0): void {
+    const h = this.held[this.checkSlot(slot)]!;
+    if (!Number.isInteger(keep) || keep < 0 || keep > h.length) throw new ContextLengthError(`cannot keep ${keep} of ${h.length} tokens`);
+    h.length = keep;
+    this.sessions?.[slot]!.truncate(keep);
+  }
+
+  /** Runs `ids` after slot `slot`'s tokens; returns the last one's logits (a copy). */
+  prefill(slot: number, ids: ArrayLike<number>): Float32Array {
+    this.checkLive();
+    const h = this.held[this.checkSlot(slot)]!;
+    if (ids.length < 1) throw new InvalidArgumentError("prefill needs at least one token");
+    this.checkRoom(slot, ids.length);
+    this.checkIds(ids);
+    const V = this.config.vocab;
+    const list = Array.from(ids);
+    const out = this.onDevice(
+      (d) => {
+        let last: Float32Array | undefined;
+        for (let i = 0; i < list.length; i += GRAPH_MAX_TOKENS) {
+          const chunk = list.slice(i, i + GRAPH_MAX_TOKENS);
+          const logits = d.run(chunk.map((id, t) => ({ slot, id, position: h.length + i + t })));
+          this.counts.runs++;
+          last = logits.slice((chunk.length - 1) * V, chunk.length * V);
+        }
+        return last!;
+      },
+      (sessions) => sessions[slot]!.prefill(list).slice(),
+    );
+    h.push(...list);
+    this.counts.tokens += list.length;
+    return out;
+  }
+
+  /**
+   * One token for each step (distinct slots), in one replay on the device: their logits, row i
+   * for steps[i] (views of host memory valid until the next call).
+   */
+  step(steps: readonly BatchStep[]): Float32Array[] {
+    this.checkLive();
+    if (steps.length < 1 || steps.length > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a step takes 1..${GRAPH_MAX_TOKENS} sequences, got ${steps.length}`);
+    const seen = new Set<number>();
+    for (const s of steps) {
+      this.checkSlot(s.slot);
+      if (seen.has(s.slot)) throw new InvalidArgumentError(`slot ${s.slot} appears twice in one step`);
+      seen.add(s.slot);
+      this.checkRoom(s.slot, 1);
+    }
+    this.checkIds(steps.map((s) => s.id));
+    const V = this.config.vocab;
+    const rows = this.onDevice(
+      (d) => {
+        const logits = d.run(steps.map((s) => ({ slot: s.slot, id: s.id, position: this.held[s.slot]!.length })));
+        this.counts.runs++;
+        return steps.map((_, i) => logits.subarray(i * V, (i + 1) * V));
+      },
+      (sessions) => steps.map((s) => sessions[s.slot]!.step(s.id).slice()),
+    );
+    for (const s of steps) this.held[s.slot]!.push(s.id);
+    this.counts.tokens += steps.length;
+    return rows;
+  }
+
+  /** Runs `device` on the batch's device path, or `cpu` on the slots' sessions; a lost device moves the batch to sessions, once, and runs `cpu`. */
+  private onDevice<T>(device: (d: DeviceBatch) => T, cpu: (sessions: Session[]) => T): T {
+    if (this.device) {
+      try {
+        return device(this.device);
+      } catch (e) {
+        if (!isDeviceLost(e)) throw e;
+        const tokens = this.held.reduce((n, h) => n + h.length, 0);
+        this.log(`vkmoe: device lost; the batch continues on the CPU path (${tokens} tokens of ${this.held.filter((h) => h.length > 0).length} sequences run again there)`);
+        try {
+          this.device[Symbol.dispose]();
+        } catch {
+          // nothing more to free on a lost device
+        }
+        this.device = undefined;
+        this.onDeviceLost("device lost");
+        this.sessions = this.openSessions();
+        this.held.forEach((h, slot) => {
+          if (h.length > 0) this.sessions![slot]!.prefill(h);
+        });
+      }
+    }
+    return cpu(this.sessions!);
+  }
+
+  private openSessions(): Session[] {
+    const sessions: Session[] = [];
+    try {
+      for (let i = 0; i < this.slots; i++) sessions.push(this.openSession(this.ctx));
+    } catch (e) {
+      for (const s of sessions) s[Symbol.dispose]();
+      throw e;
+    }
+    return sessions;
+  }
+
+  private checkSlot(slot: number): number {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slots) throw new InvalidArgumentError(`slot ${slot} is outside 0..${this.slots - 1}`);
+    return slot;
+  }
+
+  private checkRoom(slot: number, n: number): void {
+    const held = this.held[slot]!.length;
+    if (held + n > this.ctx) throw new ContextLengthError(`${held + n} tokens do not fit the context of ${this.ctx} (${held} held, ${n} more); raise --ctx (model maximum ${this.config.maxPositions})`);
+  }
+
+  private checkIds(ids: ArrayLike<number>): void {
+    const V = this.config.vocab;
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i]!;
+      if (!Number.isInteger(id) || id < 0 || id >= V) throw new InvalidArgumentError(`token id ${id} at ${i} is outside the vocabulary 0..${V - 1}`);
+    }
+  }
+
+  private checkLive(): void {
+    if (this.disposed) throw new InvalidArgumentError("this batch (or its model) is disposed");
+  }
+
+  [Symbol.dispose](): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.device?.[Symbol.dispose]();
+    this.device = undefined;
+    for (const s of this.sessions ?? []) s[Symbol.dispose]();
+    this.sessions = undefined;
+  }
+}
+
+/** Opens the batch's device path where the model runs resident, or says in `why` why not. */
+export function openDeviceBatch(open: () => DeviceBatch): { device?: DeviceBatch; why?: string } {
+  try {
+    return { device: open() };
+  } catch (e) {
+    if (e instanceof VkmoeError) return { why: e.message };
+    throw e;
+  }
+}

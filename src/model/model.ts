@@ -225,7 +225,11 @@ function graphReserveBytes(cfg: Qwen3MoeConfig, w: ModelWeights, ctx: number): n
     const a = l.attention;
     bytes += a.q.bytes + a.k.bytes + a.v.bytes + a.o.bytes + (l.router?.bytes ?? 0) + 8 * cfg.headDim;
   }
-  return bytes + 2 * cfg.layers * ctx * cfg.kvHeads * cfg.headDim * 2;
+  // the attention's partial records (decode: a record per 32 positions for 4 tokens; a prompt
+  // chunk: 16 a row for 64 tokens) and about 16 MiB of activations and MoE tables for 64 tokens
+  const record = 4 * cfg.heads * (cfg.headDim + 4);
+  const partials = Math.max(4 * Math.ceil(ctx / 32), 64 * 16) * record;
+  return bytes + 2 * cfg.layers * ctx * cfg.kvHeads * cfg.headDim * 2 + partials + 16 * 2 ** 20;
 }
 
 function readJson(path: string): Record<string, unknown> {

@@ -103,11 +103,14 @@ test("metrics: Prometheus text with HELP/TYPE lines and live gauges", () => {
   m.request("/v1/completions", 200);
   m.request("other", 404);
   m.prefilled(10);
+  m.prefilled(3, 7); // a slot's session held 7 of the prompt's 10 ids
   m.generated(5);
   const text = m.render();
   expect(text).toContain('vkmoe_requests_total{route="/v1/completions",status="200"} 2\n');
   expect(text).toContain('vkmoe_requests_total{route="other",status="404"} 1\n');
-  expect(text).toContain("vkmoe_prompt_tokens_total 10\n");
+  expect(text).toContain("vkmoe_prompt_tokens_total 20\n");
+  expect(text).toContain("vkmoe_prompt_tokens_prefilled_total 13\n");
+  expect(text).toContain("vkmoe_prompt_tokens_reused_total 7\n");
   expect(text).toContain("vkmoe_completion_tokens_total 5\n");
   expect(text).toContain("vkmoe_queue_depth 2\n");
   expect(text).toContain("vkmoe_active_sequences 3\n");

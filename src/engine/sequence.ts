@@ -6,6 +6,10 @@
  * not a possible start of a stop string). generate() is a loop over this; a server's scheduler
  * interleaves many, and a batched stepper can make the model calls itself (`pendingInput`,
  * `wantsLogits`, `accept`, `takeDelta`). The session is the caller's: a sequence never disposes it.
+ *
+ * A session may already hold the start of the prompt (`heldPrefix`: a server's slot reusing the
+ * KV cache of its last request, as a multi-turn chat re-sends the conversation): then only the
+ * rest of the prompt runs, and the penalties still count the whole prompt, as in a fresh run.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import type { SamplingOptions } from "../sampling/options.ts";
@@ -23,6 +27,8 @@ export type StoppedBy = { eos: number } | { text: string };
 export interface SequenceSession extends Disposable {
   readonly ctx: number;
   readonly length: number;
+  /** The ids the session holds (checked against the prompt where `heldPrefix` is set). */
+  readonly tokens?: readonly number[];
   prefill(ids: ArrayLike<number>): Float32Array;
   step(id: number): Float32Array;
   stepGreedy(id: number): { id: number; value: number };
@@ -39,6 +45,22 @@ export interface SequenceOptions {
   topLogprobs?: number;
   /** Keep a copy of the logits after the prompt (`promptLogits`); the session's own view is reused by the next call. */
   keepPromptLogits?: boolean;
+  /**
+   * How many of the prompt's first ids the session already holds (default 0); prefill runs the
+   * rest. At most promptIds.length - 1: the last prompt token must run to give the first logits.
+   */
+  heldPrefix?: number;
+}
+
+/**
+ * How much of `held` (the ids a session holds) a new prompt can keep: their common prefix, at most
+ * prompt.length - 1 so that at least one prompt token runs and gives logits to pick from.
+ */
+export function reusablePrefix(held: readonly number[], prompt: readonly number[]): number {
+  const limit = Math.min(held.length, prompt.length - 1);
+  let n = 0;
+  while (n < limit && held[n] === prompt[n]) n++;
+  return n;
 }
 
 /** One generated token, with its logprobs when they were asked for. */
@@ -63,6 +85,8 @@ export class Sequence {
   stoppedBy: StoppedBy | undefined;
   /** Logits after the last prompt token, where `keepPromptLogits` asked for them. */
   promptLogits: Float32Array | undefined;
+  /** Prompt ids the session held already (not run again). */
+  readonly heldPrefix: number;
   /** decodeTokens: model calls after the prompt (one per token picked after the first). */
   readonly timings = { promptSeconds: 0, decodeSeconds: 0, decodeTokens: 0 };
   private readonly sampler: Sampler;
@@ -85,6 +109,10 @@ export class Sequence {
     private readonly options: SequenceOptions,
   ) {
     if (!Number.isInteger(options.maxTokens) || options.maxTokens < 0) throw new InvalidArgumentError(`maxTokens must be an integer >= 0, got ${options.maxTokens}`);
+    this.heldPrefix = options.heldPrefix ?? 0;
+    if (!Number.isInteger(this.heldPrefix) || this.heldPrefix < 0 || (this.heldPrefix > 0 && this.heldPrefix >= promptIds.length)) {
+      throw new InvalidArgumentError(`heldPrefix must be an integer from 0 to the prompt's length - 1 (${promptIds.length - 1}), got ${options.heldPrefix}`);
+    }
     this.sampler = new Sampler(options.sampling);
     this.eos = new Set(options.stopAtEos === false ? [] : tokenizer.eosIds);
     this.stream = new TokenTextStream(tokenizer);
@@ -117,8 +145,9 @@ export class Sequence {
   prefill(): SequenceDelta {
     if (this.prefilled) throw new InvalidArgumentError("prefill runs once, first");
     this.prefilled = true;
+    this.checkHeldPrefix();
     const t0 = performance.now();
-    const logits = this.session.prefill(this.promptIds);
+    const logits = this.session.prefill(this.heldPrefix > 0 ? this.promptIds.slice(this.heldPrefix) : this.promptIds);
     this.timings.promptSeconds = (performance.now() - t0) / 1000;
     if (this.options.keepPromptLogits) this.promptLogits = logits.slice();
     this.decodeStart = performance.now();
@@ -152,6 +181,14 @@ export class Sequence {
     const d = this.delta;
     this.delta = { text: "", tokens: [] };
     return d;
+  }
+
+  /** A reused session must hold exactly the prompt's first `heldPrefix` ids: anything else would be another conversation's cache. */
+  private checkHeldPrefix(): void {
+    if (this.heldPrefix === 0) return;
+    const s = this.session;
+    if (s.length !== this.heldPrefix) throw new InvalidArgumentError(`the session holds ${s.length} tokens, not the ${this.heldPrefix} of the prompt it was said to hold`);
+    if (s.tokens && reusablePrefix(s.tokens, this.promptIds) < this.heldPrefix) throw new InvalidArgumentError(`the session's ${this.heldPrefix} tokens are not the prompt's first ${this.heldPrefix}`);
   }
 
   private consume(logits: Float32Array | undefined, greedyId: number | undefined): void {

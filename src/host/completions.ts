@@ -3,7 +3,7 @@
  * its output comes back as one JSON object or as server-sent chunks. The client going away (the
  * request's signal, or the stream cancelled) cancels the job, which frees its slot at once.
  */
-import { Sequence, type GeneratedToken, type Model, type SequenceSession } from "../engine/index.ts";
+import { Sequence, type GeneratedToken, type Model } from "../engine/index.ts";
 import type { HostConfig } from "./config.ts";
 import { ClientGoneError, toApiError } from "./errors.ts";
 import type { Metrics } from "./metrics.ts";
@@ -18,8 +18,6 @@ export interface HostContext {
   config: HostConfig;
   scheduler: Scheduler;
   metrics: Metrics;
-  /** A fresh session for one request (the model's, unless a test wraps it). */
-  openSession: () => SequenceSession;
   /** system_fingerprint: the engine's mode. */
   fingerprint: string;
 }
@@ -105,16 +103,8 @@ function jobRequest(host: HostContext, plan: RequestPlan): JobRequest {
   return {
     deadline: performance.now() + timeoutSeconds * 1000,
     timeoutSeconds,
-    promptTokens: plan.promptIds.length,
-    open: () => {
-      const session = host.openSession();
-      try {
-        return new Sequence(host.model.tokenizer, session, plan.promptIds, plan.options);
-      } catch (e) {
-        session[Symbol.dispose]();
-        throw e;
-      }
-    },
+    promptIds: plan.promptIds,
+    start: (session, heldPrefix) => new Sequence(host.model.tokenizer, session, plan.promptIds, { ...plan.options, heldPrefix }),
   };
 }
 

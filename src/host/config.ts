@@ -18,7 +18,7 @@ export const hostConfigSchema = z.strictObject({
   apiKey: z.string().min(8, "must be at least 8 characters").optional(),
   /** The id clients name in `model` (GET /v1/models lists it). */
   modelName: z.string().min(1).max(256),
-  /** Requests decoding at once, each with its own session. */
+  /** Requests decoding at once; each slot keeps one session (its KV cache) between requests. */
   parallel: z.number().int().min(1).max(256).default(4),
   /** Requests that may wait for a slot before new ones get a 429. */
   queue: z.number().int().min(0).max(100_000).default(32),

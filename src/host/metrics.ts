@@ -1,13 +1,17 @@
 /**
  * The server's counters and gauges, rendered as Prometheus text (GET /metrics): requests by route
- * and status, prompt and completion tokens, decode throughput over the last seconds, and the
- * scheduler's queue depth and active sequences, read live.
+ * and status, prompt tokens (reused from a slot's cache or prefilled) and completion tokens,
+ * decode throughput over the last seconds, and the scheduler's queue depth, active sequences and
+ * sessions, read live.
  */
+import type { SessionPoolStats } from "./session-pool.ts";
+
 export interface LiveGauges {
   queued: number;
   active: number;
   slots: number;
   queueLimit: number;
+  sessions?: SessionPoolStats;
 }
 
 /** Seconds of history for the throughput gauge. */
@@ -15,7 +19,8 @@ const WINDOW_S = 10;
 
 export class Metrics {
   private readonly requests = new Map<string, number>();
-  private promptTokens = 0;
+  private promptTokensPrefilled = 0;
+  private promptTokensReused = 0;
   private completionTokens = 0;
   private cancelled = 0;
   private streamErrors = 0;
@@ -31,8 +36,10 @@ export class Metrics {
     this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
   }
 
-  prefilled(tokens: number): void {
-    this.promptTokens += tokens;
+  /** A request's prompt: `tokens` run now, `reused` held by its slot's session already. */
+  prefilled(tokens: number, reused = 0): void {
+    this.promptTokensPrefilled += tokens;
+    this.promptTokensReused += reused;
   }
 
   /** Tokens generated (any sequence). */
@@ -72,13 +79,20 @@ export class Metrics {
       for (const [labels, value] of samples) lines.push(`${name}${labels ? `{${labels}}` : ""} ${Number.isFinite(value) ? value : 0}`);
     };
     metric("vkmoe_requests_total", "counter", "HTTP requests answered, by route and status.", [...this.requests].sort());
-    metric("vkmoe_prompt_tokens_total", "counter", "Prompt tokens prefilled.", [["", this.promptTokens]]);
+    metric("vkmoe_prompt_tokens_total", "counter", "Prompt tokens of the requests that ran (prefilled + reused).", [["", this.promptTokensPrefilled + this.promptTokensReused]]);
+    metric("vkmoe_prompt_tokens_prefilled_total", "counter", "Prompt tokens run through the model.", [["", this.promptTokensPrefilled]]);
+    metric("vkmoe_prompt_tokens_reused_total", "counter", "Prompt tokens a slot's session held already (its prompt cache), not run again.", [["", this.promptTokensReused]]);
     metric("vkmoe_completion_tokens_total", "counter", "Tokens generated.", [["", this.completionTokens]]);
     metric("vkmoe_decode_tokens_per_second", "gauge", `Tokens generated per second, all sequences together, over the last ${WINDOW_S} s.`, [["", round(this.tokensPerSecond())]]);
     metric("vkmoe_queue_depth", "gauge", "Requests waiting for a slot.", [["", g.queued]]);
     metric("vkmoe_queue_limit", "gauge", "Requests that may wait before new ones get a 429.", [["", g.queueLimit]]);
     metric("vkmoe_active_sequences", "gauge", "Requests holding a slot (a session).", [["", g.active]]);
     metric("vkmoe_slots", "gauge", "Slots (--parallel).", [["", g.slots]]);
+    if (g.sessions) {
+      metric("vkmoe_sessions_open", "gauge", "Sessions (KV caches) open, one per slot at most, kept between requests.", [["", g.sessions.open]]);
+      metric("vkmoe_sessions_opened_total", "counter", "Sessions opened.", [["", g.sessions.opened]]);
+      metric("vkmoe_sessions_discarded_total", "counter", "Sessions disposed because the engine failed in them or their device was lost.", [["", g.sessions.discarded]]);
+    }
     metric("vkmoe_requests_cancelled_total", "counter", "Requests ended by the client (disconnect or stream cancelled).", [["", this.cancelled]]);
     metric("vkmoe_request_timeouts_total", "counter", "Requests ended by the server's time limit.", [["", this.timeouts]]);
     metric("vkmoe_stream_errors_total", "counter", "Streams that ended with an error event.", [["", this.streamErrors]]);

@@ -1,16 +1,19 @@
 /**
  * Who runs next. A bounded queue in front of a fixed number of slots; each slot holds one request's
- * Sequence over its own Session. Each round the loop fills free slots from the queue (their
- * prefills run between decode steps), then lets the DecodeStepper advance every active sequence by one token,
- * then yields to the event loop so that streams flush and new requests, disconnects and aborts are
- * seen. A request that finishes, fails, is cancelled or runs past its deadline frees its slot at
- * once and its Session is disposed.
+ * Sequence over a Session from the SessionPool (one session per slot, kept between requests: a new
+ * prompt reuses the longest prefix a free session holds and prefills only the rest). Each round
+ * the loop fills free slots from the queue (their prefills run between decode steps), then lets
+ * the DecodeStepper advance every active sequence by one token, then yields to the event loop so
+ * that streams flush and new requests, disconnects and aborts are seen. A request that finishes,
+ * fails, is cancelled or runs past its deadline frees its slot at once; its session goes back to
+ * the pool, or is disposed where the engine failed in it.
  *
  * The stepper is the seam for batching: round-robin makes one model call per sequence; a batched
  * stepper can make one S-token call for all of them (Sequence.pendingInput / accept / takeDelta).
  */
 import { ApiError, RequestTimeoutError } from "./errors.ts";
 import type { Sequence, SequenceDelta } from "../engine/index.ts";
+import { SessionPool, type ReusableSession, type SessionLease, type SessionPoolStats } from "./session-pool.ts";
 
 export interface DecodeStepper {
   /** Advances each sequence by one model call: its delta, or the error it met (which fails only that one). */
@@ -36,12 +39,15 @@ export interface JobSink {
 }
 
 export interface JobRequest {
-  /** Opens the session and builds the sequence when a slot is free (it may throw: that fails the job). */
-  open(): Sequence;
+  promptIds: readonly number[];
+  /**
+   * Builds the sequence over the slot's session, which holds the prompt's first `heldPrefix` ids
+   * already (it may throw: that fails the job).
+   */
+  start(session: ReusableSession, heldPrefix: number): Sequence;
   /** performance.now() after which the job fails with RequestTimeoutError. */
   deadline: number;
   timeoutSeconds: number;
-  promptTokens: number;
 }
 
 export type JobState = "queued" | "active" | "done";
@@ -57,6 +63,7 @@ export interface SchedulerStats {
   active: number;
   slots: number;
   queueLimit: number;
+  sessions: SessionPoolStats;
 }
 
 export interface Scheduler extends AsyncDisposable {
@@ -66,16 +73,28 @@ export interface Scheduler extends AsyncDisposable {
 }
 
 export interface SchedulerHooks {
-  /** A job's prompt ran. */
-  prefilled?(tokens: number): void;
+  /** A job's prompt ran: `prefilled` ids run now, `reused` held by its session already. */
+  prefilled?(prefilled: number, reused: number): void;
   /** Tokens picked (for throughput and the token counters). */
   generated?(tokens: number): void;
   cancelled?(): void;
   timedOut?(): void;
 }
 
+export interface SlotSchedulerOptions {
+  slots: number;
+  queueLimit: number;
+  /** Opens one slot's session (called lazily, at most `slots` live at once). */
+  openSession: () => ReusableSession;
+  /** Changes when the device is lost: sessions opened before are disposed, not reused. */
+  deviceEpoch?: () => string;
+  stepper?: DecodeStepper;
+  hooks?: SchedulerHooks;
+}
+
 class SlotJob implements Job {
   state: JobState = "queued";
+  lease: SessionLease | undefined;
   sequence: Sequence | undefined;
   startedAt = 0;
   constructor(readonly request: JobRequest, readonly sink: JobSink, private readonly onCancel: (job: SlotJob) => void) {}
@@ -93,14 +112,21 @@ export class SlotScheduler implements Scheduler {
   /** Seconds recent jobs held a slot, for Retry-After. */
   private recentSeconds = 1;
 
-  constructor(
-    private readonly slots: number,
-    private readonly queueLimit: number,
-    private readonly stepper: DecodeStepper = roundRobinStepper,
-    private readonly hooks: SchedulerHooks = {},
-  ) {
+  private readonly slots: number;
+  private readonly queueLimit: number;
+  private readonly stepper: DecodeStepper;
+  private readonly hooks: SchedulerHooks;
+  private readonly sessions: SessionPool;
+
+  constructor(options: SlotSchedulerOptions) {
+    const { slots, queueLimit } = options;
     if (!Number.isInteger(slots) || slots < 1) throw new RangeError(`slots must be an integer >= 1, got ${slots}`);
     if (!Number.isInteger(queueLimit) || queueLimit < 0) throw new RangeError(`queueLimit must be an integer >= 0, got ${queueLimit}`);
+    this.slots = slots;
+    this.queueLimit = queueLimit;
+    this.stepper = options.stepper ?? roundRobinStepper;
+    this.hooks = options.hooks ?? {};
+    this.sessions = new SessionPool(slots, options.openSession, options.deviceEpoch);
     this.loopDone = this.loop();
   }
 
@@ -118,10 +144,10 @@ export class SlotScheduler implements Scheduler {
   }
 
   stats(): SchedulerStats {
-    return { queued: this.queue.length, active: this.active.length, slots: this.slots, queueLimit: this.queueLimit };
+    return { queued: this.queue.length, active: this.active.length, slots: this.slots, queueLimit: this.queueLimit, sessions: this.sessions.stats() };
   }
 
-  /** Stops taking jobs, fails the waiting ones, lets the loop end; active jobs are ended and their sessions disposed. */
+  /** Stops taking jobs, fails the waiting ones, lets the loop end; then every session is disposed. */
   async [Symbol.asyncDispose](): Promise<void> {
     if (this.closing) return this.loopDone;
     this.closing = true;
@@ -129,6 +155,7 @@ export class SlotScheduler implements Scheduler {
     for (const job of [...this.queue, ...this.active]) this.end(job, () => job.sink.failed(closed));
     this.wake?.();
     await this.loopDone;
+    this.sessions[Symbol.dispose]();
   }
 
   private cancel(job: SlotJob): void {
@@ -136,18 +163,17 @@ export class SlotScheduler implements Scheduler {
     this.end(job, () => {});
   }
 
-  /** Takes the job out of the queue or its slot, disposes its session, then tells the sink (`notify`). */
-  private end(job: SlotJob, notify: () => void): void {
+  /**
+   * Takes the job out of the queue or its slot and gives its session back (disposed where the
+   * engine failed in it: `engineFailed`), then tells the sink (`notify`).
+   */
+  private end(job: SlotJob, notify: () => void, engineFailed = false): void {
     if (job.state === "done") return;
     const list = job.state === "queued" ? this.queue : this.active;
     const at = list.indexOf(job);
     if (at >= 0) list.splice(at, 1);
     job.state = "done";
-    try {
-      job.sequence?.session[Symbol.dispose]();
-    } catch {
-      // a session that cannot free its device memory (a lost device) has nothing more to give back
-    }
+    if (job.lease) this.sessions.release(job.lease.session, { reusable: !engineFailed });
     notify();
   }
 
@@ -166,19 +192,31 @@ export class SlotScheduler implements Scheduler {
     }
   }
 
-  /** Moves the job into a slot: opens its session and runs its prompt. */
+  /** Moves the job into a slot: takes a session (the one sharing most of its prompt) and runs the rest of its prompt. */
   private admit(job: SlotJob): void {
     this.queue.shift();
     this.active.push(job);
     job.state = "active";
     job.startedAt = performance.now();
+    let delta: SequenceDelta;
     try {
-      job.sequence = job.request.open();
-      const delta = job.sequence.prefill();
-      this.hooks.prefilled?.(job.request.promptTokens);
+      job.lease = this.sessions.acquire(job.request.promptIds);
+      job.sequence = job.request.start(job.lease.session, job.lease.heldPrefix);
+    } catch (error) {
+      // opening a session or building the sequence failed: no model call ran, the session is as it was
+      return this.end(job, () => job.sink.failed(error));
+    }
+    try {
+      delta = job.sequence.prefill();
+    } catch (error) {
+      return this.end(job, () => job.sink.failed(error), true);
+    }
+    const reused = job.lease.heldPrefix;
+    this.hooks.prefilled?.(job.request.promptIds.length - reused, reused);
+    try {
       this.deliver(job, delta);
     } catch (error) {
-      this.end(job, () => job.sink.failed(error));
+      this.end(job, () => job.sink.failed(error)); // a sink that throws fails its job, not the loop
     }
   }
 
@@ -196,7 +234,7 @@ export class SlotScheduler implements Scheduler {
     results.forEach((r, i) => {
       const job = jobs[i]!;
       if (job.state !== "active") return; // cancelled by a sink during this round
-      if ("error" in r) this.end(job, () => job.sink.failed(r.error));
+      if ("error" in r) this.end(job, () => job.sink.failed(r.error), true);
       else this.deliver(job, r);
     });
   }

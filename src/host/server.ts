@@ -1,20 +1,21 @@
 /**
  * A running host: the app over a loaded model, its scheduler and metrics, listening. The model is
  * the caller's (its lifetime is theirs); closing the server ends the active requests, disposes
- * their sessions and stops listening.
+ * the slots' sessions and stops listening.
  */
 import type { Hono } from "hono";
-import type { Model, SequenceSession } from "../engine/index.ts";
+import type { Model } from "../engine/index.ts";
 import { createApp } from "./app.ts";
 import { resolveHostConfig, type HostConfig, type HostConfigInput } from "./config.ts";
 import type { HostContext } from "./completions.ts";
 import { listen, type Listener } from "./listen.ts";
 import { Metrics } from "./metrics.ts";
 import { SlotScheduler, type DecodeStepper, type Scheduler } from "./scheduler.ts";
+import type { ReusableSession } from "./session-pool.ts";
 
 export interface HostOptions {
-  /** Opens one request's session (default: model.session({ ctx })). Tests wrap it to inject faults. */
-  openSession?: (ctx: number) => SequenceSession;
+  /** Opens one slot's session (default: model.session({ ctx })); slots keep theirs between requests. Tests wrap it to inject faults. */
+  openSession?: (ctx: number) => ReusableSession;
   /** How active sequences advance (default round-robin). */
   stepper?: DecodeStepper;
 }
@@ -30,15 +31,23 @@ export interface Host extends AsyncDisposable {
 export function createHost(model: Model, input: Omit<HostConfigInput, "modelName" | "ctx"> & { modelName?: string; ctx?: number }, options: HostOptions = {}): Host {
   const config = resolveHostConfig({ ...input, modelName: input.modelName ?? defaultModelName(model), ctx: input.ctx ?? Math.min(4096, model.config.maxPositions) });
   let metrics!: Metrics;
-  const scheduler = new SlotScheduler(config.parallel, config.queue, options.stepper, {
-    prefilled: (n) => metrics.prefilled(n),
-    generated: (n) => metrics.generated(n),
-    cancelled: () => metrics.cancel(),
-    timedOut: () => metrics.timeout(),
+  const open = options.openSession ?? ((ctx: number) => model.session({ ctx }));
+  const scheduler = new SlotScheduler({
+    slots: config.parallel,
+    queueLimit: config.queue,
+    openSession: () => open(config.ctx),
+    // a lost device changes the model's mode: sessions opened before it are not reused
+    deviceEpoch: () => model.device.mode,
+    stepper: options.stepper,
+    hooks: {
+      prefilled: (n, reused) => metrics.prefilled(n, reused),
+      generated: (n) => metrics.generated(n),
+      cancelled: () => metrics.cancel(),
+      timedOut: () => metrics.timeout(),
+    },
   });
   metrics = new Metrics(() => scheduler.stats());
-  const open = options.openSession ?? ((ctx: number) => model.session({ ctx }));
-  const context: HostContext = { model, config, scheduler, metrics, openSession: () => open(config.ctx), fingerprint: `vkmoe-${model.device.mode}` };
+  const context: HostContext = { model, config, scheduler, metrics, fingerprint: `vkmoe-${model.device.mode}` };
   const app = createApp(context);
   return {
     app,

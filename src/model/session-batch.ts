@@ -97,7 +97,7 @@ export class SessionBatch implements Disposable {
 
   /**
    * One token for each step (distinct slots), in one replay on the device: their logits, row i
-   * for steps[i] (views of host memory valid until the next call).
+   * for steps[i] (views valid until the next call on this batch).
    */
   step(steps: readonly BatchStep[]): Float32Array[] {
     this.checkLive();
@@ -117,7 +117,12 @@ export class SessionBatch implements Disposable {
         this.counts.runs++;
         return steps.map((_, i) => logits.subarray(i * V, (i + 1) * V));
       },
-      (sessions) => steps.map((s) => sessions[s.slot]!.step(s.id).slice()),
+      // a CPU session's logits are its own buffer; device sessions share the graph's, so those are copied
+      (sessions) => steps.map((s) => {
+        const session = sessions[s.slot]!;
+        const row = session.step(s.id);
+        return session.path === "device" ? row.slice() : row;
+      }),
     );
     for (const s of steps) this.held[s.slot]!.push(s.id);
     this.counts.tokens += steps.length;

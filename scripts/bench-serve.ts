@@ -5,10 +5,12 @@
 // fixed prompt (the i-th of a fixed list) at temperature 0 with --max-tokens, and prints one row:
 // aggregate completion tok/s (tokens of the answered requests ÷ the level's wall time), median and
 // p90 latency of the first content token and of the whole reply, 429s, other errors, and the
-// prompt tokens prefilled and reused from the slots' sessions (/metrics); then the peak RSS.
+// prompt tokens prefilled and reused from the slots' sessions, and the decode rounds' sequences per
+// model call (/metrics: > 1 where batching steps them together); then the peak RSS. The first
+// line names the stepper (--batching on: batched where the model runs resident; off: round-robin).
 // One warm-up request runs first (it opens a session and pages the weights in).
 //   bun scripts/bench-serve.ts --model FILE [--concurrency 1,4,16,64] [--rounds 2] [--max-tokens 8]
-//     [--parallel 4] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--json FILE]
+//     [--parallel 4] [--batching on|off] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--json FILE]
 import { writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { z } from "zod";
@@ -22,7 +24,7 @@ import { formatBytes } from "./lib/progress.ts";
 import { fmt, formatTable, median, percentile } from "./lib/table.ts";
 
 const SCRIPT = "bench-serve";
-const USAGE = "usage: bun scripts/bench-serve.ts --model DIR|FILE.gguf [--concurrency 1,4,16,64] [--rounds 2] [--max-tokens 8] [--parallel 4] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--json FILE]";
+const USAGE = "usage: bun scripts/bench-serve.ts --model DIR|FILE.gguf [--concurrency 1,4,16,64] [--rounds 2] [--max-tokens 8] [--parallel 4] [--batching on|off] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--json FILE]";
 
 /** Fixed prompts: request i asks PROMPTS[i % length] (runs are comparable; the chat template's opening is shared, as in real traffic). */
 const PROMPTS = [
@@ -42,6 +44,7 @@ const options = {
   rounds: { type: "string" },
   "max-tokens": { type: "string" },
   parallel: { type: "string" },
+  batching: { type: "string" },
   queue: { type: "string" },
   ctx: { type: "string" },
   quant: { type: "string" },
@@ -67,6 +70,7 @@ const flagsSchema = z.object({
   rounds: int(1, 1000).default(2),
   "max-tokens": int(1).default(8),
   parallel: int(1, 256).default(4),
+  batching: z.enum(["on", "off"]).default("on"),
   queue: int(0, 100_000).default(32),
   ctx: int(16).default(512),
   quant: z.enum(QUANT_CHOICES as [string, ...string[]]).default("auto"),
@@ -89,13 +93,21 @@ interface LevelResult {
   totalMs: { p50: number; p90: number };
   promptPrefilled: number;
   promptReused: number;
+  decodeCalls: number;
+  /** Sequences a decode model call advanced, on average (1 without batching). */
+  sequencesPerCall: number;
   firstError?: string;
 }
 
-async function counters(server: RunningServer): Promise<{ prefilled: number; reused: number }> {
+async function counters(server: RunningServer): Promise<{ prefilled: number; reused: number; decodeCalls: number; sequenceSteps: number }> {
   const text = server.host.metrics.render();
   const value = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1] ?? 0);
-  return { prefilled: value("vkmoe_prompt_tokens_prefilled_total"), reused: value("vkmoe_prompt_tokens_reused_total") };
+  return {
+    prefilled: value("vkmoe_prompt_tokens_prefilled_total"),
+    reused: value("vkmoe_prompt_tokens_reused_total"),
+    decodeCalls: value("vkmoe_decode_calls_total"),
+    sequenceSteps: value("vkmoe_decode_sequence_steps_total"),
+  };
 }
 
 async function level(server: RunningServer, concurrency: number): Promise<LevelResult> {
@@ -126,6 +138,8 @@ async function level(server: RunningServer, concurrency: number): Promise<LevelR
     totalMs: { p50: median(total), p90: percentile(total, 90) },
     promptPrefilled: after.prefilled - before.prefilled,
     promptReused: after.reused - before.reused,
+    decodeCalls: after.decodeCalls - before.decodeCalls,
+    sequencesPerCall: (after.sequenceSteps - before.sequenceSteps) / Math.max(1, after.decodeCalls - before.decodeCalls),
     firstError: errors[0] && `${errors[0].status}: ${errors[0].message}`,
   };
 }
@@ -134,8 +148,9 @@ async function main(): Promise<void> {
   const t0 = performance.now();
   const model = await Model.load(flags.model, { quant: flags.quant as any, ctx: flags.ctx, env: readConfig(), log: () => {} });
   try {
-    await using server = startServer(model, { port: 0, ctx: flags.ctx, parallel: flags.parallel, queue: flags.queue, modelName: "bench" });
-    writeStderr(`${SCRIPT}: ${runtimeName} · ${model.device.mode} (${model.device.why}) · ${server.url} · ${flags.parallel} slots, queue ${flags.queue}, ctx ${flags.ctx} · max_tokens ${flags["max-tokens"]}, ${flags.rounds} rounds a level\n`);
+    await using server = startServer(model, { port: 0, ctx: flags.ctx, parallel: flags.parallel, batching: flags.batching, queue: flags.queue, modelName: "bench" });
+    const stepper = server.host.scheduler.stats().stepper;
+    writeStderr(`${SCRIPT}: ${runtimeName} · ${model.device.mode} (${model.device.why}) · ${server.url} · stepper ${stepper} · ${flags.parallel} slots, queue ${flags.queue}, ctx ${flags.ctx} · max_tokens ${flags["max-tokens"]}, ${flags.rounds} rounds a level\n`);
     const warm = await streamChat({ url: server.url, content: PROMPTS[0]!, maxTokens: flags["max-tokens"] });
     if (warm.kind !== "ok") fail(SCRIPT, `the warm-up request failed: ${JSON.stringify(warm)}`);
     const results: LevelResult[] = [];
@@ -146,13 +161,14 @@ async function main(): Promise<void> {
     }
     const ms = (v: number) => fmt(v, 3);
     const rows = [
-      ["concurrency", "requests", "ok", "429", "errors", "completion tok/s", "first token p50 ms", "first token p90 ms", "total p50 ms", "total p90 ms", "prompt tok prefilled", "prompt tok reused"],
-      ...results.map((r) => [String(r.concurrency), String(r.requests), String(r.ok), String(r.busy), String(r.errors), fmt(r.tokensPerSecond), ms(r.firstTokenMs.p50), ms(r.firstTokenMs.p90), ms(r.totalMs.p50), ms(r.totalMs.p90), String(r.promptPrefilled), String(r.promptReused)]),
+      ["concurrency", "requests", "ok", "429", "errors", "completion tok/s", "first token p50 ms", "first token p90 ms", "total p50 ms", "total p90 ms", "prompt tok prefilled", "prompt tok reused", "decode calls", "seqs/call"],
+      ...results.map((r) => [String(r.concurrency), String(r.requests), String(r.ok), String(r.busy), String(r.errors), fmt(r.tokensPerSecond), ms(r.firstTokenMs.p50), ms(r.firstTokenMs.p90), ms(r.totalMs.p50), ms(r.totalMs.p90), String(r.promptPrefilled), String(r.promptReused), String(r.decodeCalls), fmt(r.sequencesPerCall)]),
     ];
+    console.log(`stepper: ${stepper}`);
     console.log(formatTable(rows));
     const peak = peakRssBytes();
     console.log(`peak RSS ${peak === undefined ? "unknown" : formatBytes(peak)} · ${fmt((performance.now() - t0) / 1000)} s in all (load included)`);
-    if (flags.json) writeFileSync(flags.json, `${JSON.stringify({ flags, device: model.device, peakRssBytes: peak, results }, null, 2)}\n`);
+    if (flags.json) writeFileSync(flags.json, `${JSON.stringify({ flags, stepper, device: model.device, peakRssBytes: peak, results }, null, 2)}\n`);
   } finally {
     model[Symbol.dispose]();
   }

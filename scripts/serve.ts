@@ -10,7 +10,7 @@ import { isLoopback, startServer } from "../src/host/index.ts";
 import { args, exit, fail, oneLine, writeStderr } from "./lib/cli.ts";
 
 const SCRIPT = "serve";
-const USAGE = "usage: bun run serve --model DIR|FILE.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel 4] [--queue 32] [--ctx N] [--max-tokens-cap N] [--timeout SECONDS] [--max-body-bytes N] [--max-messages N] [--cors ORIGIN]... [--model-name NAME] [--quant auto|none|q8|q4]";
+const USAGE = "usage: bun run serve --model DIR|FILE.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel 4] [--batching on|off] [--queue 32] [--ctx N] [--max-tokens-cap N] [--timeout SECONDS] [--max-body-bytes N] [--max-messages N] [--cors ORIGIN]... [--model-name NAME] [--quant auto|none|q8|q4]";
 
 const options = {
   model: { type: "string", short: "m" },
@@ -18,6 +18,7 @@ const options = {
   port: { type: "string" },
   "api-key": { type: "string" },
   parallel: { type: "string" },
+  batching: { type: "string" },
   queue: { type: "string" },
   ctx: { type: "string", short: "c" },
   "max-tokens-cap": { type: "string" },
@@ -48,6 +49,7 @@ const flagsSchema = z.object({
   port: int(0).pipe(z.number().max(65535)).default(8080),
   "api-key": z.string().optional(),
   parallel: int(1).optional(),
+  batching: z.enum(["on", "off"]).default("on"),
   queue: int(0).optional(),
   ctx: int(1).optional(),
   "max-tokens-cap": int(1).optional(),
@@ -75,6 +77,7 @@ async function main(): Promise<void> {
       port: flags.port,
       apiKey,
       parallel: flags.parallel,
+      batching: flags.batching,
       queue: flags.queue,
       ctx: flags.ctx,
       maxTokensCap: flags["max-tokens-cap"],
@@ -89,7 +92,7 @@ async function main(): Promise<void> {
     throw e;
   }
   const c = server.host.config;
-  writeStderr(`serve: ${server.url} · model ${c.modelName} · ${model.device.mode} · ${c.parallel} slots, ctx ${c.ctx}${c.apiKey ? " · API key required" : ""}\n`);
+  writeStderr(`serve: ${server.url} · model ${c.modelName} · ${model.device.mode} · ${c.parallel} slots (${server.host.scheduler.stats().stepper}), ctx ${c.ctx}${c.apiKey ? " · API key required" : ""}\n`);
   let stopping = false;
   const stop = async () => {
     if (stopping) return;

@@ -45,7 +45,7 @@ export function createApp(host: HostContext): Hono {
   app.get("/health", (c) => {
     const d = model.device;
     const s = host.scheduler.stats();
-    return c.json({ status: "ok", model: config.modelName, mode: d.mode, device: d.why, experts: d.experts, ctx: config.ctx, slots: s.slots, active: s.active, queued: s.queued });
+    return c.json({ status: "ok", model: config.modelName, mode: d.mode, device: d.why, experts: d.experts, ctx: config.ctx, slots: s.slots, active: s.active, queued: s.queued, stepper: s.stepper, batch: host.batchPath?.() ?? null });
   });
   app.get("/metrics", (c) => c.body(metrics.render(), 200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" }));
 

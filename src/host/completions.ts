@@ -20,6 +20,8 @@ export interface HostContext {
   metrics: Metrics;
   /** system_fingerprint: the engine's mode. */
   fingerprint: string;
+  /** Where the slots' batch runs now ("device-batch" or "sessions"); undefined without a batch. */
+  batchPath?: () => string | undefined;
 }
 
 export interface ReplyOptions {

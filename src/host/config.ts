@@ -20,6 +20,8 @@ export const hostConfigSchema = z.strictObject({
   modelName: z.string().min(1).max(256),
   /** Requests decoding at once; each slot keeps one session (its KV cache) between requests. */
   parallel: z.number().int().min(1).max(256).default(4),
+  /** "on": one model call a decode round for every active request (continuous batching); "off": one call per request, in turn. */
+  batching: z.enum(["on", "off"]).default("on"),
   /** Requests that may wait for a slot before new ones get a 429. */
   queue: z.number().int().min(0).max(100_000).default(32),
   /** Context of each session (prompt + generation). */

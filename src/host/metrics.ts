@@ -1,9 +1,11 @@
 /**
  * The server's counters and gauges, rendered as Prometheus text (GET /metrics): requests by route
  * and status, prompt tokens (reused from a slot's cache or prefilled) and completion tokens,
- * decode throughput over the last seconds, and the scheduler's queue depth, active sequences and
+ * decode throughput over the last seconds, decode rounds' model calls and the sequences each call
+ * advanced (how much batching happens), and the scheduler's queue depth, active sequences and
  * sessions, read live.
  */
+import type { StepperName } from "./decode-stepper.ts";
 import type { SessionPoolStats } from "./session-pool.ts";
 
 export interface LiveGauges {
@@ -12,6 +14,7 @@ export interface LiveGauges {
   slots: number;
   queueLimit: number;
   sessions?: SessionPoolStats;
+  stepper?: StepperName;
 }
 
 /** Seconds of history for the throughput gauge. */
@@ -25,6 +28,8 @@ export class Metrics {
   private cancelled = 0;
   private streamErrors = 0;
   private timeouts = 0;
+  private decodeCalls = 0;
+  private decodeSequenceSteps = 0;
   /** Tokens decoded per whole second (epoch seconds → count), the last WINDOW_S seconds. */
   private readonly perSecond = new Map<number, number>();
   private readonly startedAt = performance.now();
@@ -48,6 +53,12 @@ export class Metrics {
     const now = Math.floor(Date.now() / 1000);
     this.perSecond.set(now, (this.perSecond.get(now) ?? 0) + count);
     if (this.perSecond.size > WINDOW_S + 2) for (const s of this.perSecond.keys()) if (s <= now - WINDOW_S) this.perSecond.delete(s);
+  }
+
+  /** A decode round: `calls` model calls advanced `sequences` sequences by a token each. */
+  decoded(calls: number, sequences: number): void {
+    this.decodeCalls += calls;
+    this.decodeSequenceSteps += sequences;
   }
 
   cancel(): void {
@@ -84,6 +95,10 @@ export class Metrics {
     metric("vkmoe_prompt_tokens_reused_total", "counter", "Prompt tokens a slot's session held already (its prompt cache), not run again.", [["", this.promptTokensReused]]);
     metric("vkmoe_completion_tokens_total", "counter", "Tokens generated.", [["", this.completionTokens]]);
     metric("vkmoe_decode_tokens_per_second", "gauge", `Tokens generated per second, all sequences together, over the last ${WINDOW_S} s.`, [["", round(this.tokensPerSecond())]]);
+    metric("vkmoe_decode_calls_total", "counter", "Model calls made by decode rounds (one per round when batching, one per sequence per round when not).", [["", this.decodeCalls]]);
+    metric("vkmoe_decode_sequence_steps_total", "counter", "Sequences advanced by decode rounds (a token each).", [["", this.decodeSequenceSteps]]);
+    metric("vkmoe_decode_sequences_per_call", "gauge", "Mean sequences advanced per decode model call since start (1 without batching).", [["", round(this.decodeCalls ? this.decodeSequenceSteps / this.decodeCalls : 0)]]);
+    if (g.stepper) metric("vkmoe_decode_stepper", "gauge", "How decode rounds call the model (--batching): 1 for the stepper in use.", [[`stepper="${g.stepper}"`, 1]]);
     metric("vkmoe_queue_depth", "gauge", "Requests waiting for a slot.", [["", g.queued]]);
     metric("vkmoe_queue_limit", "gauge", "Requests that may wait before new ones get a 429.", [["", g.queueLimit]]);
     metric("vkmoe_active_sequences", "gauge", "Requests holding a slot (a session).", [["", g.active]]);

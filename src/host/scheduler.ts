@@ -1,6 +1,7 @@
 /**
  * Who runs next. A bounded queue in front of a fixed number of slots; each slot holds one request's
- * Sequence over a Session from the SessionPool (one session per slot, kept between requests: a new
+ * Sequence over a session from the SessionPool (a slot of the server's SessionBatch, or a Session
+ * of its own where the host was given `openSession`; one per slot, kept between requests: a new
  * prompt reuses the longest prefix a free session holds and prefills only the rest). Each round
  * the loop fills free slots from the queue (their prefills run between decode steps), then lets
  * the DecodeStepper advance every active sequence by one token, then yields to the event loop so
@@ -8,28 +9,15 @@
  * fails, is cancelled or runs past its deadline frees its slot at once; its session goes back to
  * the pool, or is disposed where the engine failed in it.
  *
- * The stepper is the seam for batching: round-robin makes one model call per sequence; a batched
- * stepper can make one S-token call for all of them (Sequence.pendingInput / accept / takeDelta).
+ * The stepper decides how a round calls the model: round-robin makes one call per sequence; the
+ * batched stepper makes one call for all of them over the server's SessionBatch (decode-stepper.ts).
  */
 import { ApiError, RequestTimeoutError } from "./errors.ts";
 import type { Sequence, SequenceDelta } from "../engine/index.ts";
+import { roundRobinStepper, type DecodeRound, type DecodeStepper, type StepperName } from "./decode-stepper.ts";
 import { SessionPool, type ReusableSession, type SessionLease, type SessionPoolStats } from "./session-pool.ts";
 
-export interface DecodeStepper {
-  /** Advances each sequence by one model call: its delta, or the error it met (which fails only that one). */
-  step(sequences: readonly Sequence[]): (SequenceDelta | { error: unknown })[];
-}
-
-/** One model call per sequence, in turn. */
-export const roundRobinStepper: DecodeStepper = {
-  step: (sequences) => sequences.map((s) => {
-    try {
-      return s.step();
-    } catch (error) {
-      return { error };
-    }
-  }),
-};
+export { roundRobinStepper, type DecodeStepper } from "./decode-stepper.ts";
 
 /** Where a job's output goes (the HTTP handler's response). Called from the scheduler's loop. */
 export interface JobSink {
@@ -64,6 +52,7 @@ export interface SchedulerStats {
   slots: number;
   queueLimit: number;
   sessions: SessionPoolStats;
+  stepper: StepperName;
 }
 
 export interface Scheduler extends AsyncDisposable {
@@ -77,6 +66,8 @@ export interface SchedulerHooks {
   prefilled?(prefilled: number, reused: number): void;
   /** Tokens picked (for throughput and the token counters). */
   generated?(tokens: number): void;
+  /** A decode round made `modelCalls` model calls to advance `sequences` sequences. */
+  decoded?(modelCalls: number, sequences: number): void;
   cancelled?(): void;
   timedOut?(): void;
 }
@@ -144,7 +135,7 @@ export class SlotScheduler implements Scheduler {
   }
 
   stats(): SchedulerStats {
-    return { queued: this.queue.length, active: this.active.length, slots: this.slots, queueLimit: this.queueLimit, sessions: this.sessions.stats() };
+    return { queued: this.queue.length, active: this.active.length, slots: this.slots, queueLimit: this.queueLimit, sessions: this.sessions.stats(), stepper: this.stepper.name };
   }
 
   /** Stops taking jobs, fails the waiting ones, lets the loop end; then every session is disposed. */
@@ -224,14 +215,15 @@ export class SlotScheduler implements Scheduler {
   private round(): void {
     const jobs = this.active.filter((j) => j.sequence && !j.sequence.done);
     if (jobs.length === 0) return;
-    let results: ReturnType<DecodeStepper["step"]>;
+    let round: DecodeRound;
     try {
-      results = this.stepper.step(jobs.map((j) => j.sequence!));
+      round = this.stepper.step(jobs.map((j) => j.sequence!));
     } catch (error) {
       // a stepper that fails as a whole fails its round's jobs, not the loop
-      results = jobs.map(() => ({ error }));
+      round = { results: jobs.map(() => ({ error })), modelCalls: 0 };
     }
-    results.forEach((r, i) => {
+    this.hooks.decoded?.(round.modelCalls, jobs.length);
+    round.results.forEach((r, i) => {
       const job = jobs[i]!;
       if (job.state !== "active") return; // cancelled by a sink during this round
       if ("error" in r) this.end(job, () => job.sink.failed(r.error), true);

@@ -4,7 +4,7 @@
 // --concurrency N (default 1,4,16,64) it sends N requests at once, --rounds times in a row, each a
 // fixed prompt (the i-th of a fixed list) at temperature 0 with --max-tokens, and prints one row:
 // aggregate completion tok/s (tokens of the answered requests ÷ the level's wall time), median and
-// p90 latency of the first content token and of the whole reply, 429s, other errors, and the
+// p95 latency of the first content token and of the whole reply, 429s, other errors, and the
 // prompt tokens prefilled and reused from the slots' sessions, and the decode rounds' sequences per
 // model call (/metrics: > 1 where batching steps them together); then the peak RSS. The first
 // line names the stepper (--batching on: batched where the model runs resident; off: round-robin).
@@ -89,8 +89,8 @@ interface LevelResult {
   completionTokens: number;
   wallSeconds: number;
   tokensPerSecond: number;
-  firstTokenMs: { p50: number; p90: number };
-  totalMs: { p50: number; p90: number };
+  firstTokenMs: { p50: number; p95: number };
+  totalMs: { p50: number; p95: number };
   promptPrefilled: number;
   promptReused: number;
   decodeCalls: number;
@@ -134,8 +134,8 @@ async function level(server: RunningServer, concurrency: number): Promise<LevelR
     completionTokens,
     wallSeconds: wallMs / 1000,
     tokensPerSecond: completionTokens / (wallMs / 1000),
-    firstTokenMs: { p50: median(first), p90: percentile(first, 90) },
-    totalMs: { p50: median(total), p90: percentile(total, 90) },
+    firstTokenMs: { p50: median(first), p95: percentile(first, 95) },
+    totalMs: { p50: median(total), p95: percentile(total, 95) },
     promptPrefilled: after.prefilled - before.prefilled,
     promptReused: after.reused - before.reused,
     decodeCalls: after.decodeCalls - before.decodeCalls,
@@ -161,8 +161,8 @@ async function main(): Promise<void> {
     }
     const ms = (v: number) => fmt(v, 3);
     const rows = [
-      ["concurrency", "requests", "ok", "429", "errors", "completion tok/s", "first token p50 ms", "first token p90 ms", "total p50 ms", "total p90 ms", "prompt tok prefilled", "prompt tok reused", "decode calls", "seqs/call"],
-      ...results.map((r) => [String(r.concurrency), String(r.requests), String(r.ok), String(r.busy), String(r.errors), fmt(r.tokensPerSecond), ms(r.firstTokenMs.p50), ms(r.firstTokenMs.p90), ms(r.totalMs.p50), ms(r.totalMs.p90), String(r.promptPrefilled), String(r.promptReused), String(r.decodeCalls), fmt(r.sequencesPerCall)]),
+      ["concurrency", "requests", "ok", "429", "errors", "completion tok/s", "first token p50 ms", "first token p95 ms", "total p50 ms", "total p95 ms", "prompt tok prefilled", "prompt tok reused", "decode calls", "seqs/call"],
+      ...results.map((r) => [String(r.concurrency), String(r.requests), String(r.ok), String(r.busy), String(r.errors), fmt(r.tokensPerSecond), ms(r.firstTokenMs.p50), ms(r.firstTokenMs.p95), ms(r.totalMs.p50), ms(r.totalMs.p95), String(r.promptPrefilled), String(r.promptReused), String(r.decodeCalls), fmt(r.sequencesPerCall)]),
     ];
     console.log(`stepper: ${stepper}`);
     console.log(formatTable(rows));

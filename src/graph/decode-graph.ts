@@ -312,6 +312,35 @@ export class DecodeGraph implements Disposable {
   }
 }
 
+/**
+ * The KV cache of `sequences` sequences of ctx positions (one buffer per layer for keys and for
+ * values, sequence i's rows from i * ctx) and the kernels bound to it, its resources owned by `owned`.
+ */
+export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: number, owned: DisposableStack): SequenceCache {
+  const cfg = graph.cfg, device = graph.device;
+  const { kvHeads: KV, headDim: hd, heads: H } = cfg;
+  const rows = sequences * ctx;
+  const layerBytes = rows * KV * hd * 2;
+  const limit = device.info.limits.maxStorageBufferRange;
+  const what = sequences === 1 ? `${ctx} positions` : `${sequences} x ${ctx} positions`;
+  if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${what} takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
+  const buffer = (bytes: number) => owned.use(new Buffer(device, { size: BigInt(Math.ceil(bytes / 16) * 16), memory: "device", priority: 1 }));
+  const keys: Buffer[] = [], values: Buffer[] = [];
+  for (let l = 0; l < cfg.layers; l++) {
+    keys.push(buffer(layerBytes));
+    values.push(buffer(layerBytes));
+  }
+  const rope = owned.use(new RopeKvKernel(device, { maxSets: cfg.layers }));
+  // GPUs: 32 positions per workgroup and 128 threads (H200, 30B-A3B shape at position 812: 37 µs
+  // a layer against 48 with the kernel's 64 / 64; scripts/profile-graph.ts). CPU devices keep 64 / 64.
+  const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
+  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
+  const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
+  const s = graph.s;
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
+  return { ctx, rows, keys, values, rope, attention, bindings, bytes: 2 * cfg.layers * Math.ceil(layerBytes / 16) * 16 };
+}
+
 /** Where a batched replay leaves its S rows of logits: device rows, copied to host memory. */
 export interface BatchOutputs {
   logits: Buffer;
@@ -327,6 +356,8 @@ export interface SequenceCache {
   ctx: number;
   /** Cache rows in all (ctx for one sequence). */
   rows: number;
+  /** Bytes of the keys and values in device memory. */
+  bytes: number;
   keys: Buffer[];
   values: Buffer[];
   rope: RopeKvKernel;
@@ -367,26 +398,9 @@ export class GraphSequence implements Disposable {
     const cfg = graph.cfg, device = graph.device;
     if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
     this.ctx = ctx;
-    const { kvHeads: KV, headDim: hd, heads: H } = cfg;
-    const layerBytes = ctx * KV * hd * 2;
-    const limit = device.info.limits.maxStorageBufferRange;
-    if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${ctx} positions takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
     try {
-      const keys: Buffer[] = [], values: Buffer[] = [];
-      for (let l = 0; l < cfg.layers; l++) {
-        keys.push(this.own(new Buffer(device, { size: BigInt(Math.ceil(layerBytes / 16) * 16), memory: "device", priority: 1 })));
-        values.push(this.own(new Buffer(device, { size: BigInt(Math.ceil(layerBytes / 16) * 16), memory: "device", priority: 1 })));
-      }
-      this.cacheBytes = 2 * cfg.layers * Math.ceil(layerBytes / 16) * 16;
-      const rope = this.own(new RopeKvKernel(device, { maxSets: cfg.layers }));
-      // GPUs: 32 positions per workgroup and 128 threads (H200, 30B-A3B shape at position 812: 37 µs
-      // a layer against 48 with the kernel's 64 / 64; scripts/profile-graph.ts). CPU devices keep 64 / 64.
-      const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
-      const attention = this.own(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
-      const partials = this.own(new Buffer(device, { size: BigInt(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS)), memory: "device", priority: 1 }));
-      const s = graph.s;
-      const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
-      this.cache = { ctx, rows: ctx, keys, values, rope, attention, bindings };
+      this.cache = openSequenceCache(graph, 1, ctx, this.owned);
+      this.cacheBytes = this.cache.bytes;
       this.commands = this.own(new CommandPool(device));
       this.fence = this.own(new Fence(device));
       this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.own(new QueryPool(device, 2)) : undefined;

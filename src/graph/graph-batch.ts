@@ -7,13 +7,11 @@
  * sequence's consecutive tokens. Batches run one at a time on the graph's scratch, as sequences do.
  */
 import { InvalidArgumentError } from "../errors.ts";
-import { DecoderAttention } from "../kernels/decoder/attention.ts";
-import { RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
-import { GRAPH_MAX_TOKENS, type BatchOutputs, type DecodeGraph, type SequenceCache } from "./decode-graph.ts";
+import { GRAPH_MAX_TOKENS, openSequenceCache, type BatchOutputs, type DecodeGraph, type SequenceCache } from "./decode-graph.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
 /** One token of a batch: sequence `slot`'s token `id` at `position` (its keys and values go to that row). */
@@ -47,28 +45,11 @@ export class GraphBatch implements Disposable {
     if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
     this.slots = slots;
     this.ctx = ctx;
-    const cfg = graph.cfg, device = graph.device;
-    const { kvHeads: KV, headDim: hd, heads: H, vocab: V } = cfg;
-    const rows = slots * ctx;
-    const layerBytes = rows * KV * hd * 2;
-    const limit = device.info.limits.maxStorageBufferRange;
-    if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${slots} x ${ctx} positions takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
+    const device = graph.device, V = graph.cfg.vocab;
     try {
       const buf = (bytes: number, memory: "device" | "readback" = "device") => this.owned.use(new Buffer(device, { size: BigInt(Math.ceil(bytes / 16) * 16), memory, priority: 1 }));
-      const keys: Buffer[] = [], values: Buffer[] = [];
-      for (let l = 0; l < cfg.layers; l++) {
-        keys.push(buf(layerBytes));
-        values.push(buf(layerBytes));
-      }
-      this.cacheBytes = 2 * cfg.layers * Math.ceil(layerBytes / 16) * 16;
-      const rope = this.owned.use(new RopeKvKernel(device, { maxSets: cfg.layers }));
-      // the shape GraphSequence uses (its comment says why)
-      const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
-      const attention = this.owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
-      const partials = buf(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
-      const s = graph.s;
-      const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
-      this.cache = { ctx, rows, keys, values, rope, attention, bindings };
+      this.cache = openSequenceCache(graph, slots, ctx, this.owned);
+      this.cacheBytes = this.cache.bytes;
       this.outputs = { logits: buf(4 * GRAPH_MAX_TOKENS * V), logitsHost: buf(4 * GRAPH_MAX_TOKENS * V, "readback") };
       this.logitsView = new Float32Array(this.outputs.logitsHost.host(), 0, GRAPH_MAX_TOKENS * V);
       this.commands = this.owned.use(new CommandPool(device));

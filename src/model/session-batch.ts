@@ -9,7 +9,7 @@ import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { GRAPH_MAX_TOKENS, isDeviceLost, type DeviceBatch } from "../graph/index.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
 import { ContextLengthError } from "./errors.ts";
-import type { Session } from "./session.ts";
+import { checkTokenIds, type Session } from "./session.ts";
 
 /** One token of a step: the next token `id` of sequence `slot`. */
 export interface BatchStep {
@@ -176,11 +176,7 @@ export class SessionBatch implements Disposable {
   }
 
   private checkIds(ids: ArrayLike<number>): void {
-    const V = this.config.vocab;
-    for (let i = 0; i < ids.length; i++) {
-      const id = ids[i]!;
-      if (!Number.isInteger(id) || id < 0 || id >= V) throw new InvalidArgumentError(`token id ${id} at ${i} is outside the vocabulary 0..${V - 1}`);
-    }
+    checkTokenIds(ids, this.config.vocab);
   }
 
   private checkLive(): void {

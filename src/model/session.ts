@@ -267,15 +267,19 @@ export class Session implements Disposable {
   }
 
   private checkIds(ids: ArrayLike<number>): void {
-    const V = this.config.vocab;
-    for (let i = 0; i < ids.length; i++) {
-      const id = ids[i]!;
-      if (!Number.isInteger(id) || id < 0 || id >= V) throw new InvalidArgumentError(`token id ${id} at ${i} is outside the vocabulary 0..${V - 1}`);
-    }
+    checkTokenIds(ids, this.config.vocab);
   }
 
   [Symbol.dispose](): void {
     this.device?.[Symbol.dispose]();
     this.device = undefined;
+  }
+}
+
+/** Throws InvalidArgumentError naming the first id outside the vocabulary 0..V-1. */
+export function checkTokenIds(ids: ArrayLike<number>, V: number): void {
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    if (!Number.isInteger(id) || id < 0 || id >= V) throw new InvalidArgumentError(`token id ${id} at ${i} is outside the vocabulary 0..${V - 1}`);
   }
 }

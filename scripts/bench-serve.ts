@@ -8,9 +8,13 @@
 // prompt tokens prefilled and reused from the slots' sessions, and the decode rounds' sequences per
 // model call (/metrics: > 1 where batching steps them together); then the peak RSS. The first
 // line names the stepper (--batching on: batched where the model runs resident; off: round-robin).
-// One warm-up request runs first (it opens a session and pages the weights in).
+// One warm-up request runs first (it opens a session and pages the weights in). Then, with our model
+// freed, llama.cpp's llama-batched-bench on the same file when its binary is found (--llama-batched
+// PATH; default /tmp/llama/llama-vk/llama-batched-bench; --no-llama skips it): the same parallel
+// counts, prompts of our median prompt length, --max-tokens generated each, and the ratios.
 //   bun scripts/bench-serve.ts --model FILE [--concurrency 1,4,16,64] [--rounds 2] [--max-tokens 8]
-//     [--parallel 4] [--batching on|off] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--json FILE]
+//     [--parallel 4] [--batching on|off] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4]
+//     [--llama-batched PATH | --no-llama] [--json FILE]
 import { writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { z } from "zod";
@@ -20,11 +24,12 @@ import { VkmoeError } from "../src/errors.ts";
 import { startServer, type RunningServer } from "../src/host/index.ts";
 import { runWave, streamChat, type ChatOutcome } from "./lib/chat-load.ts";
 import { args, exit, fail, oneLine, runtimeName, writeStderr } from "./lib/cli.ts";
+import { findLlamaBatched, runLlamaBatched, type BatchedResult } from "./lib/llama-batched.ts";
 import { formatBytes } from "./lib/progress.ts";
 import { fmt, formatTable, median, percentile } from "./lib/table.ts";
 
 const SCRIPT = "bench-serve";
-const USAGE = "usage: bun scripts/bench-serve.ts --model DIR|FILE.gguf [--concurrency 1,4,16,64] [--rounds 2] [--max-tokens 8] [--parallel 4] [--batching on|off] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--json FILE]";
+const USAGE = "usage: bun scripts/bench-serve.ts --model DIR|FILE.gguf [--concurrency 1,4,16,64] [--rounds 2] [--max-tokens 8] [--parallel 4] [--batching on|off] [--queue 32] [--ctx 512] [--quant auto|none|q8|q4] [--llama-batched PATH | --no-llama] [--json FILE]";
 
 /** Fixed prompts: request i asks PROMPTS[i % length] (runs are comparable; the chat template's opening is shared, as in real traffic). */
 const PROMPTS = [
@@ -48,6 +53,8 @@ const options = {
   queue: { type: "string" },
   ctx: { type: "string" },
   quant: { type: "string" },
+  "llama-batched": { type: "string" },
+  "no-llama": { type: "boolean" },
   json: { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
@@ -74,11 +81,14 @@ const flagsSchema = z.object({
   queue: int(0, 100_000).default(32),
   ctx: int(16).default(512),
   quant: z.enum(QUANT_CHOICES as [string, ...string[]]).default("auto"),
+  "llama-batched": z.string().min(1, "needs a path").optional(),
+  "no-llama": z.boolean().default(false),
   json: z.string().min(1, "needs a file name").optional(),
 });
 const parsed = flagsSchema.safeParse(raw);
 if (!parsed.success) fail(SCRIPT, `${parsed.error.issues.map((i) => `--${i.path.join(".")} ${i.message}`).join("; ")}; ${USAGE}`);
 const flags = parsed.data;
+if (flags["no-llama"] && flags["llama-batched"]) fail(SCRIPT, "--no-llama and --llama-batched contradict each other");
 
 interface LevelResult {
   concurrency: number;
@@ -87,6 +97,8 @@ interface LevelResult {
   busy: number;
   errors: number;
   completionTokens: number;
+  /** Median prompt tokens of the answered requests (chat template included). */
+  promptTokens: number;
   wallSeconds: number;
   tokensPerSecond: number;
   firstTokenMs: { p50: number; p95: number };
@@ -132,6 +144,7 @@ async function level(server: RunningServer, concurrency: number): Promise<LevelR
     busy: outcomes.filter((o) => o.kind === "busy").length,
     errors: errors.length,
     completionTokens,
+    promptTokens: median(ok.map((o) => o.promptTokens)),
     wallSeconds: wallMs / 1000,
     tokensPerSecond: completionTokens / (wallMs / 1000),
     firstTokenMs: { p50: median(first), p95: percentile(first, 95) },
@@ -147,31 +160,63 @@ async function level(server: RunningServer, concurrency: number): Promise<LevelR
 async function main(): Promise<void> {
   const t0 = performance.now();
   const model = await Model.load(flags.model, { quant: flags.quant as any, ctx: flags.ctx, env: readConfig(), log: () => {} });
+  const results: LevelResult[] = [];
+  let stepper: string;
+  const device = model.device;
   try {
     await using server = startServer(model, { port: 0, ctx: flags.ctx, parallel: flags.parallel, batching: flags.batching, queue: flags.queue, modelName: "bench" });
-    const stepper = server.host.scheduler.stats().stepper;
+    stepper = server.host.scheduler.stats().stepper;
     writeStderr(`${SCRIPT}: ${runtimeName} · ${model.device.mode} (${model.device.why}) · ${server.url} · stepper ${stepper} · ${flags.parallel} slots, queue ${flags.queue}, ctx ${flags.ctx} · max_tokens ${flags["max-tokens"]}, ${flags.rounds} rounds a level\n`);
     const warm = await streamChat({ url: server.url, content: PROMPTS[0]!, maxTokens: flags["max-tokens"] });
     if (warm.kind !== "ok") fail(SCRIPT, `the warm-up request failed: ${JSON.stringify(warm)}`);
-    const results: LevelResult[] = [];
     for (const c of flags.concurrency) {
       const r = await level(server, c);
       results.push(r);
       writeStderr(`${SCRIPT}: concurrency ${c}: ${r.ok}/${r.requests} answered in ${fmt(r.wallSeconds)} s${r.firstError ? ` (first error: ${r.firstError})` : ""}\n`);
     }
-    const ms = (v: number) => fmt(v, 3);
-    const rows = [
-      ["concurrency", "requests", "ok", "429", "errors", "completion tok/s", "first token p50 ms", "first token p95 ms", "total p50 ms", "total p95 ms", "prompt tok prefilled", "prompt tok reused", "decode calls", "seqs/call"],
-      ...results.map((r) => [String(r.concurrency), String(r.requests), String(r.ok), String(r.busy), String(r.errors), fmt(r.tokensPerSecond), ms(r.firstTokenMs.p50), ms(r.firstTokenMs.p95), ms(r.totalMs.p50), ms(r.totalMs.p95), String(r.promptPrefilled), String(r.promptReused), String(r.decodeCalls), fmt(r.sequencesPerCall)]),
-    ];
-    console.log(`stepper: ${stepper}`);
-    console.log(formatTable(rows));
-    const peak = peakRssBytes();
-    console.log(`peak RSS ${peak === undefined ? "unknown" : formatBytes(peak)} · ${fmt((performance.now() - t0) / 1000)} s in all (load included)`);
-    if (flags.json) writeFileSync(flags.json, `${JSON.stringify({ flags, stepper, device: model.device, peakRssBytes: peak, results }, null, 2)}\n`);
   } finally {
     model[Symbol.dispose]();
   }
+  const ms = (v: number) => fmt(v, 3);
+  const rows = [
+    ["concurrency", "requests", "ok", "429", "errors", "prompt tok", "completion tok/s", "first token p50 ms", "first token p95 ms", "total p50 ms", "total p95 ms", "prompt tok prefilled", "prompt tok reused", "decode calls", "seqs/call"],
+    ...results.map((r) => [String(r.concurrency), String(r.requests), String(r.ok), String(r.busy), String(r.errors), String(r.promptTokens), fmt(r.tokensPerSecond), ms(r.firstTokenMs.p50), ms(r.firstTokenMs.p95), ms(r.totalMs.p50), ms(r.totalMs.p95), String(r.promptPrefilled), String(r.promptReused), String(r.decodeCalls), fmt(r.sequencesPerCall)]),
+  ];
+  console.log(`stepper: ${stepper!}`);
+  console.log(formatTable(rows));
+  const peak = peakRssBytes();
+  console.log(`peak RSS ${peak === undefined ? "unknown" : formatBytes(peak)} · ${fmt((performance.now() - t0) / 1000)} s in all (load included)`);
+  const llama = peer(results);
+  if (llama) printPeer(results, llama);
+  if (flags.json) writeFileSync(flags.json, `${JSON.stringify({ flags, stepper: stepper!, device, peakRssBytes: peak, results, llama }, null, 2)}\n`);
+}
+
+/** llama-batched-bench on the same file with the same parallel counts, or undefined (with the reason printed). */
+function peer(results: LevelResult[]): BatchedResult | undefined {
+  if (flags["no-llama"]) return undefined;
+  const binary = findLlamaBatched(flags["llama-batched"]);
+  if (!binary) {
+    console.log(`llama.cpp: skipped, no llama-batched-bench at ${flags["llama-batched"] ?? "/tmp/llama/llama-vk/llama-batched-bench"} (../shared/tools/peer/README.md)`);
+    return undefined;
+  }
+  if (!flags.model.endsWith(".gguf")) {
+    console.log("llama.cpp: skipped, the model is not a GGUF file");
+    return undefined;
+  }
+  const prompt = Math.max(1, Math.round(median(results.map((r) => r.promptTokens).filter((n) => n > 0))) || 16);
+  return runLlamaBatched(binary, flags.model, { prompt, gen: flags["max-tokens"], parallel: flags.concurrency, log: (line) => writeStderr(`${SCRIPT}: ${line}\n`) });
+}
+
+function printPeer(results: LevelResult[], llama: BatchedResult): void {
+  console.log(`llama.cpp: ${llama.command}${llama.device ? ` · ${llama.device}` : ""}`);
+  if (llama.error) console.log(`llama.cpp: gave no figures: ${llama.error}`);
+  const rows = [["concurrency", "ours completion tok/s", "llama completion tok/s", "ratio", "llama decode tok/s", "ours first token p50 ms", "llama prefill of all prompts ms"]];
+  for (const r of results) {
+    const l = llama.rows.find((x) => x.parallel === r.concurrency);
+    rows.push([String(r.concurrency), fmt(r.tokensPerSecond), l ? fmt(l.completionTps) : "—", l ? `${fmt(r.tokensPerSecond / l.completionTps)}x` : "—", l ? fmt(l.decodeTps) : "—", fmt(r.firstTokenMs.p50, 3), l ? fmt(l.prefillSeconds * 1000, 3) : "—"]);
+  }
+  console.log("llama.cpp's completion tok/s: parallel x generated tokens over its prefill and decode time (no HTTP, no template, one shared batch); ours: the server's answered tokens over the level's wall time.");
+  console.log(formatTable(rows));
 }
 
 try {

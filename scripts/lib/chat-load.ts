@@ -13,7 +13,7 @@ export interface ChatLoadRequest {
 }
 
 export type ChatOutcome =
-  | { kind: "ok"; firstTokenMs: number; totalMs: number; completionTokens: number; finishReason: string | null; text: string }
+  | { kind: "ok"; firstTokenMs: number; totalMs: number; promptTokens: number; completionTokens: number; finishReason: string | null; text: string }
   /** The documented overload answer: a 429 with its Retry-After header (null when missing). */
   | { kind: "busy"; retryAfter: string | null; totalMs: number }
   | { kind: "error"; status: number; message: string; totalMs: number };
@@ -40,6 +40,7 @@ export async function streamChat(r: ChatLoadRequest): Promise<ChatOutcome> {
   let firstTokenMs = NaN;
   let text = "";
   let completionTokens = 0;
+  let promptTokens = 0;
   let finishReason: string | null = null;
   let done = false;
   try {
@@ -50,7 +51,10 @@ export async function streamChat(r: ChatLoadRequest): Promise<ChatOutcome> {
       }
       const chunk = JSON.parse(data);
       if (chunk.error) return { kind: "error", status: 200, message: String(chunk.error.message), totalMs: ms() };
-      if (chunk.usage) completionTokens = chunk.usage.completion_tokens;
+      if (chunk.usage) {
+        completionTokens = chunk.usage.completion_tokens;
+        promptTokens = chunk.usage.prompt_tokens;
+      }
       for (const c of chunk.choices ?? []) {
         const piece = (c.delta?.content ?? "") + (c.delta?.reasoning_content ?? "");
         if (piece && Number.isNaN(firstTokenMs)) firstTokenMs = ms();
@@ -63,7 +67,7 @@ export async function streamChat(r: ChatLoadRequest): Promise<ChatOutcome> {
   }
   if (!done) return { kind: "error", status: 200, message: "the stream ended without data: [DONE]", totalMs: ms() };
   // a reply whose tokens decode to no text yet (or none at all) counts its first token at the end
-  return { kind: "ok", firstTokenMs: Number.isNaN(firstTokenMs) ? ms() : firstTokenMs, totalMs: ms(), completionTokens, finishReason, text };
+  return { kind: "ok", firstTokenMs: Number.isNaN(firstTokenMs) ? ms() : firstTokenMs, totalMs: ms(), promptTokens, completionTokens, finishReason, text };
 }
 
 /** The `data:` payloads of a server-sent event stream. */

@@ -1,6 +1,7 @@
-// `bun run make-model --shape NAME --type q4_0|q8_0|f16 --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`:
+// `bun run make-model --shape NAME --type q4_0|q8_0|f16|q4_k_m|q5_k_m|q6_k|q5_0 --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`:
 // a random-weight Qwen3-MoE GGUF (llama.cpp arch qwen3moe) with the Qwen3 tokenizer, so full-size
-// benchmarks need no download; --vocab N cuts the tokenizer to N tokens (small test files).
+// benchmarks need no download; --vocab N cuts the tokenizer to N tokens (small test files). The
+// K-quant types mix tensor types as llama-quantize does for that ftype (src/model/qwen3moe-quant-mix.ts).
 // Progress goes to stderr; the last line (stdout) gives size and time.
 import { closeSync, openSync, renameSync, rmSync } from "node:fs";
 import { z } from "zod";

@@ -1,14 +1,19 @@
 /**
  * GGML's tensor encodings, bit for bit as its reference quantizers compute them
- * (`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref` in ggml-quants.c): every step rounded to f32
- * as C's float arithmetic does, the block scale stored as IEEE half (round to nearest even).
+ * (`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, `quantize_row_q4_1_ref`, `quantize_row_q5_0_ref`,
+ * `quantize_row_q5_1_ref` in ggml-quants.c): every step rounded to f32 as C's float arithmetic does,
+ * the block scales stored as IEEE half (round to nearest even). The K-quants are in ggml-quantize-k.ts.
  */
 import { f32ToF16Bits } from "../quant/half.ts";
+import { encodeQ4_K, encodeQ5_K, encodeQ6_K } from "./ggml-quantize-k.ts";
 import type { GgmlTypeName } from "./gguf-writer.ts";
 
 export const QK = 32;
 export const Q8_0_BLOCK_BYTES = 2 + QK;
 export const Q4_0_BLOCK_BYTES = 2 + QK / 2;
+export const Q4_1_BLOCK_BYTES = 4 + QK / 2;
+export const Q5_0_BLOCK_BYTES = 6 + QK / 2;
+export const Q5_1_BLOCK_BYTES = 8 + QK / 2;
 
 const fround = Math.fround;
 
@@ -90,6 +95,123 @@ export function encodeQ4_0(src: Float32Array, dst: Uint8Array, dstOffset = 0): n
   return o - dstOffset;
 }
 
+const putHalf = (dst: Uint8Array, o: number, value: number) => {
+  const h = f32ToF16Bits(value);
+  dst[o] = h & 0xff;
+  dst[o + 1] = h >>> 8;
+};
+
+/** Smallest and largest value of block b (min starts at FLT_MAX, max at -FLT_MAX, as in C). */
+function blockRange(src: Float32Array, base: number): [min: number, max: number] {
+  let min = Infinity;
+  let max = -Infinity;
+  for (let j = 0; j < QK; j++) {
+    const v = src[base + j]!;
+    if (v < min) min = v;
+    if (v > max) max = v;
+  }
+  return [min, max];
+}
+
+/**
+ * Q4_1: per block of 32, d = (max - min) / 15 and m = min, q = min(15, trunc((x - min) * (1/d) + 0.5));
+ * value j and j + 16 share byte j. Returns the bytes written (20 per block).
+ */
+export function encodeQ4_1(src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
+  const blocks = checkBlocks(src, dst, dstOffset, Q4_1_BLOCK_BYTES);
+  const half = QK / 2;
+  let o = dstOffset;
+  for (let b = 0; b < blocks; b++) {
+    const base = b * QK;
+    const [min, max] = blockRange(src, base);
+    const d = fround((max - min) / 15);
+    const id = d !== 0 ? fround(1 / d) : 0;
+    putHalf(dst, o, d);
+    putHalf(dst, o + 2, min);
+    o += 4;
+    for (let j = 0; j < half; j++) {
+      const lo = fround(fround(fround(src[base + j]! - min) * id) + 0.5) | 0;
+      const hi = fround(fround(fround(src[base + half + j]! - min) * id) + 0.5) | 0;
+      dst[o + j] = (lo > 15 ? 15 : lo) | ((hi > 15 ? 15 : hi) << 4);
+    }
+    o += half;
+  }
+  return o - dstOffset;
+}
+
+/**
+ * The 5-bit blocks' quants: low nibbles as Q4_0 packs them, bit 4 of value j in bit j of the
+ * little-endian u32 qh (at qhOffset), followed by the 16 nibble bytes.
+ */
+function putQ5(dst: Uint8Array, qhOffset: number, q: Uint8Array): void {
+  let qh = 0;
+  for (let j = 0; j < QK / 2; j++) {
+    const a = q[j]!, b = q[j + QK / 2]!;
+    dst[qhOffset + 4 + j] = (a & 0xf) | ((b & 0xf) << 4);
+    qh |= ((a >> 4) << j) | ((b >> 4) << (j + QK / 2));
+  }
+  dst[qhOffset] = qh & 0xff;
+  dst[qhOffset + 1] = (qh >>> 8) & 0xff;
+  dst[qhOffset + 2] = (qh >>> 16) & 0xff;
+  dst[qhOffset + 3] = qh >>> 24;
+}
+
+const q5Scratch = new Uint8Array(QK);
+
+/**
+ * Q5_0: as Q4_0 with 5 bits: the value of largest magnitude (the first, with its sign) gives
+ * d = max / -16, q = min(31, trunc(x * (1/d) + 16.5)). Returns the bytes written (22 per block).
+ */
+export function encodeQ5_0(src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
+  const blocks = checkBlocks(src, dst, dstOffset, Q5_0_BLOCK_BYTES);
+  let o = dstOffset;
+  for (let b = 0; b < blocks; b++) {
+    const base = b * QK;
+    let amax = 0;
+    let max = 0;
+    for (let j = 0; j < QK; j++) {
+      const v = src[base + j]!;
+      const a = Math.abs(v);
+      if (amax < a) {
+        amax = a;
+        max = v;
+      }
+    }
+    const d = fround(max / -16);
+    const id = d !== 0 ? fround(1 / d) : 0;
+    putHalf(dst, o, d);
+    for (let j = 0; j < QK; j++) {
+      // C's (int8_t) truncation; x*id + 16.5 is in [0, 32.5] here.
+      const q = fround(fround(src[base + j]! * id) + 16.5) | 0;
+      q5Scratch[j] = q > 31 ? 31 : q;
+    }
+    putQ5(dst, o + 2, q5Scratch);
+    o += Q5_0_BLOCK_BYTES;
+  }
+  return o - dstOffset;
+}
+
+/**
+ * Q5_1: as Q4_1 with 5 bits: d = (max - min) / 31, m = min, q = trunc((x - min) * (1/d) + 0.5)
+ * (at most 31: GGML does not clamp). Returns the bytes written (24 per block).
+ */
+export function encodeQ5_1(src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
+  const blocks = checkBlocks(src, dst, dstOffset, Q5_1_BLOCK_BYTES);
+  let o = dstOffset;
+  for (let b = 0; b < blocks; b++) {
+    const base = b * QK;
+    const [min, max] = blockRange(src, base);
+    const d = fround((max - min) / 31);
+    const id = d !== 0 ? fround(1 / d) : 0;
+    putHalf(dst, o, d);
+    putHalf(dst, o + 2, min);
+    for (let j = 0; j < QK; j++) q5Scratch[j] = fround(fround(fround(src[base + j]! - min) * id) + 0.5) | 0;
+    putQ5(dst, o + 4, q5Scratch);
+    o += Q5_1_BLOCK_BYTES;
+  }
+  return o - dstOffset;
+}
+
 type Float16ArrayCtor = new (buffer: ArrayBufferLike, byteOffset: number, length: number) => { set(values: ArrayLike<number>): void };
 const Float16ArrayImpl = (globalThis as { Float16Array?: Float16ArrayCtor }).Float16Array;
 
@@ -123,8 +245,14 @@ export function encodeAs(type: GgmlTypeName, src: Float32Array, dst: Uint8Array,
   switch (type) {
     case "Q8_0": return encodeQ8_0(src, dst, dstOffset);
     case "Q4_0": return encodeQ4_0(src, dst, dstOffset);
+    case "Q4_1": return encodeQ4_1(src, dst, dstOffset);
+    case "Q5_0": return encodeQ5_0(src, dst, dstOffset);
+    case "Q5_1": return encodeQ5_1(src, dst, dstOffset);
+    case "Q4_K": return encodeQ4_K(src, dst, dstOffset);
+    case "Q5_K": return encodeQ5_K(src, dst, dstOffset);
+    case "Q6_K": return encodeQ6_K(src, dst, dstOffset);
     case "F16": return encodeF16(src, dst, dstOffset);
     case "F32": return encodeF32(src, dst, dstOffset);
-    default: throw new RangeError(`no ${type} encoder: the writer takes such blocks as they are (llama-quantize makes them)`);
+    default: throw new RangeError(`no ${type} encoder`);
   }
 }

@@ -4,13 +4,15 @@
  * architecture's metadata keys. Checked against a file the converter wrote (test/make-model.test.ts).
  */
 import type { GgmlTypeName, GgufMetadata, GgufTensorSpec } from "../formats/gguf-writer.ts";
+import { quantMixType } from "./qwen3moe-quant-mix.ts";
 import type { Qwen3MoeShape } from "./shapes.ts";
 
-export const MODEL_FILE_TYPES = ["q4_0", "q8_0", "f16"] as const;
+/** q4_k_m ... q5_0: llama-quantize's per-tensor mix of that ftype (qwen3moe-quant-mix.ts). */
+export const MODEL_FILE_TYPES = ["q4_0", "q8_0", "f16", "q4_k_m", "q5_k_m", "q6_k", "q5_0"] as const;
 export type ModelFileType = (typeof MODEL_FILE_TYPES)[number];
 
-/** llama_ftype numbers written as general.file_type. */
-const LLAMA_FTYPE: Record<ModelFileType, number> = { f16: 1, q4_0: 2, q8_0: 7 };
+/** llama_ftype numbers written as general.file_type (llama.h's LLAMA_FTYPE_MOSTLY_*). */
+const LLAMA_FTYPE: Record<ModelFileType, number> = { f16: 1, q4_0: 2, q8_0: 7, q5_0: 8, q4_k_m: 15, q5_k_m: 17, q6_k: 18 };
 
 /** What a tensor is, which decides how its random values are drawn. */
 export type TensorRole = "embedding" | "norm" | "attention" | "router" | "expert" | "lm_head";
@@ -23,12 +25,14 @@ export interface PlannedTensor extends GgufTensorSpec {
  * Type of a weight in a file of `fileType`. 1-D tensors (norms) and the router stay F32, as the
  * converter keeps them. In q4_0 files the lm_head is Q8_0, as in the reference Q4_0 file made by
  * llama-quantize (which falls back to Q8_0 there; on rows of a multiple of 256 it would pick Q6_K).
+ * The K-quant types and q5_0 mix as llama-quantize does.
  */
-function tensorType(fileType: ModelFileType, name: string, ne: readonly number[]): GgmlTypeName {
+function tensorType(s: Qwen3MoeShape, fileType: ModelFileType, name: string, ne: readonly number[]): GgmlTypeName {
   if (ne.length === 1 || name.endsWith(".ffn_gate_inp.weight")) return "F32";
   if (fileType === "f16") return "F16";
   if (fileType === "q8_0") return "Q8_0";
-  return name === "output.weight" ? "Q8_0" : "Q4_0";
+  if (fileType === "q4_0") return name === "output.weight" ? "Q8_0" : "Q4_0";
+  return quantMixType(fileType, s, name, ne);
 }
 
 /** Every tensor, in the converter's order (the order of the Hugging Face names, sorted). */
@@ -57,7 +61,7 @@ export function qwen3MoeTensors(s: Qwen3MoeShape, fileType: ModelFileType): Plan
     );
   }
   list.push(["output_norm.weight", [s.hidden], "norm"]);
-  return list.map(([name, ne, role]) => ({ name, ne, role, type: tensorType(fileType, name, ne) }));
+  return list.map(([name, ne, role]) => ({ name, ne, role, type: tensorType(s, fileType, name, ne) }));
 }
 
 /** gguf-py's model_weight_count_rounded_notation. */

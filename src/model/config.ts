@@ -66,7 +66,7 @@ const hfSchema = z.looseObject({
   torch_dtype: z.string().optional(),
 });
 
-const SUPPORTED = "qwen3_moe (Qwen3MoeForCausalLM)";
+const SUPPORTED = "qwen3_moe (Qwen3MoeForCausalLM) and qwen3_5_moe (Qwen3_5MoeForCausalLM / ForConditionalGeneration)";
 
 function checkRope(type: string | undefined): void {
   if (type !== undefined && type !== "default") throw new ModelConfigError(`config.json: rope type "${type}" is not supported (vkmoe runs the default RoPE)`);
@@ -126,7 +126,7 @@ export function configFromHf(json: unknown, where = "config.json"): Qwen3MoeConf
  */
 export function configFromGguf(meta: Readonly<Record<string, unknown>>, hasTensor: (name: string) => boolean, where = "GGUF", ropeFrequencies: "f32" | "bf16" = "f32"): Qwen3MoeConfig {
   const arch = meta["general.architecture"];
-  if (arch !== "qwen3moe") throw new ModelConfigError(`${where}: architecture ${JSON.stringify(arch)} is not supported; vkmoe runs qwen3moe`);
+  if (arch !== "qwen3moe") throw new ModelConfigError(`${where}: architecture ${JSON.stringify(arch)} is not supported; vkmoe runs qwen3moe and qwen35moe`);
   const num = (key: string, fallback?: number): number => {
     const v = meta[`qwen3moe.${key}`];
     const n = typeof v === "bigint" ? Number(v) : v;

@@ -7,8 +7,9 @@
  */
 import type { Routing } from "../moe/routing.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
+import type { CpuDecoder } from "./cpu-decoder.ts";
 import type { ExpertRunner } from "./experts.ts";
-import type { KvCache } from "./kv-cache.ts";
+import { KvCache } from "./kv-cache.ts";
 import { applyRope, attendCpu, rmsNorm, routeTopK, ropeInverseFrequencies, silu } from "./ops.ts";
 import type { ModelWeights } from "./weights.ts";
 
@@ -20,13 +21,20 @@ export interface DecoderObserver {
   routing?(layer: number, ids: Int32Array, S: number, k: number): void;
 }
 
-export class Decoder {
+export class Decoder implements CpuDecoder {
+  /** The state is the KV cache alone: dropping its last tokens is setting its length. */
+  readonly rewindable = true;
   private readonly inv: Float32Array;
   private readonly s: ReturnType<typeof scratch>;
 
   constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights, readonly experts: ExpertRunner) {
     this.inv = ropeInverseFrequencies(cfg.headDim, cfg.ropeTheta, cfg.ropeFrequencies);
     this.s = scratch(cfg);
+  }
+
+  newState(ctx: number, precision: "f32" | "f16"): KvCache {
+    const c = this.cfg;
+    return new KvCache(c.layers, ctx, c.kvHeads, c.headDim, precision);
   }
 
   /**

@@ -69,7 +69,11 @@ class ExpertCache<T> {
 
 const quantBytes = (e: ExpertWeights) => [e.gate, e.up, e.down].reduce((n, m) => n + m.weights.byteLength + m.scales.byteLength, 0);
 
-export function openExperts(cfg: Qwen3MoeConfig, weights: ModelWeights, options: ExpertRunnerOptions = {}): ExpertRunner {
+/** What the experts need of a model's config and weights (Qwen3-MoE's, or Qwen3.5's: the routed experts are alike). */
+export type ExpertConfig = Pick<Qwen3MoeConfig, "hidden" | "expertIntermediate" | "experts" | "topK" | "layers">;
+export type ExpertSource = Pick<ModelWeights, "expert" | "releaseExperts"> & { layers: readonly Pick<LayerWeights, "expertFormat" | "expertTypes" | "expertBytes">[] };
+
+export function openExperts(cfg: ExpertConfig, weights: ExpertSource, options: ExpertRunnerOptions = {}): ExpertRunner {
   const log = options.log ?? ((line: string) => console.error(line));
   const formats = new Set(weights.layers.map((l) => l.expertFormat).filter((f) => f !== undefined));
   const cacheBytes = options.cpuCacheBytes ?? 512 * 2 ** 20;
@@ -155,7 +159,7 @@ const MiB = 2 ** 20;
  * Why some experts run on the CPU, one clause ("" when none do): "Q4_K/Q6_K experts run on the CPU:
  * the GPU has no kernels for them yet (read in place: 3.6 MiB of the mapped file)", and/or the float experts'.
  */
-function cpuExpertsWhy(layers: readonly LayerWeights[]): string {
+function cpuExpertsWhy(layers: ExpertSource["layers"]): string {
   const parts: string[] = [];
   for (const format of ["ggml", "float"] as const) {
     const mine = layers.filter((l) => l.expertFormat === format);
@@ -184,7 +188,7 @@ class CpuExperts {
   private o = new Float32Array(0);
   private pairOut = new Float32Array(0);
 
-  constructor(readonly cfg: Qwen3MoeConfig, readonly weights: ModelWeights) {}
+  constructor(readonly cfg: ExpertConfig, readonly weights: ExpertSource) {}
 
   private expert(layer: number, id: number): Extract<ExpertMatrices, { kind: "linear" }> {
     const key = layer * this.cfg.experts + id;

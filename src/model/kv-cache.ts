@@ -25,6 +25,11 @@ export class KvCache {
     else for (let i = 0; i < row.length; i++) into[at + i] = f16BitsToF32(f32ToF16Bits(row[i]!));
   }
 
+  /** Back to an empty sequence (the rows are overwritten as positions fill again). */
+  reset(): void {
+    this.length = 0;
+  }
+
   get bytes(): number {
     return 2 * this.layers * this.ctx * this.rowSize * 4;
   }

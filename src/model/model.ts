@@ -12,8 +12,12 @@ import { openTensorFile } from "../formats/index.ts";
 import type { GgufFile, TensorFile } from "../formats/tensor.ts";
 import { ChatTemplate } from "../tokenizer/chat-template.ts";
 import { TextTokenizer } from "../tokenizer/tokenizer.ts";
-import { configFromGguf, configFromHf, type Qwen3MoeConfig } from "./config.ts";
+import type { Qwen3MoeConfig } from "./config.ts";
+import type { CpuDecoder } from "./cpu-decoder.ts";
 import { Decoder } from "./decoder.ts";
+import { HybridDecoder } from "./hybrid-decoder.ts";
+import { modelConfigFromGguf, modelConfigFromHf, type ModelConfig } from "./model-config.ts";
+import { loadQwen35Weights, type HybridWeights } from "./qwen35-weights.ts";
 import { ModelConfigError } from "./errors.ts";
 import { openExperts, type ExpertRunner } from "./experts.ts";
 import { Session, type SessionOptions } from "./session.ts";
@@ -58,14 +62,14 @@ export class Model implements Disposable {
   private disposed = false;
   private constructor(
     readonly source: ModelSource,
-    readonly config: Qwen3MoeConfig,
+    readonly config: ModelConfig,
     readonly tokenizer: TextTokenizer,
     /** undefined when the model files carry no chat template (then only raw prompts work). */
     readonly chatTemplate: ChatTemplate | undefined,
     /** Sampling defaults the files carry: generation_config.json's fields, or GGUF general.sampling.* keys. */
     readonly generationDefaults: Readonly<Record<string, unknown>>,
     private readonly file: TensorFile,
-    private readonly weights: ModelWeights,
+    private readonly weights: ModelWeights | HybridWeights,
     private readonly experts: ExpertRunner,
     /** Seconds from load() to ready. */
     readonly loadSeconds: number,
@@ -82,20 +86,20 @@ export class Model implements Disposable {
     const quant = options.quant ?? "auto";
     if (!QUANT_CHOICES.includes(quant)) throw new InvalidArgumentError(`quant must be one of ${QUANT_CHOICES.join(", ")}, got ${String(quant)}`);
     const isDir = existsSync(path) && statSync(path).isDirectory();
-    let hfConfig: Qwen3MoeConfig | undefined;
+    let hfConfig: ModelConfig | undefined;
     if (isDir) {
       const configPath = join(path, "config.json");
       if (!existsSync(configPath)) throw new ModelConfigError(`${path} has no config.json (a Hugging Face model directory needs config.json, model.safetensors and tokenizer.json)`);
-      hfConfig = configFromHf(readJson(configPath), configPath);
+      hfConfig = modelConfigFromHf(readJson(configPath), configPath);
     }
     progress("mapping", 0);
     const file = await openTensorFile(path);
     try {
-      let config: Qwen3MoeConfig, tokenizer: TextTokenizer, template: ChatTemplate | undefined, defaults: Record<string, unknown>;
+      let config: ModelConfig, tokenizer: TextTokenizer, template: ChatTemplate | undefined, defaults: Record<string, unknown>;
       let plan: QuantPlan;
       if (file.format === "gguf") {
         const meta = (file as GgufFile).metadata as Record<string, unknown>;
-        config = configFromGguf(meta, (n) => file.tensors.has(n), path);
+        config = modelConfigFromGguf(meta, (n) => file.tensors.has(n), path);
         tokenizer = TextTokenizer.fromGgufMetadata(meta);
         template = typeof meta["tokenizer.chat_template"] === "string" ? ChatTemplate.fromGgufMetadata(meta) : undefined;
         defaults = Object.fromEntries(Object.entries(meta).filter(([k]) => k.startsWith("general.sampling.")));
@@ -111,8 +115,18 @@ export class Model implements Disposable {
       }
       if (tokenizer.vocabSize > config.vocab) throw new ModelConfigError(`${path}: the tokenizer has ${tokenizer.vocabSize} tokens but the model only ${config.vocab} embedding rows`);
       progress("weights", 0);
-      const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
       const env = options.env ?? readConfig();
+      if (config.architecture === "qwen3_5_moe") {
+        // The GPU graph has no linear-attention ops yet: the CPU decoder runs the token, the
+        // routed experts go where openExperts puts them (the GPU's MoE layer for q4/q8 experts).
+        const weights = loadQwen35Weights(file, config, plan, path, log, (f) => progress("weights", f));
+        const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, progress: (f) => progress("experts", f) });
+        const why = "the whole-token GPU graph runs Qwen3-MoE only; Qwen3.5's linear-attention and gated attention layers run on the CPU decoder";
+        log(`vkmoe: ${experts.mode === "gpu" ? "per-layer mode (the experts on the GPU, the rest of the token on the CPU)" : "cpu mode"}: ${why}`);
+        progress("ready", 1);
+        return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, undefined, why, log);
+      }
+      const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
       const reserveBytes = graphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions));
       const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
       let deviceDecoder: DeviceDecoder | undefined, whyNot = "";
@@ -175,7 +189,14 @@ export class Model implements Disposable {
 
   session(options: SessionOptions = {}): Session {
     this.checkLive();
-    return new Session(new Decoder(this.config, this.weights, this.experts), this.config, options, this.deviceDecoder, this.log, (why) => this.deviceLost(why), () => (this.experts.mode === "gpu" ? this.config.moeLayers.filter(Boolean).length : 0));
+    return new Session(this.cpuDecoder(), this.config, options, this.deviceDecoder, this.log, (why) => this.deviceLost(why), () => (this.experts.mode === "gpu" ? this.config.moeLayers.filter(Boolean).length : 0));
+  }
+
+  /** A CPU decoder of this model's architecture (one per session: it holds scratch buffers). */
+  private cpuDecoder(): CpuDecoder {
+    return this.config.architecture === "qwen3_5_moe"
+      ? new HybridDecoder(this.config, this.weights as HybridWeights, this.experts)
+      : new Decoder(this.config, this.weights as ModelWeights, this.experts);
   }
 
   /**

@@ -7,7 +7,7 @@
  */
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { GRAPH_MAX_TOKENS, isDeviceLost, type DeviceBatch } from "../graph/index.ts";
-import type { Qwen3MoeConfig } from "./config.ts";
+import type { ModelConfig } from "./model-config.ts";
 import { ContextLengthError } from "./errors.ts";
 import { checkTokenIds, type Session } from "./session.ts";
 
@@ -30,7 +30,7 @@ export class SessionBatch implements Disposable {
   readonly counts = { runs: 0, tokens: 0 };
 
   constructor(
-    private readonly config: Qwen3MoeConfig,
+    private readonly config: ModelConfig,
     slots: number,
     ctx: number,
     device: DeviceBatch | undefined,

@@ -9,11 +9,11 @@
  */
 import type { DeviceDecoder, DeviceSequence } from "../graph/index.ts";
 import { deviceLostError, GRAPH_MAX_TOKENS, isDeviceLost } from "../graph/index.ts";
-import type { Qwen3MoeConfig } from "./config.ts";
+import type { CpuDecoder, DecoderState } from "./cpu-decoder.ts";
 import { Decoder, MAX_CHUNK, type DecoderObserver } from "./decoder.ts";
+import type { ModelConfig } from "./model-config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { ContextLengthError } from "./errors.ts";
-import { KvCache } from "./kv-cache.ts";
 import { argmax } from "../sampling/select.ts";
 
 export interface SessionOptions {
@@ -33,7 +33,8 @@ export type SessionPath = "device" | "cpu-decoder";
 
 export class Session implements Disposable {
   readonly ctx: number;
-  private kv: KvCache | undefined;
+  /** The CPU decoder's state of this sequence (its KV cache; Qwen3.5's recurrent states too). */
+  private kv: DecoderState | undefined;
   private readonly cpuCache: "f32" | "f16";
   private device: DeviceSequence | undefined;
   private readonly logits: Float32Array;
@@ -45,8 +46,8 @@ export class Session implements Disposable {
   readonly counts = { tokens: 0, submits: 0 };
 
   constructor(
-    private readonly decoder: Decoder,
-    readonly config: Qwen3MoeConfig,
+    private readonly decoder: CpuDecoder,
+    readonly config: ModelConfig,
     options: SessionOptions = {},
     deviceDecoder?: DeviceDecoder,
     private readonly log: (line: string) => void = (line) => console.error(line),
@@ -61,11 +62,14 @@ export class Session implements Disposable {
     this.ctx = ctx;
     this.cpuCache = options.cpuCache ?? "f32";
     if (deviceDecoder) {
+      // the device graph runs Qwen3-MoE only, whose split runs route through its CPU decoder
+      if (!(decoder instanceof Decoder)) throw new InvalidArgumentError(`the whole-token GPU graph does not run ${config.architecture}`);
+      const qwen3 = decoder;
       try {
         // split runs (experts not all resident): the host routes and runs each layer's experts
         const hostExperts = deviceDecoder.mode === "split"
           ? (l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array) => {
-            this.decoder.routeAndRun(l, xn, logits, S, y, this.observer);
+            qwen3.routeAndRun(l, xn, logits, S, y, this.observer);
             // the MoE layer met a lost device (and went on on the CPU, silently): so did the graph
             if (this.decoder.experts.mode === "cpu") throw deviceLostError("the MoE layer's wait");
           }
@@ -77,7 +81,7 @@ export class Session implements Disposable {
         throw new ContextLengthError(`a context of ${ctx} tokens needs a ${mb.toFixed(0)} MiB KV cache in device memory, which this device cannot give (${e.message}); lower --ctx`);
       }
     }
-    else this.kv = new KvCache(config.layers, ctx, config.kvHeads, config.headDim, this.cpuCache);
+    else this.kv = decoder.newState(ctx, this.cpuCache);
     this.logits = new Float32Array(config.vocab);
   }
 
@@ -249,13 +253,21 @@ export class Session implements Disposable {
     this.onDeviceLost("device lost");
     const tokens = this.tokens.slice(0, keep);
     this.tokens.length = 0;
-    this.kv = new KvCache(this.config.layers, this.ctx, this.config.kvHeads, this.config.headDim, this.cpuCache);
+    this.kv = this.decoder.newState(this.ctx, this.cpuCache);
     this.onCpu(tokens, () => undefined, true);
   }
 
   /** Drops everything after the first `keep` tokens (a chat turn reuses its shared prefix). */
   truncate(keep = 0): void {
     if (keep < 0 || keep > this.tokens.length) throw new ContextLengthError(`cannot keep ${keep} of ${this.tokens.length} tokens`);
+    if (this.kv && !this.decoder.rewindable && keep < this.tokens.length) {
+      // recurrent states cannot drop tokens: the kept ones run again from an empty state
+      const kept = this.tokens.slice(0, keep);
+      this.kv.reset();
+      this.tokens.length = 0;
+      this.onCpu(kept, () => undefined, true);
+      return;
+    }
     if (this.kv) this.kv.length = keep;
     this.tokens.length = keep;
   }

@@ -128,7 +128,7 @@ const ggufNames: Naming = {
   mlp: (l, m) => `blk.${l}.ffn_${m}.weight`,
 };
 
-class WeightReader {
+export class WeightReader {
   constructor(readonly file: TensorFile, readonly where: string) {}
 
   tensor(name: string, shape: number[]): TensorView {
@@ -161,7 +161,7 @@ class WeightReader {
 }
 
 /** A matrix from a tensor; a converted copy lets the file's pages go (`release`), an in-place float view keeps them. */
-function toLinear(t: TensorView, rows: number, cols: number, quant: WeightQuant, where: string): Linear {
+export function toLinear(t: TensorView, rows: number, cols: number, quant: WeightQuant, where: string): Linear {
   let m: QuantMatrix;
   if (t.dtype === "Q8_0") m = fromGgufQ8_0(t.bytes, rows, cols);
   else if (t.dtype === "Q4_0") m = fromGgufQ4_0(t.bytes, rows, cols);
@@ -251,7 +251,7 @@ export function loadWeights(file: TensorFile, cfg: Qwen3MoeConfig, plan: QuantPl
   };
 }
 
-function embeddingReader(t: TensorView, D: number, where: string): (id: number, out: Float32Array) => void {
+export function embeddingReader(t: TensorView, D: number, where: string): (id: number, out: Float32Array) => void {
   if (isFloatDType(t.dtype)) {
     const dtype = t.dtype;
     const data = floatElements(dtype, t.bytes);
@@ -268,7 +268,7 @@ function embeddingReader(t: TensorView, D: number, where: string): (id: number, 
   return (id, out) => out.set(dequantize(convert(t.bytes.subarray(id * rowBytes, (id + 1) * rowBytes), 1, D)));
 }
 
-interface LayerExperts {
+export interface LayerExperts {
   format: ExpertFormat;
   get(e: number): ExpertMatrices;
   /** The file tensors the experts are read from. */
@@ -283,7 +283,7 @@ function expertSlice(t: TensorView, E: number, e: number, rows: number, cols: nu
 }
 
 /** GGUF stacks a layer's experts: ffn_{gate,up}_exps [E, I, D], ffn_down_exps [E, D, I]; expert e is a contiguous slice. */
-function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number): LayerExperts {
+export function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number): LayerExperts {
   const gate = r.tensor(`blk.${l}.ffn_gate_exps.weight`, [E, I, D]);
   const up = r.tensor(`blk.${l}.ffn_up_exps.weight`, [E, I, D]);
   const down = r.tensor(`blk.${l}.ffn_down_exps.weight`, [E, D, I]);
@@ -314,8 +314,9 @@ function ggufExperts(r: WeightReader, l: number, E: number, I: number, D: number
   };
 }
 
-function hfExperts(r: WeightReader, l: number, E: number, I: number, D: number, quant: WeightQuant): LayerExperts {
-  const name = (e: number, m: string) => `model.layers.${l}.mlp.experts.${e}.${m}_proj.weight`;
+/** `prefix`: where the layers are ("model.layers", or "model.language_model.layers" in a Qwen3.5 conditional-generation checkpoint). */
+export function hfExperts(r: WeightReader, l: number, E: number, I: number, D: number, quant: WeightQuant, prefix = "model.layers"): LayerExperts {
+  const name = (e: number, m: string) => `${prefix}.${l}.mlp.experts.${e}.${m}_proj.weight`;
   // Check every expert's tensors now, so a bad file fails at load and not mid-generation.
   const tensors: TensorView[] = [];
   for (let e = 0; e < E; e++) {

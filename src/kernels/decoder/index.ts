@@ -9,3 +9,6 @@ export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type
 export { DEC_GEMM_QUANT, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel } from "./quant-gemm.ts";
 export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs } from "./group-experts.ts";
 export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type RouteArgs, type RouteKernelOptions } from "./route.ts";
+export { CONV1D_MAX_KERNEL, CONV1D_MAX_S, Conv1dKernel, DEC_CONV1D, type Conv1dArgs, type Conv1dKernelOptions } from "./conv1d.ts";
+export { DEC_DELTA_RULE, DELTA_RULE_MAX_S, DeltaRuleKernel, type DeltaRuleArgs, type DeltaRuleKernelOptions } from "./delta-rule.ts";
+export { DEC_GATED_NORM, GatedNormKernel, type GatedNormArgs, type GatedNormKernelOptions } from "./gated-norm.ts";

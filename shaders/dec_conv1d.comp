@@ -1,0 +1,49 @@
+#version 450
+// dec_conv1d: the causal depthwise conv1d + SiLU of Gated DeltaNet's q/k/v channels over S tokens
+// (1..64), as src/model/linear-attention.ts causalConv1dSilu: out[t, c] = silu(sum_j w[c, j] *
+// x[t - (KERNEL-1) + j, c]), inputs before t = 0 read from the rolling state [channels][KERNEL-1]
+// (oldest first), which is then replaced by the last KERNEL-1 inputs of [state, x], in place.
+// One invocation per channel walks the S tokens in order with the channel's window in registers:
+// the state is read once and written once, by the invocation that owns it (no race, no barrier),
+// and for each token the invocations of a subgroup read consecutive channels (coalesced).
+// out must not alias x (a token's input is read after earlier outputs are written).
+
+layout(local_size_x = 64, local_size_x_id = 0) in;
+layout(constant_id = 1) const uint KERNEL = 4;  // taps, 1..8
+
+layout(set = 0, binding = 0) readonly buffer X { float x[]; };
+layout(set = 0, binding = 1) readonly buffer W { float w[]; };
+layout(set = 0, binding = 2) buffer State { float state[]; };
+layout(set = 0, binding = 3) writeonly buffer Out { float outv[]; };
+
+layout(push_constant) uniform Params {
+    uint S;            // tokens
+    uint channels;
+    uint xOffset;      // floats
+    uint xStride;      // floats between tokens of x
+    uint wOffset;      // floats: weights [channels][KERNEL]
+    uint stateOffset;  // floats: state [channels][KERNEL-1]
+    uint outOffset;    // floats
+    uint outStride;    // floats between tokens of out
+} pc;
+
+void main() {
+    const uint c = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    if (c >= pc.channels) return;
+    const uint H = KERNEL - 1u;  // history length
+    // window[0..H-1]: the previous H inputs, oldest first (one spare slot: KERNEL = 1 has none)
+    float window[KERNEL];
+    float taps[KERNEL];
+    for (uint j = 0u; j < KERNEL; j++) taps[j] = w[pc.wOffset + c * KERNEL + j];
+    for (uint j = 0u; j < H; j++) window[j] = state[pc.stateOffset + c * H + j];
+    for (uint t = 0u; t < pc.S; t++) {
+        const float xt = x[pc.xOffset + t * pc.xStride + c];
+        float s = 0.0;
+        for (uint j = 0u; j < H; j++) s += taps[j] * window[j];
+        s += taps[H] * xt;
+        outv[pc.outOffset + t * pc.outStride + c] = s / (1.0 + exp(-s));
+        for (uint j = 0u; j + 1u < H; j++) window[j] = window[j + 1u];
+        if (H > 0u) window[H - 1u] = xt;
+    }
+    for (uint j = 0u; j < H; j++) state[pc.stateOffset + c * H + j] = window[j];
+}

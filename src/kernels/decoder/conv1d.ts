@@ -1,0 +1,77 @@
+/**
+ * Gated DeltaNet's causal depthwise conv1d + SiLU on the GPU (shaders/dec_conv1d.comp), as
+ * src/model/linear-attention.ts causalConv1dSilu, for S = 1..64 tokens: one invocation per channel,
+ * the rolling state [channels][kernel − 1] (oldest first) read and replaced in place.
+ */
+import { InvalidArgumentError } from "../../errors.ts";
+import type { CommandBuffer } from "../../vk/commands.ts";
+import type { Device } from "../../vk/device.ts";
+import type { Buffer } from "../../vk/memory.ts";
+import type { ShaderInterface } from "../shaders.ts";
+import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+
+/** x r, weights r, state rw, out w; push S, channels, xOffset, xStride, wOffset, stateOffset, outOffset, outStride: 32 B. */
+export const DEC_CONV1D: ShaderInterface = { name: "dec_conv1d", storageBuffers: 4, pushConstantBytes: 32 };
+export const CONV1D_MAX_S = 64;
+export const CONV1D_MAX_KERNEL = 8;
+
+export interface Conv1dArgs {
+  /** S rows of `channels` inputs (the in_proj_qkv output): token t at xOffset + t · xStride. */
+  x: Buffer;
+  /** [channels][kernel] taps (conv1d.weight squeezed) at weightOffset. */
+  weight: Buffer;
+  /** [channels][kernel − 1] previous inputs, oldest first, at stateOffset; updated in place (zeros for a new sequence). */
+  state: Buffer;
+  /** S rows of `channels` outputs: token t at outOffset + t · outStride. Must not overlap x. */
+  out: Buffer;
+  S: number;
+  channels: number;
+  /** Element offsets and token strides (default 0 and `channels`). */
+  xOffset?: number;
+  xStride?: number;
+  weightOffset?: number;
+  stateOffset?: number;
+  outOffset?: number;
+  outStride?: number;
+}
+
+export interface Conv1dKernelOptions extends DecoderKernelOptions {
+  /** Threads per workgroup (one channel each), default 64. */
+  workgroupSize?: number;
+}
+
+/** One pipeline per kernel width (a specialization constant: the window lives in registers). */
+export class Conv1dKernel extends DecoderKernel {
+  readonly kernel: number;
+  readonly workgroupSize: number;
+
+  constructor(device: Device, kernel: number, options: Conv1dKernelOptions = {}) {
+    if (!Number.isInteger(kernel) || kernel < 1 || kernel > CONV1D_MAX_KERNEL) throw new InvalidArgumentError(`conv kernel must be an integer in 1..${CONV1D_MAX_KERNEL}, got ${kernel}`);
+    const wg = options.workgroupSize ?? 64;
+    if (!Number.isInteger(wg) || wg < 1) throw new InvalidArgumentError(`workgroupSize must be a positive integer, got ${wg}`);
+    super(device, DEC_CONV1D, { 0: wg, 1: kernel }, options);
+    this.kernel = kernel;
+    this.workgroupSize = wg;
+  }
+
+  /** Records one dispatch of ceil(channels / workgroupSize) workgroups. The caller places barriers around it. */
+  record(cb: CommandBuffer, a: Conv1dArgs): CommandBuffer {
+    const { S, channels: C } = a;
+    const K = this.kernel;
+    if (!Number.isInteger(S) || S < 1 || S > CONV1D_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${CONV1D_MAX_S}, got ${S}`);
+    if (!Number.isInteger(C) || C < 1) throw new InvalidArgumentError(`channels must be a positive integer, got ${C}`);
+    const xOffset = a.xOffset ?? 0, xStride = a.xStride ?? C, outOffset = a.outOffset ?? 0, outStride = a.outStride ?? C;
+    const weightOffset = a.weightOffset ?? 0, stateOffset = a.stateOffset ?? 0;
+    if (xStride < C || outStride < C) throw new InvalidArgumentError(`token strides (x ${xStride}, out ${outStride}) must be at least channels (${C})`);
+    const xWords = (S - 1) * xStride + C, outWords = (S - 1) * outStride + C;
+    checkRange("conv1d x", a.x, xOffset, xWords);
+    checkRange("conv1d weight", a.weight, weightOffset, C * K);
+    checkRange("conv1d state", a.state, stateOffset, C * (K - 1));
+    checkRange("conv1d out", a.out, outOffset, outWords);
+    if (a.out === a.x && outOffset < xOffset + xWords && xOffset < outOffset + outWords) throw new InvalidArgumentError("conv1d: out must not overlap x");
+    const set = this.setFor([a.x, a.weight, a.state, a.out]);
+    const [gx, gy] = this.grid(Math.ceil(C / this.workgroupSize));
+    const pc = pushWords([S, C, xOffset, xStride, weightOffset, stateOffset, outOffset, outStride]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}

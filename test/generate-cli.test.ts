@@ -201,6 +201,20 @@ function patchGgufType(bytes: Uint8Array, name: string, type: number): Uint8Arra
   return out;
 }
 
+/** A GGUF copy whose general.architecture value (8 letters, "qwen3moe") reads `arch` (8 letters too). */
+function patchGgufArchitecture(bytes: Uint8Array, arch: string): Uint8Array {
+  const out = bytes.slice();
+  const key = new TextEncoder().encode("general.architecture");
+  const at = Buffer.from(out.buffer, out.byteOffset, out.byteLength).indexOf(Buffer.from(key));
+  if (at < 0) throw new Error("general.architecture not found");
+  // key, then the value's type (u32 8: string), its length (u64), its bytes
+  const valueAt = at + key.length + 4 + 8;
+  const value = new TextDecoder().decode(out.subarray(valueAt, valueAt + 8));
+  if (value !== "qwen3moe" || arch.length !== 8) throw new Error(`cannot patch architecture ${value} to ${arch}`);
+  out.set(new TextEncoder().encode(arch), valueAt);
+  return out;
+}
+
 beforeAll(() => {
   if (!hfDir || !q8) return;
   tmp = mkdtempSync(join(tmpdir(), "vkmoe-generate-cli-"));
@@ -237,6 +251,8 @@ beforeAll(() => {
   writeFileSync(paths.ggufHeader, gguf.subarray(0, 100_000));
   paths.ggufData = join(tmp, "data.gguf");
   writeFileSync(paths.ggufData, gguf.subarray(0, gguf.length - 1_000_000));
+  paths.ggufArch = join(tmp, "deepseek.gguf");
+  writeFileSync(paths.ggufArch, patchGgufArchitecture(gguf, "deepseek"));
   paths.ggufQ2K = join(tmp, "q2k.gguf");
   writeFileSync(paths.ggufQ2K, patchGgufType(gguf, "blk.1.ffn_down_exps.weight", 10)); // Q2_K: still unreadable
   paths.dumped = join(tmp, "logits.f32");
@@ -295,7 +311,7 @@ errorTest("a tensor of an unreadable dtype (BF16 → I16, same bytes)", () => ["
   () => ["model.layers.0.input_layernorm.weight", "I16", "BF16"]);
 errorTest("a tensor whose dtype disagrees with its byte size (BF16 → F32)", () => ["--model", paths.stDtypeSize!, "--prompt", "hi"],
   () => ["model.layers.0.input_layernorm.weight", "128 bytes", "256"]);
-errorTest("an unsupported GGUF architecture (qwen35moe)", () => ["--model", q35!, "--prompt", "hi"], () => ["qwen35moe", "not supported", "qwen3moe"]);
+errorTest("an unsupported GGUF architecture (deepseek)", () => ["--model", paths.ggufArch!, "--prompt", "hi"], () => ['"deepseek"', "not supported", "qwen3moe", "qwen35moe"]);
 errorTest("an unsupported HF model_type (llama)", () => ["--model", paths.llama!, "--prompt", "hi"], () => ['"llama"', "not supported", "qwen3_moe"]);
 errorTest("an unsupported GGUF tensor type (Q2_K)", () => ["--model", paths.ggufQ2K!, "--prompt", "hi"],
   () => ["blk.1.ffn_down_exps.weight", "Q2_K", "Q8_0", "Q4_0"]);
@@ -316,6 +332,16 @@ test.concurrent("a Q4_K_M file runs with the GPU enabled: mode cpu, one notice s
   expect(out.ids.length).toBe(4);
   const notices = r.stderr.split("\n").filter((l) => NOTICE.test(l));
   expect(notices, show(r)).toEqual([expect.stringMatching(/^vkmoe: Q4_K\/Q6_K experts run on the CPU: the GPU has no kernels for them yet \(read in place: [\d.]+ MiB/)]);
+}, TEST_TIMEOUT_MS);
+
+test.concurrent("a Qwen3.5 MoE GGUF (qwen35moe) generates through the CLI: 4 ids, finish_reason length, the mode and why", async () => {
+  if (!ready()) return;
+  const r = await cli(["--model", q35!, "--raw", "--prompt", "Once upon a time", "--temperature", "0", "--max-tokens", "4", "--json"]);
+  const out = expectJson(r);
+  expect(out.ids.length, show(r)).toBe(4);
+  expect(out.finish_reason, show(r)).toBe("length");
+  expect(["cpu", "per-layer", "resident"]).toContain(out.mode);
+  expect(out.device.length, show(r)).toBeGreaterThan(0);
 }, TEST_TIMEOUT_MS);
 
 test.concurrent("a prompt longer than --ctx names both numbers", async () => {

@@ -1,9 +1,14 @@
 // GEMV benchmark: µs per GEMV (GPU timestamps and host-observed), effective GB/s over the weight
 // and scale bytes read, and the ratio to this device's own read bandwidth measured in the same run
 // by a streaming-read kernel. Matrices rotate through a pool larger than the GPU's last-level cache.
-//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick]
+// GGML block types (Q4_1 .. Q6_K, dec_gemv_ggml) count the file's block bytes; --ggml-shape sets
+// their kernel's workgroup size, rows per workgroup and tokens per chunk (default: the kernel's).
+// --ggml runs only the GGML cases.
+//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS]
 import { readConfig } from "../src/config.ts";
 import { GemvKernels } from "../src/kernels/gemv.ts";
+import { GgmlGemvKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
+import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { GEMV, GEMV_IDP, QUANTIZE_ACT, shaderFile } from "../src/kernels/shaders.ts";
 import { describeKernelPlan, planKernels } from "../src/kernels/setup.ts";
 import { groupsPerRowFor, rowWordsFor, scaleWordsFor } from "../src/quant/layout.ts";
@@ -17,6 +22,13 @@ import {
 const args = (globalThis as any).Deno ? (globalThis as any).Deno.args : process.argv.slice(2);
 const quick = args.includes("--quick");
 const poolArg = args.indexOf("--pool-mib");
+const shapeArg = args.indexOf("--ggml-shape");
+const onlyGgml = args.includes("--ggml");
+const ggmlShape: GgmlGemvKernelOptions = {};
+if (shapeArg >= 0) {
+  const [wg, rows, tokens] = String(args[shapeArg + 1]).split(",").map(Number);
+  Object.assign(ggmlShape, { workgroupSize: wg, rowsPerWorkgroup: rows, tokensPerChunk: tokens });
+}
 
 const env = readConfig();
 using ctx = new VulkanContext({}, env);
@@ -47,9 +59,11 @@ using pool = new Buffer(device, { size: BigInt(poolBytes), memory: "device" });
   for (let at = 0; at < poolBytes; at += bytes.byteLength) uploadBytes(device, pool, BigInt(at), bytes.subarray(0, Math.min(bytes.byteLength, poolBytes - at)));
 }
 using sink = new Buffer(device, { size: 1n << 20n, memory: "device" });
-using x = new Buffer(device, { size: BigInt(4 * 64 * 16384), memory: "upload" });
-new Float32Array(x.host()).fill(0.01);
-using y = new Buffer(device, { size: BigInt(64 * MiB), memory: "readback" });
+// x and y in device memory, as the decode graph's activations are: host-visible x (PCIe or
+// uncached memory on a discrete GPU) made every 4096->14336 GEMV ~60 µs on an H200, whatever the kernel.
+using x = new Buffer(device, { size: BigInt(4 * 64 * 16384), memory: "device" });
+uploadBytes(device, x, 0n, new Uint8Array(new Float32Array(64 * 16384).fill(0.01).buffer));
+using y = new Buffer(device, { size: BigInt(64 * MiB), memory: "device" });
 using xq = new Buffer(device, { size: BigInt(64 * 16384), memory: "device" });
 using xscale = new Buffer(device, { size: BigInt(4 * 64 * 512), memory: "device" });
 using xsum = new Buffer(device, { size: BigInt(4 * 64 * 512), memory: "device" });
@@ -92,7 +106,7 @@ const read = measure((cb) => {
 const readGBs = (4 * streamBytes) / read.gpuNs;
 console.log(`\nstreaming read: ${(4 * streamBytes / MiB).toFixed(0)} MiB in ${(read.gpuNs / 1e3).toFixed(0)} µs = ${readGBs.toFixed(1)} GB/s (device read bandwidth baseline)`);
 
-interface Case { label: string; I: number; O: number; format: QuantFormat; S: number; idp?: boolean }
+interface Case { label: string; I: number; O: number; format: QuantFormat | GgmlBlockType; S: number; idp?: boolean }
 const cases: Case[] = [
   { label: "2048->768", I: 2048, O: 768, format: "q4", S: 1 },
   { label: "768->2048", I: 768, O: 2048, format: "q4", S: 1 },
@@ -106,30 +120,51 @@ const cases: Case[] = [
   { label: "4096->14336 int-dot", I: 4096, O: 14336, format: "q8", S: 1, idp: true },
   { label: "2048->768 S=8", I: 2048, O: 768, format: "q4", S: 8 },
   { label: "4096->14336 S=8", I: 4096, O: 14336, format: "q4", S: 8 },
+  ...(["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"] as const).flatMap((format) => [
+    { label: "4096->14336", I: 4096, O: 14336, format, S: 1 },
+    { label: "14336->4096", I: 14336, O: 4096, format, S: 1 },
+  ]),
+  { label: "4096->14336 S=8", I: 4096, O: 14336, format: "Q4_K", S: 8 },
 ];
+const ggmlKernels = new Map<GgmlBlockType, GgmlGemvKernel>();
+const ggmlKernel = (t: GgmlBlockType) => {
+  let k = ggmlKernels.get(t);
+  if (!k) ggmlKernels.set(t, (k = new GgmlGemvKernel(device, t, ggmlShape)));
+  return k;
+};
+const isGgml = (f: Case["format"]): f is GgmlBlockType => f in GGML_BLOCK_LAYOUTS;
 const rows: string[][] = [["shape (I->O), path", "fmt", "S", "matrices", "working set", "GPU µs", "host µs batched", "host µs 1 submit", "GB/s", "of read BW"]];
-for (const c of quick ? cases.slice(0, 3) : cases) {
-  const rowWords = rowWordsFor(c.format, c.I);
-  const weightBytes = c.O * rowWords * 4;
-  const scaleBytes = scaleWordsFor("f16", c.O * groupsPerRowFor(c.I, GROUP)) * 4;
-  const stride = Math.ceil((weightBytes + scaleBytes) / 256) * 256;
+const chosen = onlyGgml ? cases.filter((c) => isGgml(c.format)) : cases;
+for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3), ...chosen.filter((c) => isGgml(c.format) && c.O === 14336).slice(0, 2)] : chosen) {
+  const ggml = isGgml(c.format) ? GGML_BLOCK_LAYOUTS[c.format] : undefined;
+  const rowWords = ggml ? 0 : rowWordsFor(c.format as QuantFormat, c.I);
+  // GGML types: the file's block bytes (scales inside the blocks); 16 bytes more, which the kernel may read
+  const weightBytes = ggml ? c.O * (c.I / ggml.blockElements) * ggml.blockBytes : c.O * rowWords * 4;
+  const scaleBytes = ggml ? 0 : scaleWordsFor("f16", c.O * groupsPerRowFor(c.I, GROUP)) * 4;
+  const stride = Math.ceil((weightBytes + scaleBytes + 16) / 256) * 256;
   const count = Math.floor(poolBytes / stride);
   if (count < 2) continue;
   if (c.idp && !plan.integerDot.on) continue;
-  const groups = Math.ceil(c.O / config.rowsPerWorkgroup);
+  const gk = isGgml(c.format) ? ggmlKernel(c.format) : undefined;
+  const groups = Math.ceil(c.O / (gk ? gk.rowsPerWorkgroup : config.rowsPerWorkgroup));
   const [gx, gy] = kernels.grid(groups);
   const gpr = groupsPerRowFor(c.I, GROUP);
   const xqRowWords = Math.ceil(c.I / 16) * 4;
   let one: (cb: ReturnType<CommandPool["allocate"]>, m: number) => void;
-  if (!c.idp) {
-    const p = kernels.pipeline(GEMV[c.format], true, GROUP);
+  if (gk) {
+    const p = gk.pipeline;
+    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: x }, { buffer: y }]);
+    const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, m * stride, 0, 0]);
+    one = (cb, m) => cb.bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy);
+  } else if (!c.idp) {
+    const p = kernels.pipeline(GEMV[c.format as QuantFormat], true, GROUP);
     const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: x }, { buffer: y }]);
     const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, gpr, (m * stride) / 16, (m * stride + weightBytes) / 4, 0, 0]);
     one = (cb, m) => cb.bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy);
   } else {
     // Per GEMV: quantize the activations, a barrier, the integer-dot GEMV (all counted).
     const q = kernels.pipeline(QUANTIZE_ACT, false, GROUP);
-    const p = kernels.pipeline(GEMV_IDP[c.format], true, GROUP);
+    const p = kernels.pipeline(GEMV_IDP[c.format as QuantFormat], true, GROUP);
     const qset = descriptors.allocate(q, [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
     const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
     const [qx, qy] = kernels.grid(Math.ceil((c.S * gpr * (GROUP / 4)) / config.workgroupSize));
@@ -148,5 +183,10 @@ for (const c of quick ? cases.slice(0, 3) : cases) {
   rows.push([c.label, c.format, String(c.S), String(count), `${((count * stride) / MiB).toFixed(0)} MiB`, gpuUs.toFixed(1), (batch.hostNs / reps / 1e3).toFixed(1), (single.hostNs / 1e3).toFixed(1), gbs.toPrecision(3), `${((100 * gbs) / readGBs).toFixed(0)}%`]);
 }
 const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes; GPU µs from timestamps over a batch`);
+console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes (GGML types: the file's block bytes); GPU µs from timestamps over a batch`);
+if (ggmlKernels.size) {
+  const k = [...ggmlKernels.values()][0]!;
+  console.log(`GGML types: dec_gemv_ggml float path, ${k.workgroupSize} threads x ${k.rowsPerWorkgroup} rows per workgroup, ${k.tokensPerChunk} tokens per chunk`);
+}
+for (const k of ggmlKernels.values()) k[Symbol.dispose]();
 for (const r of rows) console.log(`| ${r.map((v, i) => v.padEnd(widths[i]!)).join(" | ")} |`);

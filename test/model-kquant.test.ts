@@ -142,23 +142,22 @@ async function withQ8Experts(src: string, out: string): Promise<void> {
 }
 
 describe("K-quant dense matrices beside Q8_0 experts", () => {
-  test("GPU enabled: per-layer mode (the decode graph has no K-quant kernel, said in one line), the CPU path's tokens", async () => {
+  test("GPU enabled: the whole token on the GPU (the K-quant dense matrices through dec_gemv_ggml), the CPU path's logits and tokens", async () => {
     const path = join(tmp, "q8-experts.gguf");
     await withQ8Experts(`${DIR}/${reference("Q4_K_M").file}`, path);
     const lines: string[] = [];
     // VKMOE_GRAPH=on: on Lavapipe (a CPU device) the graph is not tried otherwise.
     using gpu = await Model.load(path, { env: env({ VKMOE_IDP: "off", VKMOE_GRAPH: "on", VKMOE_VALIDATION: true }), log: (l) => lines.push(l) });
     using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
-    expect(gpu.device.mode).toBe("per-layer");
+    expect(gpu.device.mode, gpu.device.why).toBe("resident");
     expect(gpu.device.experts).toBe("gpu");
-    expect(gpu.device.why).toContain("not resident: layer 0 q_proj: a q4_k matrix has no GPU kernel");
-    expect(lines.filter((l) => l.startsWith("vkmoe: per-layer mode"))).toEqual([expect.stringContaining("q4_k matrix has no GPU kernel")]);
     expect(cpu.device.mode).toBe("cpu");
     for (const p of reference("Q4_K_M").prompts) {
       const a = gpu.session({ ctx: 64 }), b = cpu.session({ ctx: 64 });
       let x = a.prefill(p.prompt_ids).slice(), y = b.prefill(p.prompt_ids);
-      // The same weights and ops; the experts' GPU float path sums in another order.
-      expect(nmse(y, x)).toBeLessThan(1e-8);
+      // The same weights and ops; the GPU sums in another order and keeps an f16 KV cache: the
+      // resident graph's bound against the CPU decoder (test/model-graph.test.ts)
+      expect(nmse(y, x)).toBeLessThan(1e-6);
       for (let step = 0; step < 8; step++) {
         const want = top(y);
         if (want.margin >= 0.01) expect(top(x).id).toBe(want.id);

@@ -2,13 +2,17 @@
  * A decoder matrix in device memory with the kernel that multiplies by it: float weights
  * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, q4/q8 QuantMatrix
  * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
- * QuantGemmKernel (tiles that read each weight once for the whole chunk).
+ * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
+ * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel at
+ * every S (64 tokens a dispatch; a GEMM for their prompt chunks is a later step).
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
+import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvKernel } from "../kernels/decoder/ggml-gemv.ts";
 import { QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
-import { FloatLinear, QuantLinear, type Linear } from "../model/linear.ts";
+import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
+import type { GgmlBlockType } from "../quant/ggml-blocks.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
@@ -23,6 +27,7 @@ export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
   private readonly quant = new Map<string, QuantGemvKernel>();
   private readonly gemm = new Map<string, QuantGemmKernel>();
+  private readonly ggml = new Map<GgmlBlockType, GgmlGemvKernel>();
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -51,8 +56,16 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
+  ggmlKernel(type: GgmlBlockType): GgmlGemvKernel {
+    let k = this.ggml.get(type);
+    // CPU device: one subgroup of 8 threads a workgroup as above, 4 rows and 1 token a chunk (LLVM compiles the unrolled 8 x 2 in 20 s)
+    if (!k) this.ggml.set(type, (k = new GgmlGemvKernel(this.device, type, { maxSets: 256, ...(this.shape && { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 }) })));
+    return k;
+  }
+
   [Symbol.dispose](): void {
     this.half?.[Symbol.dispose]();
+    for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
     for (const k of this.gemm.values()) k[Symbol.dispose]();
   }
@@ -63,6 +76,7 @@ export class DeviceLinear implements Disposable {
   readonly cols: number;
   private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
   private readonly matrix: DeviceMatrix | undefined;
+  private readonly blocks: DeviceGgmlMatrix | undefined;
 
   constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear) {
     const device = kernels.device;
@@ -83,6 +97,8 @@ export class DeviceLinear implements Disposable {
       this.float = { buffer, dtype: linear.dtype === "F32" ? "f32" : linear.dtype === "F16" ? "f16" : "bf16" };
     } else if (linear instanceof QuantLinear) {
       this.matrix = new DeviceMatrix(device, linear.matrix);
+    } else if (linear instanceof GgmlBlockLinear) {
+      this.blocks = new DeviceGgmlMatrix(device, linear.tensor);
     } else {
       throw new GraphUnsupportedError(`${name}: a ${linear.kind} matrix has no GPU kernel`);
     }
@@ -90,7 +106,7 @@ export class DeviceLinear implements Disposable {
 
   /** Dispatches `record` makes for S tokens. */
   dispatches(S = 1): number {
-    return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : 1;
+    return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : this.blocks ? Math.ceil(S / GGML_GEMV_MAX_S) : 1;
   }
 
   /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
@@ -100,6 +116,11 @@ export class DeviceLinear implements Disposable {
       for (let t = 0; t < S; t += GEMV_HALF_MAX_S) {
         const n = Math.min(GEMV_HALF_MAX_S, S - t);
         this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
+      }
+    } else if (this.blocks) {
+      for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
+        const n = Math.min(GGML_GEMV_MAX_S, S - t);
+        this.kernels.ggmlKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
     } else {
       const m = this.matrix!.matrix as QuantLinear["matrix"];
@@ -111,5 +132,6 @@ export class DeviceLinear implements Disposable {
   [Symbol.dispose](): void {
     this.float?.buffer[Symbol.dispose]();
     this.matrix?.[Symbol.dispose]();
+    this.blocks?.[Symbol.dispose]();
   }
 }

@@ -101,7 +101,7 @@ export class QuantLinear implements Linear {
   }
 }
 
-/** A GGML block tensor used in place (CPU only: the GPU graph refuses this kind with GraphUnsupportedError). */
+/** A GGML block tensor used in place (CPU GEMV here; the GPU graph runs it through GgmlGemvKernel, src/graph/device-linear.ts). */
 export class GgmlBlockLinear implements Linear {
   readonly rows: number;
   readonly cols: number;

@@ -146,6 +146,7 @@ it("an engine error in a batched call fails every stream of that call, empties t
       get ctx() { return b.ctx; },
       get path() { return b.path; },
       prefill: (slot, ids) => b.prefill(slot, ids),
+      prefillMany: (items) => b.prefillMany(items),
       step: (s) => {
         if (armed && s.length === 2) {
           armed = false;

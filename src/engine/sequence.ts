@@ -4,8 +4,9 @@
  * (penalties over the prompt and what was generated), then stops at an EOS id, a stop string, the
  * token limit or the context's end; text is released as it becomes safe to show (UTF-8 complete,
  * not a possible start of a stop string). generate() is a loop over this; a server's scheduler
- * interleaves many, and a batched stepper can make the model calls itself (`pendingInput`,
- * `wantsLogits`, `accept`, `takeDelta`). The session is the caller's: a sequence never disposes it.
+ * interleaves many, and a batched stepper can make the model calls itself (`promptInput`,
+ * `acceptPrompt`, `pendingInput`, `wantsLogits`, `accept`, `takeDelta`). The session is the
+ * caller's: a sequence never disposes it.
  *
  * A session may already hold the start of the prompt (`heldPrefix`: a server's slot reusing the
  * KV cache of its last request, as a multi-turn chat re-sends the conversation): then only the
@@ -141,19 +142,39 @@ export class Sequence {
     return !this.argmaxOnDevice;
   }
 
-  /** Runs the prompt and picks the first token. */
+  /** Runs the prompt and picks the first token: promptInput() through the session, then acceptPrompt(). */
   prefill(): SequenceDelta {
+    const input = this.promptInput();
+    const t0 = performance.now();
+    const logits = this.session.prefill(input);
+    this.acceptPrompt(logits, (performance.now() - t0) / 1000);
+    return this.takeDelta();
+  }
+
+  /**
+   * The prompt ids the prefill runs (those after `heldPrefix`), for a caller that makes the model
+   * call itself (a batched stepper packing several prompts into one); checks that the session
+   * holds the prefix it was said to hold.
+   */
+  promptInput(): readonly number[] {
+    if (this.prefilled) throw new InvalidArgumentError("prefill runs once, first");
+    this.checkHeldPrefix();
+    return this.heldPrefix > 0 ? this.promptIds.slice(this.heldPrefix) : this.promptIds;
+  }
+
+  /**
+   * The result of the prompt's model call made by someone else: the logits after its last token,
+   * and the seconds that call took (a shared call's whole time: this prompt waited for all of it).
+   * Picks the first token (takeDelta() then has it).
+   */
+  acceptPrompt(logits: Float32Array, seconds: number): void {
     if (this.prefilled) throw new InvalidArgumentError("prefill runs once, first");
     this.prefilled = true;
-    this.checkHeldPrefix();
-    const t0 = performance.now();
-    const logits = this.session.prefill(this.heldPrefix > 0 ? this.promptIds.slice(this.heldPrefix) : this.promptIds);
-    this.timings.promptSeconds = (performance.now() - t0) / 1000;
+    this.timings.promptSeconds = seconds;
     if (this.options.keepPromptLogits) this.promptLogits = logits.slice();
     this.decodeStart = performance.now();
     if (this.options.maxTokens === 0) this.finish("length");
     else this.consume(logits, undefined);
-    return this.takeDelta();
   }
 
   /** One model call on the last token, and the next token picked. */

@@ -1,12 +1,12 @@
 /**
  * The server's slots as one SessionBatch (`model.batch`): every slot is a ReusableSession over its
  * row of the batch, so the SessionPool keeps doing prompt-prefix reuse per slot while a batched
- * DecodeStepper steps all active slots in one model call. A slot's session is a view: disposing
- * it empties the slot (truncate to 0) and gives the slot back, so a request that failed in the
- * engine never leaves stale state for the next one; the batch itself is disposed by its owner
- * (the host), after every slot session is back.
+ * DecodeStepper steps all active slots in one model call and packs new prompts into shared ones.
+ * A slot's session is a view: disposing it empties the slot (truncate to 0) and gives the slot
+ * back, so a request that failed in the engine never leaves stale state for the next one; the
+ * batch itself is disposed by its owner (the host), after every slot session is back.
  */
-import type { BatchPath, BatchStep } from "../model/session-batch.ts";
+import type { BatchPath, BatchStep, PrefillItem } from "../model/session-batch.ts";
 import { argmax } from "../sampling/select.ts";
 import type { ReusableSession } from "./session-pool.ts";
 
@@ -16,6 +16,8 @@ export interface SlotBatch extends Disposable {
   readonly ctx: number;
   readonly path: BatchPath;
   prefill(slot: number, ids: ArrayLike<number>): Float32Array;
+  /** Several slots' prompts packed into shared model calls: each item's last logits (copies). */
+  prefillMany(items: readonly PrefillItem[]): Float32Array[];
   /** Logits row i for steps[i]: views valid until the next call. */
   step(steps: readonly BatchStep[]): Float32Array[];
   tokens(slot: number): readonly number[];

@@ -1,9 +1,9 @@
 /**
  * The server's counters and gauges, rendered as Prometheus text (GET /metrics): requests by route
  * and status, prompt tokens (reused from a slot's cache or prefilled) and completion tokens,
- * decode throughput over the last seconds, decode rounds' model calls and the sequences each call
- * advanced (how much batching happens), and the scheduler's queue depth, active sequences and
- * sessions, read live.
+ * decode throughput over the last seconds, the model calls that ran prompts, decode rounds' model
+ * calls and the sequences each call advanced (how much batching happens), and the scheduler's
+ * queue depth, active sequences and sessions, read live.
  */
 import type { StepperName } from "./decode-stepper.ts";
 import type { SessionPoolStats } from "./session-pool.ts";
@@ -30,6 +30,7 @@ export class Metrics {
   private timeouts = 0;
   private decodeCalls = 0;
   private decodeSequenceSteps = 0;
+  private prefillCalls = 0;
   /** Tokens decoded per whole second (epoch seconds → count), the last WINDOW_S seconds. */
   private readonly perSecond = new Map<number, number>();
   private readonly startedAt = performance.now();
@@ -59,6 +60,11 @@ export class Metrics {
   decoded(calls: number, sequences: number): void {
     this.decodeCalls += calls;
     this.decodeSequenceSteps += sequences;
+  }
+
+  /** The prompts admitted between two rounds: `calls` model calls ran them (several packed into one when batching). */
+  prefillsRan(calls: number): void {
+    this.prefillCalls += calls;
   }
 
   cancel(): void {
@@ -93,6 +99,7 @@ export class Metrics {
     metric("vkmoe_prompt_tokens_total", "counter", "Prompt tokens of the requests that ran (prefilled + reused).", [["", this.promptTokensPrefilled + this.promptTokensReused]]);
     metric("vkmoe_prompt_tokens_prefilled_total", "counter", "Prompt tokens run through the model.", [["", this.promptTokensPrefilled]]);
     metric("vkmoe_prompt_tokens_reused_total", "counter", "Prompt tokens a slot's session held already (its prompt cache), not run again.", [["", this.promptTokensReused]]);
+    metric("vkmoe_prefill_calls_total", "counter", "Model calls that ran prompts (batching packs the prompts admitted together into shared calls of up to 64 tokens; one shared with a decode round counts there too).", [["", this.prefillCalls]]);
     metric("vkmoe_completion_tokens_total", "counter", "Tokens generated.", [["", this.completionTokens]]);
     metric("vkmoe_decode_tokens_per_second", "gauge", `Tokens generated per second, all sequences together, over the last ${WINDOW_S} s.`, [["", round(this.tokensPerSecond())]]);
     metric("vkmoe_decode_calls_total", "counter", "Model calls made by decode rounds (one per round when batching, one per sequence per round when not).", [["", this.decodeCalls]]);

@@ -3,18 +3,19 @@
  * Sequence over a session from the SessionPool (a slot of the server's SessionBatch, or a Session
  * of its own where the host was given `openSession`; one per slot, kept between requests: a new
  * prompt reuses the longest prefix a free session holds and prefills only the rest). Each round
- * the loop fills free slots from the queue (their prefills run between decode steps), then lets
- * the DecodeStepper advance every active sequence by one token, then yields to the event loop so
- * that streams flush and new requests, disconnects and aborts are seen. A request that finishes,
- * fails, is cancelled or runs past its deadline frees its slot at once; its session goes back to
- * the pool, or is disposed where the engine failed in it.
+ * the loop fills free slots from the queue and runs their prompts together (in the round's own
+ * call where that saves one), then lets the DecodeStepper advance every active sequence by one
+ * token, then yields to the event loop so that streams flush and new requests, disconnects and
+ * aborts are seen. A request that finishes, fails, is cancelled or runs past its deadline frees
+ * its slot at once; its session goes back to the pool, or is disposed where the engine failed in it.
  *
  * The stepper decides how a round calls the model: round-robin makes one call per sequence; the
- * batched stepper makes one call for all of them over the server's SessionBatch (decode-stepper.ts).
+ * batched stepper makes one call for all of them over the server's SessionBatch, and packs the
+ * prompts admitted together into shared calls (decode-stepper.ts).
  */
 import { ApiError, RequestTimeoutError } from "./errors.ts";
 import type { Sequence, SequenceDelta } from "../engine/index.ts";
-import { roundRobinStepper, type DecodeRound, type DecodeStepper, type StepperName } from "./decode-stepper.ts";
+import { roundRobinStepper, type DecodeRound, type DecodeStepper, type PrefillRound, type SharedRound, type StepperName } from "./decode-stepper.ts";
 import { SessionPool, type ReusableSession, type SessionLease, type SessionPoolStats } from "./session-pool.ts";
 
 export { roundRobinStepper, type DecodeStepper } from "./decode-stepper.ts";
@@ -64,6 +65,8 @@ export interface Scheduler extends AsyncDisposable {
 export interface SchedulerHooks {
   /** A job's prompt ran: `prefilled` ids run now, `reused` held by its session already. */
   prefilled?(prefilled: number, reused: number): void;
+  /** The prompts admitted in one gap between rounds made `modelCalls` model calls for `sequences` sequences. */
+  prefillCalls?(modelCalls: number, sequences: number): void;
   /** Tokens picked (for throughput and the token counters). */
   generated?(tokens: number): void;
   /** A decode round made `modelCalls` model calls to advance `sequences` sequences. */
@@ -171,10 +174,13 @@ export class SlotScheduler implements Scheduler {
   private async loop(): Promise<void> {
     while (!this.closing) {
       this.expire();
-      // free slots take waiting jobs now: their prefills run here, between two decode rounds
-      while (this.active.length < this.slots && this.queue.length > 0) this.admit(this.queue[0]!);
-      if (this.active.length > 0) this.round();
-      else if (this.queue.length === 0) {
+      // free slots take waiting jobs now: their prompts run here, together, with or before a decode round
+      const admitted = this.admitWaiting();
+      if (!this.shareRound(admitted)) {
+        this.prefill(admitted);
+        this.round();
+      }
+      if (this.active.length === 0 && this.queue.length === 0) {
         await new Promise<void>((resolve) => (this.wake = resolve));
         this.wake = undefined;
         continue;
@@ -183,37 +189,85 @@ export class SlotScheduler implements Scheduler {
     }
   }
 
-  /** Moves the job into a slot: takes a session (the one sharing most of its prompt) and runs the rest of its prompt. */
-  private admit(job: SlotJob): void {
-    this.queue.shift();
-    this.active.push(job);
-    job.state = "active";
-    job.startedAt = performance.now();
-    let delta: SequenceDelta;
-    try {
-      job.lease = this.sessions.acquire(job.request.promptIds);
-      job.sequence = job.request.start(job.lease.session, job.lease.heldPrefix);
-    } catch (error) {
-      // opening a session or building the sequence failed: no model call ran, the session is as it was
-      return this.end(job, () => job.sink.failed(error));
+  /**
+   * Moves waiting jobs into the free slots: each takes a session (the one sharing most of its
+   * prompt) and builds its sequence. Returns those ready to prefill.
+   */
+  private admitWaiting(): SlotJob[] {
+    const admitted: SlotJob[] = [];
+    while (this.active.length < this.slots && this.queue.length > 0) {
+      const job = this.queue.shift()!;
+      this.active.push(job);
+      job.state = "active";
+      job.startedAt = performance.now();
+      try {
+        job.lease = this.sessions.acquire(job.request.promptIds);
+        job.sequence = job.request.start(job.lease.session, job.lease.heldPrefix);
+        admitted.push(job);
+      } catch (error) {
+        // opening a session or building the sequence failed: no model call ran, the session is as it was
+        this.end(job, () => job.sink.failed(error));
+      }
     }
+    return admitted;
+  }
+
+  /**
+   * The admitted jobs' prompts and a decode step of the others in shared model calls, where the
+   * stepper says that saves one; false (nothing run) where not.
+   */
+  private shareRound(admitted: SlotJob[]): boolean {
+    if (admitted.length === 0 || !this.stepper.stepWithPrompts) return false;
+    const isNew = new Set(admitted);
+    const decoding = this.decoding().filter((j) => !isNew.has(j));
+    if (decoding.length === 0) return false;
+    let shared: SharedRound | undefined;
     try {
-      delta = job.sequence.prefill();
+      shared = this.stepper.stepWithPrompts(decoding.map((j) => j.sequence!), admitted.map((j) => j.sequence!));
     } catch (error) {
-      return this.end(job, () => job.sink.failed(error), true);
+      const failed = (jobs: SlotJob[]): DecodeRound => ({ results: jobs.map(() => ({ error })), modelCalls: 0 });
+      shared = { round: failed(decoding), prompts: failed(admitted) };
     }
-    const reused = job.lease.heldPrefix;
-    this.hooks.prefilled?.(job.request.promptIds.length - reused, reused);
+    if (!shared) return false;
+    this.tookPrompts(admitted, shared.prompts);
+    this.tookRound(decoding, shared.round);
+    return true;
+  }
+
+  /** Runs the admitted jobs' prompts through the stepper (packed where it can) and delivers each first token. */
+  private prefill(jobs: SlotJob[]): void {
+    if (jobs.length === 0) return;
+    let round: PrefillRound;
     try {
-      this.deliver(job, delta);
+      round = this.stepper.prefill(jobs.map((j) => j.sequence!));
     } catch (error) {
-      this.end(job, () => job.sink.failed(error)); // a sink that throws fails its job, not the loop
+      // a stepper that fails as a whole fails its call's jobs, not the loop
+      round = { results: jobs.map(() => ({ error })), modelCalls: 0 };
     }
+    this.tookPrompts(jobs, round);
+  }
+
+  /** Each job's prompt result: its first token delivered, or its error ending it (the session discarded). */
+  private tookPrompts(jobs: SlotJob[], round: PrefillRound): void {
+    this.hooks.prefillCalls?.(round.modelCalls, jobs.length);
+    round.results.forEach((r, i) => {
+      const job = jobs[i]!;
+      if (job.state !== "active") return; // cancelled by a sink meanwhile
+      if ("error" in r) return this.end(job, () => job.sink.failed(r.error), true);
+      const reused = job.lease!.heldPrefix;
+      this.hooks.prefilled?.(job.request.promptIds.length - reused, reused);
+      this.deliverSafely(job, r);
+    });
+  }
+
+  /** The jobs whose sequence prefilled and is not done. */
+  private decoding(): SlotJob[] {
+    return this.active.filter((j) => j.sequence && !j.sequence.done);
   }
 
   /** One decode step of every active sequence that prefilled and is not done. */
   private round(): void {
-    const jobs = this.active.filter((j) => j.sequence && !j.sequence.done);
+    const jobs = this.decoding();
     if (jobs.length === 0) return;
     let round: DecodeRound;
     try {
@@ -222,13 +276,27 @@ export class SlotScheduler implements Scheduler {
       // a stepper that fails as a whole fails its round's jobs, not the loop
       round = { results: jobs.map(() => ({ error })), modelCalls: 0 };
     }
+    this.tookRound(jobs, round);
+  }
+
+  /** Each job's step result: its token delivered, or its error ending it (the session discarded). */
+  private tookRound(jobs: SlotJob[], round: DecodeRound): void {
     this.hooks.decoded?.(round.modelCalls, jobs.length);
     round.results.forEach((r, i) => {
       const job = jobs[i]!;
       if (job.state !== "active") return; // cancelled by a sink during this round
       if ("error" in r) this.end(job, () => job.sink.failed(r.error), true);
-      else this.deliver(job, r);
+      else this.deliverSafely(job, r);
     });
+  }
+
+  /** Delivers; a sink that throws fails its job, not the loop. */
+  private deliverSafely(job: SlotJob, delta: SequenceDelta): void {
+    try {
+      this.deliver(job, delta);
+    } catch (error) {
+      this.end(job, () => job.sink.failed(error));
+    }
   }
 
   private deliver(job: SlotJob, delta: SequenceDelta): void {

@@ -84,6 +84,7 @@ export function createHost(model: Model, input: Omit<HostConfigInput, "modelName
       stepper: options.stepper ?? (batch && config.batching === "on" ? new BatchedStepper(batch) : roundRobinStepper),
       hooks: {
         prefilled: (n, reused) => metrics.prefilled(n, reused),
+        prefillCalls: (calls) => metrics.prefillsRan(calls),
         generated: (n) => metrics.generated(n),
         decoded: (calls, sequences) => metrics.decoded(calls, sequences),
         cancelled: () => metrics.cancel(),

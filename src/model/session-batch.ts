@@ -1,15 +1,21 @@
 /**
  * Several sequences ("slots") decoding together, for a server's continuous batching. Where the
  * whole token runs on the GPU, one replay steps every slot given at once (each weight read once
- * for all of them) and a prompt runs as chunks of one slot's tokens through the same replay;
+ * for all of them) and prompts run through the same replay, several slots' tokens packed in one;
  * elsewhere (per-layer or cpu mode, a device without room for the batch's cache, or after a lost
  * device) each slot is a Session of its own, stepped in turn: the same API and the same tokens.
  */
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
-import { GRAPH_MAX_TOKENS, isDeviceLost, type DeviceBatch } from "../graph/index.ts";
+import { GRAPH_MAX_TOKENS, isDeviceLost, type BatchEntry, type DeviceBatch } from "../graph/index.ts";
 import type { ModelConfig } from "./model-config.ts";
 import { ContextLengthError } from "./errors.ts";
 import { checkTokenIds, type Session } from "./session.ts";
+
+/** One slot's tokens for prefillMany: `ids` run after what slot `slot` holds. */
+export interface PrefillItem {
+  slot: number;
+  ids: ArrayLike<number>;
+}
 
 /** One token of a step: the next token `id` of sequence `slot`. */
 export interface BatchStep {
@@ -70,28 +76,55 @@ export class SessionBatch implements Disposable {
 
   /** Runs `ids` after slot `slot`'s tokens; returns the last one's logits (a copy). */
   prefill(slot: number, ids: ArrayLike<number>): Float32Array {
+    return this.prefillMany([{ slot, ids }])[0]!;
+  }
+
+  /**
+   * Runs each item's `ids` after its slot's tokens (distinct slots), all of them packed in order
+   * into replays of up to GRAPH_MAX_TOKENS tokens of any slots, so that several short prompts
+   * share one pass over the weights (a long one spans replays; a replay's cache appends run
+   * before its attention, so a token sees its own slot's earlier tokens of the same replay).
+   * Returns each item's last logits (copies), out[i] for items[i].
+   */
+  prefillMany(items: readonly PrefillItem[]): Float32Array[] {
     this.checkLive();
-    const h = this.held[this.checkSlot(slot)]!;
-    if (ids.length < 1) throw new InvalidArgumentError("prefill needs at least one token");
-    this.checkRoom(slot, ids.length);
-    this.checkIds(ids);
+    if (items.length < 1) throw new InvalidArgumentError("prefillMany needs at least one item");
+    const seen = new Set<number>();
+    for (const { slot, ids } of items) {
+      this.checkSlot(slot);
+      if (seen.has(slot)) throw new InvalidArgumentError(`slot ${slot} appears twice in one prefill`);
+      seen.add(slot);
+      if (ids.length < 1) throw new InvalidArgumentError("prefill needs at least one token");
+      this.checkRoom(slot, ids.length);
+      this.checkIds(ids);
+    }
     const V = this.config.vocab;
-    const list = Array.from(ids);
+    const lists = items.map((item) => Array.from(item.ids));
     const out = this.onDevice(
       (d) => {
-        let last: Float32Array | undefined;
-        for (let i = 0; i < list.length; i += GRAPH_MAX_TOKENS) {
-          const chunk = list.slice(i, i + GRAPH_MAX_TOKENS);
-          const logits = d.run(chunk.map((id, t) => ({ slot, id, position: h.length + i + t })));
+        // every token in item order, each at its slot's next position; `last` marks an item's final token
+        const entries: (BatchEntry & { last?: number })[] = [];
+        lists.forEach((list, i) => {
+          const { slot } = items[i]!, from = this.held[slot]!.length;
+          list.forEach((id, t) => entries.push({ slot, id, position: from + t, last: t === list.length - 1 ? i : undefined }));
+        });
+        const rows: Float32Array[] = new Array(items.length);
+        for (let at = 0; at < entries.length; at += GRAPH_MAX_TOKENS) {
+          const chunk = entries.slice(at, at + GRAPH_MAX_TOKENS);
+          const logits = d.run(chunk);
           this.counts.runs++;
-          last = logits.slice((chunk.length - 1) * V, chunk.length * V);
+          chunk.forEach((e, r) => {
+            if (e.last !== undefined) rows[e.last] = logits.slice(r * V, (r + 1) * V);
+          });
         }
-        return last!;
+        return rows;
       },
-      (sessions) => sessions[slot]!.prefill(list).slice(),
+      (sessions) => lists.map((list, i) => sessions[items[i]!.slot]!.prefill(list).slice()),
     );
-    h.push(...list);
-    this.counts.tokens += list.length;
+    lists.forEach((list, i) => {
+      this.held[items[i]!.slot]!.push(...list);
+      this.counts.tokens += list.length;
+    });
     return out;
   }
 

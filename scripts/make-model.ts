@@ -1,12 +1,12 @@
 // `bun run make-model --shape NAME --type q4_0|q8_0|f16|q4_k_m|q5_k_m|q6_k|q5_0 --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`:
-// a random-weight Qwen3-MoE GGUF (llama.cpp arch qwen3moe) with the Qwen3 tokenizer, so full-size
+// a random-weight Qwen3-MoE GGUF (llama.cpp arch qwen3moe), or Qwen3.5/3.6-MoE (qwen35moe) for the qwen3.5-* / qwen3.6-* shapes, with the Qwen3 tokenizer, so full-size
 // benchmarks need no download; --vocab N cuts the tokenizer to N tokens (small test files). The
 // K-quant types mix tensor types as llama-quantize does for that ftype (src/model/qwen3moe-quant-mix.ts).
 // Progress goes to stderr; the last line (stdout) gives size and time.
 import { closeSync, openSync, renameSync, rmSync } from "node:fs";
 import { z } from "zod";
-import { MODEL_FILE_TYPES, qwen3MoeTensors } from "../src/model/qwen3moe-gguf-layout.ts";
-import { qwen3TokenizerFiles, randomModelTensorBytes, writeRandomModel } from "../src/model/random-gguf.ts";
+import { MODEL_FILE_TYPES } from "../src/model/qwen3moe-gguf-layout.ts";
+import { plannedTensors, qwen3TokenizerFiles, randomModelTensorBytes, writeRandomModel } from "../src/model/random-gguf.ts";
 import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
 import { SHAPE_NAMES, shapeByName } from "../src/model/shapes.ts";
 import { args, exit, fail, oneLine } from "./lib/cli.ts";
@@ -78,7 +78,7 @@ try {
 }
 try {
   const layers = (shape.layers === base.layers ? "" : `, ${shape.layers} of ${base.layers} layers`) + (shape.vocab === base.vocab ? "" : `, vocab ${shape.vocab}`);
-  const count = qwen3MoeTensors(shape, fileType).length;
+  const count = plannedTensors(shape, fileType).length;
   const progress = new Progress(`${SCRIPT}: ${shape.name} ${fileType}${layers}, seed ${flags.seed}, ${flags.threads} threads, ~${formatBytes(randomModelTensorBytes(shape, fileType))}`, count, "tensors");
   const report = await writeRandomModel({
     shape,

@@ -12,10 +12,10 @@ export const MODEL_FILE_TYPES = ["q4_0", "q8_0", "f16", "q4_k_m", "q5_k_m", "q6_
 export type ModelFileType = (typeof MODEL_FILE_TYPES)[number];
 
 /** llama_ftype numbers written as general.file_type (llama.h's LLAMA_FTYPE_MOSTLY_*). */
-const LLAMA_FTYPE: Record<ModelFileType, number> = { f16: 1, q4_0: 2, q8_0: 7, q5_0: 8, q4_k_m: 15, q5_k_m: 17, q6_k: 18 };
+export const LLAMA_FTYPE: Record<ModelFileType, number> = { f16: 1, q4_0: 2, q8_0: 7, q5_0: 8, q4_k_m: 15, q5_k_m: 17, q6_k: 18 };
 
-/** What a tensor is, which decides how its random values are drawn. */
-export type TensorRole = "embedding" | "norm" | "attention" | "router" | "expert" | "lm_head";
+/** What a tensor is, which decides how its random values are drawn (the last three: qwen35moe's linear layers). */
+export type TensorRole = "embedding" | "norm" | "attention" | "router" | "expert" | "lm_head" | "ssm_a" | "dt_bias" | "conv";
 
 export interface PlannedTensor extends GgufTensorSpec {
   role: TensorRole;

@@ -45,7 +45,7 @@ export interface MixModel {
 }
 
 /**
- * The type of tensor `name` (GGUF dims `ne`) in a `fileType` file of a qwen3moe model, as
+ * The type of tensor `name` (GGUF dims `ne`) in a `fileType` file of a qwen3moe (or qwen35moe) model, as
  * llama-quantize chooses it. Tensors it does not quantize (norms, the router) stay F32, as the
  * converter writes them. attn_v counts layers in order: llama.cpp visits tensors by layer number
  * (the model loader's weight_name_comparer), and qwen3moe has one attn_v per layer.
@@ -61,7 +61,8 @@ export function quantMixType(fileType: QuantMixFileType, model: MixModel, name: 
     type = rowLength % BLOCK[type]! !== 0 ? "Q8_0" : "Q6_K";
   } else if (name === "token_embd.weight") {
     // The default type: the lm_head is its own tensor (no tied embeddings) and no rule here touches it.
-  } else if (name.includes("attn_v.weight")) {
+  } else if (name.includes("attn_v.weight") || name.includes("attn_qkv.weight")) {
+    // attn_qkv (qwen35moe's linear layers) is attn_v-like to llama-quantize, counted with attn_v: one of them a layer
     if (kM && moreBits()) type = "Q6_K";
     // "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
     if (model.experts === 8) type = "Q8_0";

@@ -1,15 +1,16 @@
 /**
- * A random-weight Qwen3-MoE GGUF that llama.cpp loads: the converter's tensor layout and metadata,
+ * A random-weight Qwen3-MoE or Qwen3.5-MoE GGUF that llama.cpp loads: the converter's tensor layout and metadata,
  * the Qwen3 tokenizer, and weights drawn so that activations keep their scale through the layers
  * while routing and logits are decisive. Written tensor by tensor, in chunks of rows.
  */
 import { fileURLToPath } from "node:url";
-import { GgufWriter, ggmlTensorBytes } from "../formats/gguf-writer.ts";
+import { type GgufMetadata, GgufWriter, ggmlTensorBytes } from "../formats/gguf-writer.ts";
 import { type BpeTokenizerFiles, readTokenizerFiles, tokenizerMetadata } from "../formats/hf-tokenizer-gguf.ts";
 import { type ModelFileType, type PlannedTensor, qwen3MoeMetadata, qwen3MoeTensors } from "./qwen3moe-gguf-layout.ts";
+import { qwen35MoeMetadata, qwen35MoeTensors } from "./qwen35moe-gguf-layout.ts";
 import { ChunkPool } from "./chunk-pool.ts";
 import type { ChunkJob } from "./random-chunk.ts";
-import type { Qwen3MoeShape } from "./shapes.ts";
+import { isQwen35Shape, type ModelShape } from "./shapes.ts";
 
 /**
  * Router logits and lm_head logits of standard deviation ROUTER_GAIN and LOGIT_GAIN for a
@@ -20,6 +21,14 @@ const ROUTER_GAIN = 3;
 const LOGIT_GAIN = 4;
 /** Norm weights near 1, not exactly 1, so a kernel that skips them is caught. */
 const NORM_STD = 0.1;
+/**
+ * ssm_a (−exp(A_log), the Gated DeltaNet's decay rate): the draws are bounded (mean ± 3.46 std,
+ * random-weights.ts), so every value lies in [−1.87, −0.13] and each step's decay
+ * exp(ssm_a · softplus(alpha + dt_bias)) in (0, 1): the recurrence stays stable, with memories of
+ * a step to a few dozen. dt_bias near transformers' initial ones.
+ */
+const SSM_A = { mean: -1, std: 0.25 };
+const DT_BIAS = { mean: 1, std: 0.1 };
 
 /** Mean and standard deviation of a tensor's random values. */
 export function weightDistribution(t: PlannedTensor): { mean: number; std: number } {
@@ -29,6 +38,10 @@ export function weightDistribution(t: PlannedTensor): { mean: number; std: numbe
     case "embedding": return { mean: 0, std: 1 };
     case "router": return { mean: 0, std: ROUTER_GAIN / Math.sqrt(fanIn) };
     case "lm_head": return { mean: 0, std: LOGIT_GAIN / Math.sqrt(fanIn) };
+    case "ssm_a": return SSM_A;
+    case "dt_bias": return DT_BIAS;
+    // the depthwise conv's fan-in is its kernel (ne[0])
+    case "conv":
     case "attention":
     case "expert": return { mean: 0, std: 1 / Math.sqrt(fanIn) };
   }
@@ -40,8 +53,17 @@ export function qwen3TokenizerFiles(): BpeTokenizerFiles {
   return readTokenizerFiles(dir);
 }
 
+/** Every tensor of a model of this shape and file type, in file order (its family's layout). */
+export function plannedTensors(shape: ModelShape, fileType: ModelFileType): PlannedTensor[] {
+  return isQwen35Shape(shape) ? qwen35MoeTensors(shape, fileType) : qwen3MoeTensors(shape, fileType);
+}
+
+function modelMetadata(shape: ModelShape, fileType: ModelFileType, tokenizer: GgufMetadata): GgufMetadata {
+  return isQwen35Shape(shape) ? qwen35MoeMetadata(shape, fileType, tokenizer) : qwen3MoeMetadata(shape, fileType, tokenizer);
+}
+
 export interface RandomModelOptions {
-  shape: Qwen3MoeShape;
+  shape: ModelShape;
   fileType: ModelFileType;
   path: string;
   seed: number;
@@ -94,9 +116,9 @@ export async function writeRandomModel(o: RandomModelOptions): Promise<RandomMod
     pre: "qwen2",
     fallbackBosToken: "<|endoftext|>",
   });
-  const tensors = qwen3MoeTensors(o.shape, o.fileType);
+  const tensors = plannedTensors(o.shape, o.fileType);
   using pool = new ChunkPool(o.threads ?? 1);
-  using writer = GgufWriter.open(o.path, qwen3MoeMetadata(o.shape, o.fileType, tokenizer), tensors);
+  using writer = GgufWriter.open(o.path, modelMetadata(o.shape, o.fileType, tokenizer), tensors);
   // A window of chunks in flight keeps every worker busy while the bytes are written in order.
   const window: { bytes: Promise<Uint8Array>; tensor: number; last: boolean }[] = [];
   const inFlight = 2 * pool.threads;
@@ -119,6 +141,6 @@ export async function writeRandomModel(o: RandomModelOptions): Promise<RandomMod
 }
 
 /** Bytes of tensor data the file will hold (all but its header, ~6 MB with the Qwen3 tokenizer). */
-export function randomModelTensorBytes(shape: Qwen3MoeShape, fileType: ModelFileType): number {
-  return qwen3MoeTensors(shape, fileType).reduce((sum, t) => sum + ggmlTensorBytes(t.type, t.ne), 0);
+export function randomModelTensorBytes(shape: ModelShape, fileType: ModelFileType): number {
+  return plannedTensors(shape, fileType).reduce((sum, t) => sum + ggmlTensorBytes(t.type, t.ne), 0);
 }

@@ -1,8 +1,10 @@
 /**
  * Named Qwen3-MoE shapes (llama.cpp arch `qwen3moe`): the dimensions a random-weight model file is
- * made with, so benchmarks of full-size models need no download.
+ * made with, so benchmarks of full-size models need no download. The Qwen3.5/3.6 MoE shapes (arch
+ * `qwen35moe`) are in qwen35moe-gguf-layout.ts; shapeByName finds both.
  */
 import type { Qwen3MoeConfig } from "./config.ts";
+import { QWEN35_MOE_SHAPES, type Qwen35MoeShape } from "./qwen35moe-gguf-layout.ts";
 
 /** A model's dimensions, named as Qwen3MoeConfig names them, plus the context length written to the file. */
 export type Qwen3MoeShape = { name: string; contextLength: number } & Pick<
@@ -55,11 +57,18 @@ export const QWEN3_MOE_SHAPES: Readonly<Record<string, Qwen3MoeShape>> = {
   [qwen3_30bA3b.name]: qwen3_30bA3b,
 };
 
-export const SHAPE_NAMES: readonly string[] = Object.keys(QWEN3_MOE_SHAPES);
+/** A shape of either family; a Qwen35MoeShape says so in its `family`. */
+export type ModelShape = Qwen3MoeShape | Qwen35MoeShape;
+
+export const isQwen35Shape = (s: ModelShape): s is Qwen35MoeShape => "family" in s && s.family === "qwen35moe";
+
+const MODEL_SHAPES: Readonly<Record<string, ModelShape>> = { ...QWEN3_MOE_SHAPES, ...QWEN35_MOE_SHAPES };
+
+export const SHAPE_NAMES: readonly string[] = Object.keys(MODEL_SHAPES);
 
 /** The shape called `name`, or undefined. */
-export function shapeByName(name: string): Qwen3MoeShape | undefined {
-  return Object.hasOwn(QWEN3_MOE_SHAPES, name) ? QWEN3_MOE_SHAPES[name] : undefined;
+export function shapeByName(name: string): ModelShape | undefined {
+  return Object.hasOwn(MODEL_SHAPES, name) ? MODEL_SHAPES[name] : undefined;
 }
 
 /** Weights in a model of this shape (every tensor, embeddings and lm_head included). */

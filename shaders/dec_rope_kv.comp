@@ -29,6 +29,12 @@
 // s halving from the power of two below the count). The normalised values stay in registers;
 // k's normalised-then-rotated values are what the cache gets. Without the bit nothing is read
 // from binding 7 (any buffer may be bound).
+//
+// Partial rotary (rotaryDim < headDim, Qwen3.5's full-attention layers): only the first rotaryDim
+// dims of each head rotate, pairing i with i + rotaryDim/2 (inverse frequencies rotaryDim/2 of
+// them); the dims from rotaryDim on pass through (normalised and cached all the same). The groups
+// of 4 elements: j < rotaryDim/4 as above with half = rotaryDim/2, then the passed-through dims 4
+// at a time. rotaryDim = headDim (or 0) is the full rotation, unchanged.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
@@ -63,6 +69,7 @@ layout(push_constant) uniform Params {
     uint qNormOffset;   // floats in normW (bit 2)
     uint kNormOffset;   // floats in normW (bit 2)
     float eps;          // (bit 2)
+    uint rotaryDim;     // dims of each head that rotate (multiple of 4, <= headDim); 0: headDim
 } pc;
 
 const uint WG = gl_WorkGroupSize.x;
@@ -208,11 +215,18 @@ uint f16Bits(float f) {
 
 uint pack2(float lo, float hi) { return f16Bits(lo) | (f16Bits(hi) << 16u); }
 
-// The 4 elements of group j of the head at base: x1 = (2j, 2j+1), x2 = (2j+half, 2j+1+half).
-void loadGroup(bool isQ, uint base, uint j, uint half_, out vec2 x1, out vec2 x2) {
-    const uint i0 = 2u * j;
-    if (isQ) { x1 = vec2(q[base + i0], q[base + i0 + 1u]); x2 = vec2(q[base + i0 + half_], q[base + i0 + 1u + half_]); }
-    else { x1 = vec2(k[base + i0], k[base + i0 + 1u]); x2 = vec2(k[base + i0 + half_], k[base + i0 + 1u + half_]); }
+// Element pairs of group j: rotated groups (j < rgroups) x1 = (2j, 2j+1), x2 = (2j+half, 2j+1+half);
+// passed-through ones the 4 consecutive dims from rd + 4 (j - rgroups).
+uvec2 groupPairs(uint j, uint rgroups, uint half_, uint rd) {
+    if (j < rgroups) return uvec2(2u * j, 2u * j + half_);
+    const uint e = rd + 4u * (j - rgroups);
+    return uvec2(e, e + 2u);
+}
+
+// The 4 elements of a group of the head at base: x1 at p.x, p.x+1; x2 at p.y, p.y+1.
+void loadGroup(bool isQ, uint base, uvec2 p, out vec2 x1, out vec2 x2) {
+    if (isQ) { x1 = vec2(q[base + p.x], q[base + p.x + 1u]); x2 = vec2(q[base + p.y], q[base + p.y + 1u]); }
+    else { x1 = vec2(k[base + p.x], k[base + p.x + 1u]); x2 = vec2(k[base + p.y], k[base + p.y + 1u]); }
 }
 
 void main() {
@@ -220,8 +234,10 @@ void main() {
     const uint t = gl_WorkGroupID.y;
     if (t >= pc.S || slot >= pc.heads + pc.kvHeads) return;  // uniform per workgroup
     const uint hd = pc.headDim;
-    const uint half_ = hd >> 1u;
+    const uint rd = pc.rotaryDim == 0u ? hd : pc.rotaryDim;
+    const uint half_ = rd >> 1u;
     const uint groups = hd >> 2u;
+    const uint rgroups = rd >> 2u;
     const uint li = gl_LocalInvocationIndex;
     const bool batched = (pc.flags & 8u) != 0u;
     uint pos = pc.pos0 + t;
@@ -237,13 +253,13 @@ void main() {
     const float fpos = float(pos);
     // this invocation's first group (j = li), loaded once and kept in registers
     vec2 first1 = vec2(0.0), first2 = vec2(0.0);
-    if (li < groups) loadGroup(isQ, base, li, half_, first1, first2);
+    if (li < groups) loadGroup(isQ, base, groupPairs(li, rgroups, half_, rd), first1, first2);
     float inv = 1.0;
     if (norm) {  // uniform
         precise float ss = 0.0;
         vec2 x1 = first1, x2 = first2;
         for (uint j = li; j < groups; j += WG) {
-            if (j != li) loadGroup(isQ, base, j, half_, x1, x2);
+            if (j != li) loadGroup(isQ, base, groupPairs(j, rgroups, half_, rd), x1, x2);
             precise float e0 = x1.x * x1.x;
             precise float e1 = x1.y * x1.y;
             precise float e2 = x2.x * x2.x;
@@ -258,35 +274,41 @@ void main() {
     }
     const uint wo = isQ ? pc.qNormOffset : pc.kNormOffset;
     for (uint j = li; j < groups; j += WG) {
-        const uint i0 = 2u * j;
+        const uvec2 p = groupPairs(j, rgroups, half_, rd);
         vec2 x1 = first1, x2 = first2;
-        if (j != li) loadGroup(isQ, base, j, half_, x1, x2);
+        if (j != li) loadGroup(isQ, base, p, x1, x2);
         if (norm) {
             precise vec2 n1 = x1 * inv;
             precise vec2 n2 = x2 * inv;
-            precise vec2 y1 = vec2(normW[wo + i0], normW[wo + i0 + 1u]) * n1;
-            precise vec2 y2 = vec2(normW[wo + i0 + half_], normW[wo + i0 + 1u + half_]) * n2;
+            precise vec2 y1 = vec2(normW[wo + p.x], normW[wo + p.x + 1u]) * n1;
+            precise vec2 y2 = vec2(normW[wo + p.y], normW[wo + p.y + 1u]) * n2;
             x1 = y1;
             x2 = y2;
         }
-        precise float a0 = fpos * invFreq[pc.invOffset + i0];
-        precise float a1 = fpos * invFreq[pc.invOffset + i0 + 1u];
-        const vec2 sc0 = sinCos(a0), sc1 = sinCos(a1);
-        const vec2 c = vec2(sc0.y, sc1.y), s = vec2(sc0.x, sc1.x);
-        precise vec2 y1 = x1 * c - x2 * s;
-        precise vec2 y2 = x2 * c + x1 * s;
+        vec2 y1 = x1, y2 = x2;
+        if (j < rgroups) {
+            const uint i0 = 2u * j;
+            precise float a0 = fpos * invFreq[pc.invOffset + i0];
+            precise float a1 = fpos * invFreq[pc.invOffset + i0 + 1u];
+            const vec2 sc0 = sinCos(a0), sc1 = sinCos(a1);
+            const vec2 c = vec2(sc0.y, sc1.y), s = vec2(sc0.x, sc1.x);
+            precise vec2 r1 = x1 * c - x2 * s;
+            precise vec2 r2 = x2 * c + x1 * s;
+            y1 = r1;
+            y2 = r2;
+        }
         if (isQ) {
-            q[base + i0] = y1.x; q[base + i0 + 1u] = y1.y;
-            q[base + i0 + half_] = y2.x; q[base + i0 + 1u + half_] = y2.y;
+            q[base + p.x] = y1.x; q[base + p.x + 1u] = y1.y;
+            q[base + p.y] = y2.x; q[base + p.y + 1u] = y2.y;
         } else {
-            k[base + i0] = y1.x; k[base + i0 + 1u] = y1.y;
-            k[base + i0 + half_] = y2.x; k[base + i0 + 1u + half_] = y2.y;
+            k[base + p.x] = y1.x; k[base + p.x + 1u] = y1.y;
+            k[base + p.y] = y2.x; k[base + p.y + 1u] = y2.y;
             if (cache) {
-                kCache[pc.kCacheOffset + cacheRow + j] = pack2(y1.x, y1.y);
-                kCache[pc.kCacheOffset + cacheRow + (half_ >> 1u) + j] = pack2(y2.x, y2.y);
+                kCache[pc.kCacheOffset + cacheRow + (p.x >> 1u)] = pack2(y1.x, y1.y);
+                kCache[pc.kCacheOffset + cacheRow + (p.y >> 1u)] = pack2(y2.x, y2.y);
                 const uint vb = pc.vOffset + (t * pc.kvHeads + kvh) * hd;
-                vCache[pc.vCacheOffset + cacheRow + j] = pack2(v[vb + i0], v[vb + i0 + 1u]);
-                vCache[pc.vCacheOffset + cacheRow + (half_ >> 1u) + j] = pack2(v[vb + i0 + half_], v[vb + i0 + 1u + half_]);
+                vCache[pc.vCacheOffset + cacheRow + (p.x >> 1u)] = pack2(v[vb + p.x], v[vb + p.x + 1u]);
+                vCache[pc.vCacheOffset + cacheRow + (p.y >> 1u)] = pack2(v[vb + p.y], v[vb + p.y + 1u]);
             }
         }
     }

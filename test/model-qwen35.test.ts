@@ -85,7 +85,7 @@ describe("Hugging Face directory, float, CPU decoder", () => {
     expect(model.config.architecture).toBe("qwen3_5_moe");
     expect(model.device.mode).toBe("cpu");
     // one line says why the GPU graph is not used
-    expect(lines.filter((l) => l.includes("Qwen3-MoE only"))).toHaveLength(1);
+    expect(lines.filter((l) => l.includes("the whole-token GPU graph is not used"))).toHaveLength(1);
     const errors = lastLogitsNmse(model, ref);
     for (const e of errors) expect(e).toBeLessThanOrEqual(1e-5);
     const V = model.config.vocab, L = model.config.layers, D = model.config.hidden;
@@ -215,7 +215,7 @@ describe("the GPU experts path (Lavapipe, validation on)", () => {
     if (!ref || !gpu || !cpu) return;
     expect(gpu.device.mode).toBe("per-layer");
     expect(gpu.device.experts).toBe("gpu");
-    expect(lines.filter((l) => l.includes("Qwen3-MoE only"))).toHaveLength(1);
+    expect(lines.filter((l) => l.includes("the whole-token GPU graph is not used"))).toHaveLength(1);
     for (const p of ref.prompts) {
       const e = nmse(cpu.session({ ctx: 64 }).prefill(p.input_ids).slice(), gpu.session({ ctx: 64 }).prefill(p.input_ids));
       expect(e).toBeLessThan(1e-6);

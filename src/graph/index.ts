@@ -12,10 +12,14 @@ import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } fro
 import { ExpertsNotResidentError, type MoeGraphStage } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
+import { HybridGraph } from "./hybrid-graph.ts";
+import type { Qwen35MoeConfig } from "../model/qwen35-config.ts";
+import type { HybridWeights } from "../model/qwen35-weights.ts";
 
 export { GraphUnsupportedError } from "./errors.ts";
 export type { BatchEntry } from "./graph-batch.ts";
 export { GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
+export { hybridGraphReserveBytes } from "./hybrid-graph.ts";
 
 export interface TokenResult {
   /** "logits": the next token's logits (host memory, valid until the next run). */
@@ -43,6 +47,14 @@ export interface DeviceSequence extends Disposable {
   readonly submitsPerRun: number;
   /** 1..GRAPH_MAX_TOKENS consecutive tokens through a recording with a timestamp after every op: each op's GPU µs, in order. */
   profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[];
+  /**
+   * false where the sequence holds recurrent states (Qwen3.5's linear layers), which cannot drop
+   * tokens: a truncation calls reset() and runs the kept tokens again. Absent: true (the KV cache
+   * rows past the kept length are simply overwritten).
+   */
+  readonly rewindable?: boolean;
+  /** Back to an empty sequence (the recurrent states zeroed). */
+  reset?(): void;
 }
 
 /** Several sequences decoding together on the device (continuous batching); see GraphBatch. */
@@ -126,6 +138,54 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
     return new GraphDecoder(graph, why);
   } catch (e) {
     stage?.[Symbol.dispose]();
+    throw e;
+  }
+}
+
+class HybridDecoder implements DeviceDecoder {
+  readonly mode = "resident" as const;
+  constructor(private readonly graph: HybridGraph, readonly why: string) {}
+
+  sequence(ctx: number, options: { timing?: boolean } = {}): DeviceSequence {
+    return this.graph.sequence(ctx, options);
+  }
+
+  batch(): DeviceBatch {
+    throw new GraphUnsupportedError("batched decode (one replay for several sequences) runs Qwen3-MoE only; Qwen3.5's sequences run one session each");
+  }
+
+  simulateDeviceLoss(): void {
+    this.graph.injectDeviceLost = true;
+  }
+
+  [Symbol.dispose](): void {
+    this.graph[Symbol.dispose]();
+    this.graph.stage[Symbol.dispose]();
+  }
+}
+
+/**
+ * The hybrid graph of a Qwen3.5 MoE model (src/graph/hybrid-graph.ts) over `backend`'s device;
+ * every routed expert must be resident (there is no split mode for this family: the CPU decoder
+ * runs per-layer instead). Throws GraphUnsupportedError with the reason when the model cannot run so.
+ */
+export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, backend: MoeBackend, policy: "auto" | "on" = "auto"): DeviceDecoder {
+  const ctx = backend.context;
+  if (!ctx || backend.mode !== "gpu") throw new GraphUnsupportedError(`the MoE layer runs on the CPU (${backend.why})`);
+  if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
+  const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
+  let stage: MoeGraphStage;
+  try {
+    stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS);
+  } catch (e) {
+    if (e instanceof VkmoeError) throw new GraphUnsupportedError(e instanceof ExpertsNotResidentError ? `not every expert is resident (${e.message})` : e.message);
+    throw e;
+  }
+  try {
+    const graph = new HybridGraph(ctx.device, cfg, weights, stage);
+    return new HybridDecoder(graph, `${ctx.device.info.name}: every op of the token in one submit (Gated DeltaNet and gated attention layers, shared expert), ${stage.mode} MoE call`);
+  } catch (e) {
+    stage[Symbol.dispose]();
     throw e;
   }
 }

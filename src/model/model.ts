@@ -6,7 +6,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { readConfig, type VkmoeEnv } from "../config.ts";
-import { GraphUnsupportedError, openDeviceDecoder, type DeviceBatch, type DeviceDecoder } from "../graph/index.ts";
+import { GraphUnsupportedError, hybridGraphReserveBytes, openDeviceDecoder, openHybridDecoder, type DeviceBatch, type DeviceDecoder } from "../graph/index.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { openTensorFile } from "../formats/index.ts";
 import type { GgufFile, TensorFile } from "../formats/tensor.ts";
@@ -117,14 +117,31 @@ export class Model implements Disposable {
       progress("weights", 0);
       const env = options.env ?? readConfig();
       if (config.architecture === "qwen3_5_moe") {
-        // The GPU graph has no linear-attention ops yet: the CPU decoder runs the token, the
-        // routed experts go where openExperts puts them (the GPU's MoE layer for q4/q8 experts).
+        // The hybrid graph where every expert is resident (src/graph/hybrid-graph.ts); else the CPU
+        // decoder runs the token, the routed experts where openExperts puts them (the GPU's MoE layer for q4/q8).
         const weights = loadQwen35Weights(file, config, plan, path, log, (f) => progress("weights", f));
-        const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, progress: (f) => progress("experts", f) });
-        const why = "the whole-token GPU graph runs Qwen3-MoE only; Qwen3.5's linear-attention and gated attention layers run on the CPU decoder";
-        log(`vkmoe: ${experts.mode === "gpu" ? "per-layer mode (the experts on the GPU, the rest of the token on the CPU)" : "cpu mode"}: ${why}`);
+        const reserveBytes = hybridGraphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions));
+        const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
+        let deviceDecoder: DeviceDecoder | undefined, whyNot = "";
+        const backend = experts.gpuBackend;
+        if (env.VKMOE_GRAPH === "off") whyNot = "VKMOE_GRAPH=off";
+        else if (!backend) whyNot = experts.why;
+        else {
+          progress("graph", 0);
+          try {
+            deviceDecoder = openHybridDecoder(config, weights, backend, env.VKMOE_GRAPH);
+          } catch (e) {
+            if (!(e instanceof GraphUnsupportedError || e instanceof VkmoeError)) {
+              experts[Symbol.dispose]();
+              throw e;
+            }
+            whyNot = e.message;
+          }
+        }
+        if (deviceDecoder) log(`vkmoe: resident mode: ${deviceDecoder.why}`);
+        else log(`vkmoe: ${experts.mode === "gpu" ? "per-layer mode (the experts on the GPU, the rest of the token on the CPU decoder)" : "cpu mode"}: the whole-token GPU graph is not used: ${whyNot}`);
         progress("ready", 1);
-        return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, undefined, why, log);
+        return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, deviceDecoder, whyNot, log);
       }
       const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
       const reserveBytes = graphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions));

@@ -75,14 +75,14 @@ export interface HybridWeights {
   releaseExperts(layer: number): void;
 }
 
-/** y = W x, then y's rows taken in `map` order (map[hubRow] = fileRow). */
-class RowPermutedLinear implements Linear {
+/** y = W x, then y's rows taken in `map` order (map[hubRow] = fileRow). Exported for the GPU graph, which runs `inner` in the file's order. */
+export class RowPermutedLinear implements Linear {
   readonly rows: number;
   readonly cols: number;
   readonly kind: string;
   readonly bytes: number;
   private tmp = new Float32Array(0);
-  constructor(private readonly inner: Linear, private readonly map: Int32Array) {
+  constructor(readonly inner: Linear, readonly map: Int32Array) {
     this.rows = inner.rows;
     this.cols = inner.cols;
     this.kind = inner.kind;
@@ -96,14 +96,14 @@ class RowPermutedLinear implements Linear {
   }
 }
 
-/** x's columns put in the file's order first (map[hubCol] = fileCol), then y = W x. */
-class ColumnPermutedLinear implements Linear {
+/** x's columns put in the file's order first (map[hubCol] = fileCol), then y = W x. Exported as RowPermutedLinear. */
+export class ColumnPermutedLinear implements Linear {
   readonly rows: number;
   readonly cols: number;
   readonly kind: string;
   readonly bytes: number;
   private tmp = new Float32Array(0);
-  constructor(private readonly inner: Linear, private readonly map: Int32Array) {
+  constructor(readonly inner: Linear, readonly map: Int32Array) {
     this.rows = inner.rows;
     this.cols = inner.cols;
     this.kind = inner.kind;

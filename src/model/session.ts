@@ -62,14 +62,14 @@ export class Session implements Disposable {
     this.ctx = ctx;
     this.cpuCache = options.cpuCache ?? "f32";
     if (deviceDecoder) {
-      // the device graph runs Qwen3-MoE only, whose split runs route through its CPU decoder
-      if (!(decoder instanceof Decoder)) throw new InvalidArgumentError(`the whole-token GPU graph does not run ${config.architecture}`);
-      const qwen3 = decoder;
+      // split runs (Qwen3-MoE only) route through its CPU decoder; Qwen3.5's graph is resident only
+      const qwen3 = decoder instanceof Decoder ? decoder : undefined;
+      if (deviceDecoder.mode === "split" && !qwen3) throw new InvalidArgumentError(`the split GPU graph does not run ${config.architecture}`);
       try {
         // split runs (experts not all resident): the host routes and runs each layer's experts
         const hostExperts = deviceDecoder.mode === "split"
           ? (l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array) => {
-            qwen3.routeAndRun(l, xn, logits, S, y, this.observer);
+            qwen3!.routeAndRun(l, xn, logits, S, y, this.observer);
             // the MoE layer met a lost device (and went on on the CPU, silently): so did the graph
             if (this.decoder.experts.mode === "cpu") throw deviceLostError("the MoE layer's wait");
           }
@@ -260,6 +260,26 @@ export class Session implements Disposable {
   /** Drops everything after the first `keep` tokens (a chat turn reuses its shared prefix). */
   truncate(keep = 0): void {
     if (keep < 0 || keep > this.tokens.length) throw new ContextLengthError(`cannot keep ${keep} of ${this.tokens.length} tokens`);
+    if (this.device && this.device.rewindable === false && keep < this.tokens.length) {
+      // as on the CPU below: the device's recurrent states start over and the kept tokens run again
+      const kept = this.tokens.slice(0, keep);
+      const counts = { ...this.counts };
+      this.tokens.length = 0;
+      try {
+        this.device.reset!();
+      } catch (e) {
+        if (!isDeviceLost(e)) throw e;
+        this.toCpu(0);
+      }
+      if (this.device && kept.length > 0) this.onDevice(kept, GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(kept.slice(i, i + n), pos, "none"));
+      if (this.device) {
+        Object.assign(this.counts, counts); // a re-run, not new tokens
+        return;
+      }
+      // the device was lost on the way: onDevice moved the session to the CPU (empty); run the kept tokens there
+      this.onCpu(kept, () => undefined, true);
+      return;
+    }
     if (this.kv && !this.decoder.rewindable && keep < this.tokens.length) {
       // recurrent states cannot drop tokens: the kept ones run again from an empty state
       const kept = this.tokens.slice(0, keep);

@@ -12,3 +12,4 @@ export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type Rou
 export { CONV1D_MAX_KERNEL, CONV1D_MAX_S, Conv1dKernel, DEC_CONV1D, type Conv1dArgs, type Conv1dKernelOptions } from "./conv1d.ts";
 export { DEC_DELTA_RULE, DELTA_RULE_MAX_S, DeltaRuleKernel, type DeltaRuleArgs, type DeltaRuleKernelOptions } from "./delta-rule.ts";
 export { DEC_GATED_NORM, GatedNormKernel, type GatedNormArgs, type GatedNormKernelOptions } from "./gated-norm.ts";
+export { DEC_GATING, GatingKernel, type GatingArgs, type GatingMode } from "./gating.ts";

@@ -15,10 +15,10 @@ import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from 
  * q rw, k rw, v r, inverse frequencies r, k cache w (uint: two halves), v cache w, positions r,
  * norm weights r (binding 7); push S, heads, kvHeads, headDim, pos0, posIndex, flags, ctx,
  * qOffset, kOffset, vOffset, kCacheOffset, vCacheOffset, invOffset, qNormOffset, kNormOffset
- * (uints, bytes 0..63), eps (f32, byte 64): 68 B. flags: bit 0 positions buffer, bit 1 write the
- * cache, bit 2 head norm, bit 3 batched.
+ * (uints, bytes 0..63), eps (f32, byte 64), rotaryDim (byte 68): 72 B. flags: bit 0 positions
+ * buffer, bit 1 write the cache, bit 2 head norm, bit 3 batched.
  */
-export const DEC_ROPE_KV: ShaderInterface = { name: "dec_rope_kv", storageBuffers: 8, pushConstantBytes: 68 };
+export const DEC_ROPE_KV: ShaderInterface = { name: "dec_rope_kv", storageBuffers: 8, pushConstantBytes: 72 };
 /** Angles (position x inverse frequency <= 1) must stay below 2^24 for the exact reduction. */
 export const ROPE_MAX_POSITION = 1 << 24;
 /** Batched calls: token t's position is positions word posIndex + t, its cache row word posIndex + BATCH_WORDS + t. */
@@ -31,7 +31,7 @@ export interface RopeKvArgs {
   k: Buffer;
   /** [S][kvHeads][headDim] f32 at vOffset (cached). */
   v: Buffer;
-  /** headDim / 2 f32 inverse frequencies at invOffset (ops.ts ropeInverseFrequencies). */
+  /** rotaryDim / 2 f32 inverse frequencies at invOffset (ops.ts ropeInverseFrequencies). */
   invFreq: Buffer;
   /** f16 caches [ctx][kvHeads][headDim]; the layer's base at k/vCacheOffset, counted in halves (even). */
   kCache: Buffer;
@@ -66,6 +66,11 @@ export interface RopeKvArgs {
    * kOffset (k heads), element offsets.
    */
   norm?: { weights: Buffer; qOffset: number; kOffset: number; eps: number };
+  /**
+   * Partial rotary (Qwen3.5): only the first rotaryDim dims of each head rotate (i with
+   * i + rotaryDim / 2), the rest pass through; a multiple of 4, default headDim (all).
+   */
+  rotaryDim?: number;
 }
 
 export interface RopeKvKernelOptions extends DecoderKernelOptions {
@@ -92,6 +97,8 @@ export class RopeKvKernel extends DecoderKernel {
     if (!Number.isInteger(hd) || hd < 4 || hd % 4 !== 0) throw new InvalidArgumentError(`headDim must be a multiple of 4, got ${hd}`);
     if (heads % kvHeads !== 0) throw new InvalidArgumentError(`heads (${heads}) must be a multiple of kvHeads (${kvHeads})`);
     if (!Number.isInteger(pos0) || pos0 < 0 || (!a.positions && pos0 + S > ROPE_MAX_POSITION)) throw new InvalidArgumentError(`positions must lie in 0..2^24, got ${pos0}+${S}`);
+    const rd = a.rotaryDim ?? hd;
+    if (!Number.isInteger(rd) || rd < 4 || rd % 4 !== 0 || rd > hd) throw new InvalidArgumentError(`rotaryDim must be a multiple of 4 in 4..headDim (${hd}), got ${rd}`);
     const qOffset = a.qOffset ?? 0, kOffset = a.kOffset ?? 0, vOffset = a.vOffset ?? 0, invOffset = a.invOffset ?? 0;
     const kc = a.kCacheOffset ?? 0, vc = a.vCacheOffset ?? 0;
     if (kc % 2 !== 0 || vc % 2 !== 0) throw new InvalidArgumentError("cache offsets are counted in halves and must be even");
@@ -99,7 +106,7 @@ export class RopeKvKernel extends DecoderKernel {
     checkRange("rope q", a.q, qOffset, S * heads * hd);
     checkRange("rope k", a.k, kOffset, S * kvHeads * hd);
     checkRange("rope v", a.v, vOffset, S * kvHeads * hd);
-    checkRange("rope invFreq", a.invFreq, invOffset, hd / 2);
+    checkRange("rope invFreq", a.invFreq, invOffset, rd / 2);
     checkRange("rope k cache", a.kCache, kc / 2, (ctx * kvHeads * hd) / 2);
     checkRange("rope v cache", a.vCache, vc / 2, (ctx * kvHeads * hd) / 2);
     if (a.batched) {
@@ -117,7 +124,7 @@ export class RopeKvKernel extends DecoderKernel {
     const flags = (a.positions && !a.batched ? 1 : 0) | (writeCache ? 2 : 0) | (norm ? 4 : 0) | (a.batched ? 8 : 0);
     const set = this.setFor([a.q, a.k, a.v, a.invFreq, a.kCache, a.vCache, a.positions ?? a.invFreq, norm?.weights ?? a.invFreq]);
     const pc = pushWords(
-      [S, heads, kvHeads, hd, pos0, posIndex, flags, ctx, qOffset, kOffset, vOffset, kc / 2, vc / 2, invOffset, norm?.qOffset ?? 0, norm?.kOffset ?? 0, norm?.eps ?? 0],
+      [S, heads, kvHeads, hd, pos0, posIndex, flags, ctx, qOffset, kOffset, vOffset, kc / 2, vc / 2, invOffset, norm?.qOffset ?? 0, norm?.kOffset ?? 0, norm?.eps ?? 0, rd],
       [16],
     );
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(heads + kvHeads, S);

@@ -1,0 +1,578 @@
+/**
+ * The whole Qwen3.5 MoE token on the GPU (the hybrid Gated DeltaNet / gated attention family, as
+ * src/model/hybrid-decoder.ts computes it on the CPU): recorded once per token count and replayed,
+ * one submit and one wait per token or prompt chunk. Per layer
+ *   RMSNorm (+ the residual; the (1 + w) weights are stored as the multiplier at load) →
+ *   linear layers: qkv, z, a, b → dec_conv1d (its rolling state) → dec_delta_rule (q/k L2 norms,
+ *     the gates, the recurrent state, the gated RMSNorm with z fused) → out_proj;
+ *   full layers: q, gate (q_proj's rows split per head at load), k, v → q/k norms + partial RoPE +
+ *     f16 KV append (dec_rope_kv) → split attention (+ combine) → × sigmoid(gate) → o_proj;
+ *   → RMSNorm (+ residual) → router, the shared expert's gate/up/scale → dec_route, SwiGLU →
+ *   the MoE call, the shared expert's down → += sigmoid(scale) · shared,
+ * then the final norm, lm_head and nothing / the logits / the greedy argmax, as DecodeGraph.
+ *
+ * llama.cpp's GGUF holds the linear layers' value heads tiled ([g0v0, g1v0, g0v1, ...], see
+ * qwen35-weights.ts): the graph keeps its matrices in the file's order (no requantization, no
+ * gather) and runs the delta rule once per value head of each key head (r = valueHeads / keyHeads
+ * dispatches of keyHeads heads each, contiguous in that order); conv1d, A and dt_bias are put back
+ * in the file's order at load.
+ *
+ * `HybridGraph` holds what a model needs once; `HybridSequence` one sequence's state (the full
+ * layers' KV cache, the linear layers' conv and recurrent states) and its recordings. Sequences
+ * run one at a time (each call waits), so they share the scratch.
+ */
+import { InvalidArgumentError } from "../errors.ts";
+import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
+import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBinding } from "../kernels/decoder/attention.ts";
+import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
+import { DeltaRuleKernel } from "../kernels/decoder/delta-rule.ts";
+import { GatingKernel } from "../kernels/decoder/gating.ts";
+import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
+import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
+import { RouteKernel } from "../kernels/decoder/route.ts";
+import type { MoeGraphStage } from "../moe/graph-stage.ts";
+import type { Linear } from "../model/linear.ts";
+import { ropeInverseFrequencies } from "../model/ops.ts";
+import type { Qwen35MoeConfig } from "../model/qwen35-config.ts";
+import { ColumnPermutedLinear, RowPermutedLinear, valueHeadMap, type HybridWeights } from "../model/qwen35-weights.ts";
+import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
+import type { Device } from "../vk/device.ts";
+import { DeviceLostError } from "../vk/errors.ts";
+import { Buffer } from "../vk/memory.ts";
+import { Fence, QueryPool, Submission } from "../vk/sync.ts";
+import { uploadBytes } from "../vk/transfer.ts";
+import { GRAPH_MAX_TOKENS, type GraphOutput } from "./decode-graph.ts";
+import { DeviceLinear, LinearKernels } from "./device-linear.ts";
+import { GraphUnsupportedError } from "./errors.ts";
+import { selectRows } from "./linear-rows.ts";
+
+const OUTPUTS: readonly GraphOutput[] = ["none", "logits", "argmax"];
+
+interface DeltaNetOnDevice {
+  kind: "linear";
+  /** Index among the linear layers (its conv and recurrent states). */
+  slot: number;
+  qkv: DeviceLinear;
+  z: DeviceLinear;
+  a: DeviceLinear;
+  b: DeviceLinear;
+  out: DeviceLinear;
+  /** Offsets (floats) in the params buffer. */
+  conv: number;
+  negA: number;
+  dtBias: number;
+  norm: number;
+  /** Delta-rule dispatches: 1 (the Hub's grouped value heads), or valueHeads / keyHeads (llama.cpp's tiled order). */
+  groups: number;
+}
+
+interface GatedAttentionOnDevice {
+  kind: "full";
+  /** Index among the full layers (its KV cache). */
+  slot: number;
+  q: DeviceLinear;
+  gate: DeviceLinear;
+  k: DeviceLinear;
+  v: DeviceLinear;
+  o: DeviceLinear;
+  qNorm: number;
+  kNorm: number;
+}
+
+interface LayerOnDevice {
+  mixer: DeltaNetOnDevice | GatedAttentionOnDevice;
+  inputNorm: number;
+  postNorm: number;
+  router: DeviceLinear;
+  sharedGate: DeviceLinear;
+  sharedUp: DeviceLinear;
+  sharedDown: DeviceLinear;
+  sharedScale: DeviceLinear;
+}
+
+/** The file's matrix where the weights wrap it in a permutation (llama.cpp's tiled value heads), and whether they did. */
+function fileOrder(m: Linear): { linear: Linear; tiled: boolean } {
+  if (m instanceof RowPermutedLinear || m instanceof ColumnPermutedLinear) return { linear: m.inner, tiled: true };
+  return { linear: m, tiled: false };
+}
+
+/** Blocks of `size` back in the file's order: file[map[i]] = hub[i] (map[hub] = file). */
+function toFileOrder(hub: Float32Array, map: Int32Array, size: number): Float32Array {
+  const out = new Float32Array(hub.length);
+  for (let i = 0; i < map.length; i++) out.set(hub.subarray(i * size, (i + 1) * size), map[i]! * size);
+  return out;
+}
+
+export class HybridGraph implements Disposable {
+  readonly device: Device;
+  readonly cfg: Qwen35MoeConfig;
+  readonly stage: MoeGraphStage;
+  private readonly linears: LinearKernels;
+  private readonly layers: LayerOnDevice[] = [];
+  private readonly lmHead: DeviceLinear;
+  /** Norm weights, conv taps, negA, dt_bias, gated-norm weights: one buffer. */
+  private readonly params: Buffer;
+  private readonly finalNorm: number;
+  readonly invFreq: Buffer;
+  private readonly rmsnorm: RmsNormKernel;
+  private readonly conv1d: Conv1dKernel;
+  private readonly deltaRule: DeltaRuleKernel;
+  private readonly gating: GatingKernel;
+  private readonly route: RouteKernel;
+  private readonly argmax: ArgmaxKernel;
+  readonly fullLayers: number;
+  readonly linearLayers: number;
+  /** Floats of one linear layer's conv state and recurrent state. */
+  readonly convStateFloats: number;
+  readonly deltaStateFloats: number;
+  private readonly owned = new DisposableStack();
+  readonly s: Record<
+    "embed" | "positions" | "h" | "xn" | "o" | "ffn" | "mixed" | "conv" | "z" | "a" | "b" | "core" | "q" | "gate" | "k" | "v" | "attn" |
+    "routerLogits" | "sharedG" | "sharedU" | "sharedOut" | "sharedScale" | "logits" | "logitsHost" | "result" | "chosen",
+    Buffer
+  >;
+  readonly views: { embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; resultValue: Float32Array; chosen: Int32Array };
+  /** Fault hook for tests: the next replay reports a lost device (after really running). */
+  injectDeviceLost = false;
+  readonly live = new Set<HybridSequence>();
+
+  constructor(device: Device, cfg: Qwen35MoeConfig, private readonly weights: HybridWeights, stage: MoeGraphStage) {
+    this.device = device;
+    this.cfg = cfg;
+    this.stage = stage;
+    const { hidden: D, heads: H, kvHeads: KV, headDim: hd, vocab: V, experts: E, topK: K, sharedIntermediate: F } = cfg;
+    const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd, convKernel } = cfg.linear;
+    const Kd = KH * kd, Vd = VH * vd, C = 2 * Kd + Vd;
+    if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(hd)) throw new GraphUnsupportedError(`head_dim ${hd}: the GPU attention takes ${ATTENTION_HEAD_DIMS.join(", ")}`);
+    if (!(ATTENTION_GQA as readonly number[]).includes(H / KV)) throw new GraphUnsupportedError(`${H / KV} query heads per KV head: the GPU attention takes ${ATTENTION_GQA.join(", ")}`);
+    if (cfg.rotaryDim % 4 !== 0 || cfg.rotaryDim > hd) throw new GraphUnsupportedError(`a rotary dim of ${cfg.rotaryDim}: the GPU RoPE takes multiples of 4 up to head_dim`);
+    if (convKernel > CONV1D_MAX_KERNEL) throw new GraphUnsupportedError(`a conv kernel of ${convKernel}: the GPU conv1d takes up to ${CONV1D_MAX_KERNEL}`);
+    this.fullLayers = cfg.layerTypes.filter((t) => t === "full").length;
+    this.linearLayers = cfg.layers - this.fullLayers;
+    this.linears = this.owned.use(new LinearKernels(device));
+    try {
+      const up = (name: string, l: Linear) => this.own(new DeviceLinear(this.linears, name, l));
+      const parts: Float32Array[] = [];
+      let at = 0;
+      const place = (w: Float32Array) => {
+        parts.push(w);
+        const o = at;
+        at += w.length;
+        return o;
+      };
+      const seen = { linear: 0, full: 0 };
+      weights.layers.forEach((lw, l) => {
+        let mixer: LayerOnDevice["mixer"];
+        if (lw.type === "linear") {
+          const w = lw.linear!;
+          const qkv = fileOrder(w.qkv);
+          const tiled = qkv.tiled && VH !== KH;
+          // the small float tensors are held in the Hub's order: back to the file's where its matrices are
+          const conv = tiled ? toFileOrder(w.conv, valueHeadMap(KH, VH, vd, 2 * Kd), convKernel) : w.conv;
+          const heads = tiled ? valueHeadMap(KH, VH, 1) : undefined;
+          mixer = {
+            kind: "linear", slot: seen.linear++,
+            qkv: up(`layer ${l} in_proj_qkv`, qkv.linear), z: up(`layer ${l} in_proj_z`, fileOrder(w.z).linear),
+            a: up(`layer ${l} in_proj_a`, fileOrder(w.a).linear), b: up(`layer ${l} in_proj_b`, fileOrder(w.b).linear),
+            out: up(`layer ${l} out_proj`, fileOrder(w.out).linear),
+            conv: place(conv), negA: place(heads ? toFileOrder(w.negA, heads, 1) : w.negA), dtBias: place(heads ? toFileOrder(w.dtBias, heads, 1) : w.dtBias),
+            norm: place(w.norm), groups: tiled ? VH / KH : 1,
+          };
+        } else {
+          const w = lw.attention!;
+          // q_proj's rows per head: its query's hd, then its gate's: two matrices of the same bytes
+          const rows = (gate: boolean) => Array.from({ length: H * hd }, (_, i) => Math.floor(i / hd) * 2 * hd + (gate ? hd : 0) + (i % hd));
+          mixer = {
+            kind: "full", slot: seen.full++,
+            q: up(`layer ${l} q_proj (query)`, selectRows(w.q, rows(false), `layer ${l} q_proj`)),
+            gate: up(`layer ${l} q_proj (gate)`, selectRows(w.q, rows(true), `layer ${l} q_proj`)),
+            k: up(`layer ${l} k_proj`, w.k), v: up(`layer ${l} v_proj`, w.v), o: up(`layer ${l} o_proj`, w.o),
+            qNorm: place(w.qNorm), kNorm: place(w.kNorm),
+          };
+        }
+        const sh = lw.shared;
+        this.layers.push({
+          mixer, inputNorm: place(lw.inputNorm), postNorm: place(lw.postNorm),
+          router: up(`layer ${l} router`, lw.router),
+          sharedGate: up(`layer ${l} shared gate_proj`, sh.gate), sharedUp: up(`layer ${l} shared up_proj`, sh.up),
+          sharedDown: up(`layer ${l} shared down_proj`, sh.down), sharedScale: up(`layer ${l} shared_expert_gate`, sh.scale),
+        });
+      });
+      this.finalNorm = place(weights.finalNorm);
+      this.lmHead = up("lm_head", weights.lmHead);
+      const data = new Float32Array(at);
+      let o = 0;
+      for (const p of parts) data.set(p, (o += p.length) - p.length);
+      this.params = this.buffer(4 * at);
+      uploadBytes(device, this.params, 0n, new Uint8Array(data.buffer));
+      const inv = ropeInverseFrequencies(cfg.rotaryDim, cfg.ropeTheta, cfg.ropeFrequencies);
+      this.invFreq = this.buffer(4 * inv.length);
+      uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
+      this.rmsnorm = this.own(new RmsNormKernel(device, { maxSets: 64 }));
+      this.conv1d = this.own(new Conv1dKernel(device, convKernel));
+      this.deltaRule = this.own(new DeltaRuleKernel(device, { keyDim: kd, valueDim: vd }));
+      this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
+      this.route = this.own(new RouteKernel(device));
+      this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
+      this.convStateFloats = C * (convKernel - 1);
+      this.deltaStateFloats = this.deltaRule.stateFloats(VH);
+      const T = GRAPH_MAX_TOKENS, b = (floats: number) => this.buffer(4 * floats);
+      this.s = {
+        embed: this.buffer(4 * T * D, "upload"), positions: this.buffer(4 * (BATCH_WORDS + T), "upload"),
+        h: b(T * D), xn: b(T * D), o: b(T * D), ffn: b(T * D),
+        mixed: b(T * C), conv: b(T * C), z: b(T * Vd), a: b(T * VH), b: b(T * VH), core: b(T * Vd),
+        q: b(T * H * hd), gate: b(T * H * hd), k: b(T * KV * hd), v: b(T * KV * hd), attn: b(T * H * hd),
+        routerLogits: b(T * E), sharedG: b(T * F), sharedU: b(T * F), sharedOut: b(T * D), sharedScale: b(T),
+        logits: b(V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
+        chosen: this.buffer(4 * cfg.layers * T * K, "readback"),
+      };
+      this.views = {
+        embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, BATCH_WORDS + T),
+        logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
+        resultValue: new Float32Array(this.s.result.host(), 4, 1), chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
+      };
+      this.views.positions.fill(0);
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  private own<T extends Disposable>(d: T): T {
+    return this.owned.use(d);
+  }
+
+  private buffer(bytes: number, memory: "device" | "upload" | "readback" = "device"): Buffer {
+    return this.own(new Buffer(this.device, { size: BigInt(Math.max(16, Math.ceil(bytes / 16) * 16)), memory, priority: 1 }));
+  }
+
+  /** A sequence of up to ctx tokens: its KV cache, conv and recurrent states in device memory (zeroed). */
+  sequence(ctx: number, options: { timing?: boolean } = {}): HybridSequence {
+    const seq = new HybridSequence(this, ctx, options);
+    this.live.add(seq);
+    return seq;
+  }
+
+  /** Writes the tokens' embeddings and the first one's position into the mapped inputs. */
+  writeInput(ids: ArrayLike<number>, position: number): void {
+    const D = this.cfg.hidden;
+    for (let t = 0; t < ids.length; t++) this.weights.embed(ids[t]!, this.views.embed.subarray(t * D, (t + 1) * D));
+    this.views.positions[0] = position;
+  }
+
+  /** Records S tokens through every layer (see the module comment) over `state`, ending as `output` asks. Returns the dispatches recorded. */
+  recordToken(cb: CommandBuffer, state: SequenceState, output: GraphOutput, S = 1, mark: (op: string) => void = () => {}): number {
+    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
+    const cfg = this.cfg, s = this.s, st = this.stage, P = this.params;
+    const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K, sharedIntermediate: F } = cfg;
+    const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd } = cfg.linear;
+    const Kd = KH * kd, Vd = VH * vd, C = 2 * Kd + Vd;
+    let n = 0;
+    const op = (name: string, dispatches = 1) => {
+      n += dispatches;
+      mark(name);
+    };
+    const lin = (m: DeviceLinear, x: Buffer, y: Buffer) => {
+      m.record(cb, x, y, S);
+      return m.dispatches(S);
+    };
+    cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute");
+    cb.barrier("computeToCompute");
+    for (let l = 0; l < cfg.layers; l++) {
+      const L = this.layers[l]!, m = L.mixer;
+      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
+      op("input norm");
+      cb.barrier("computeToCompute");
+      if (m.kind === "linear") {
+        op("qkv, z, a, b", lin(m.qkv, s.xn, s.mixed) + lin(m.z, s.xn, s.z) + lin(m.a, s.xn, s.a) + lin(m.b, s.xn, s.b));
+        cb.barrier("computeToCompute");
+        this.conv1d.record(cb, { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, out: s.conv, S, channels: C });
+        op("conv1d");
+        cb.barrier("computeToCompute");
+        // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
+        const g = m.groups, heads = VH / g;
+        for (let j = 0; j < g; j++) {
+          this.deltaRule.record(cb, {
+            S, keyHeads: g === 1 ? KH : heads, valueHeads: heads, qkv: s.conv, qOffset: 0, kOffset: Kd, vOffset: 2 * Kd + j * heads * vd, qkvStride: C,
+            a: s.a, b: s.b, aOffset: j * heads, aStride: VH, bOffset: j * heads, bStride: VH,
+            params: P, negAOffset: m.negA + j * heads, dtBiasOffset: m.dtBias + j * heads,
+            state: state.delta, stateOffset: m.slot * this.deltaStateFloats + j * heads * kd * vd,
+            out: s.core, outOffset: j * heads * vd, outStride: Vd,
+            norm: { z: s.z, zOffset: j * heads * vd, zStride: Vd, weightOffset: m.norm, eps },
+          });
+        }
+        op("delta rule + gated norm", g);
+        cb.barrier("computeToCompute");
+        op("out_proj", lin(m.out, s.core, s.o));
+      } else {
+        op("q, gate, k, v", lin(m.q, s.xn, s.q) + lin(m.gate, s.xn, s.gate) + lin(m.k, s.xn, s.k) + lin(m.v, s.xn, s.v));
+        cb.barrier("computeToCompute");
+        state.rope.record(cb, {
+          q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: state.keys[m.slot]!, vCache: state.values[m.slot]!,
+          S, heads: H, kvHeads: KV, headDim: hd, ctx: state.ctx, pos0: 0, positions: s.positions, posIndex: 0,
+          norm: { weights: P, qOffset: m.qNorm, kOffset: m.kNorm, eps }, rotaryDim: cfg.rotaryDim,
+        });
+        op("q/k norms + partial rope + kv append");
+        cb.barrier("computeToCompute");
+        state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0 });
+        op("attention", 2);
+        cb.barrier("computeToCompute");
+        this.gating.record(cb, { mode: "sigmoid-gate", x: s.attn, g: s.gate, y: s.attn, S, n: H * hd });
+        op("output gate");
+        cb.barrier("computeToCompute");
+        op("o_proj", lin(m.o, s.attn, s.o));
+      }
+      cb.barrier("computeToCompute");
+      this.rmsnorm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps });
+      op("post norm");
+      cb.barrier("computeToCompute");
+      op("router, shared gate/up/scale", lin(L.router, s.xn, s.routerLogits) + lin(L.sharedGate, s.xn, s.sharedG) + lin(L.sharedUp, s.xn, s.sharedU) + lin(L.sharedScale, s.xn, s.sharedScale));
+      cb.barrier("computeToCompute");
+      this.route.record(cb, {
+        logits: s.routerLogits, table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
+        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
+      });
+      this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
+      op("route, shared swiglu", 2);
+      cb.barrier("computeToCompute");
+      st.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l });
+      op("experts", st.dispatches(S));
+      op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
+      cb.barrier("computeToCompute");
+      this.gating.record(cb, { mode: "scaled-add", x: s.sharedOut, g: s.sharedScale, y: s.ffn, S, n: D });
+      op("shared expert add");
+      cb.barrier("computeToCompute");
+    }
+    if (output !== "none") {
+      // the last token's row only: its logits are all a replay returns
+      this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
+      op("final norm");
+      cb.barrier("computeToCompute");
+      this.lmHead.record(cb, s.xn, s.logits);
+      op("lm_head");
+      if (output === "logits") {
+        cb.barrier("computeToTransfer").copyBuffer(s.logits, s.logitsHost, BigInt(4 * cfg.vocab)).barrier("transferToHost");
+      } else {
+        cb.barrier("computeToCompute");
+        this.argmax.record(cb, { logits: s.logits, V: cfg.vocab, result: s.result });
+        op("argmax");
+      }
+    }
+    cb.barrier("computeToHost");
+    return n;
+  }
+
+  private dispose(): void {
+    for (const seq of [...this.live]) seq[Symbol.dispose]();
+    this.owned.dispose();
+  }
+
+  [Symbol.dispose](): void {
+    try {
+      this.device.waitIdle();
+    } catch {
+      // a lost device: destroying is still valid
+    }
+    this.dispose();
+  }
+}
+
+/** One sequence's device state: the full layers' f16 KV cache with its kernels, the linear layers' states. */
+export interface SequenceState {
+  ctx: number;
+  keys: Buffer[];
+  values: Buffer[];
+  rope: RopeKvKernel;
+  attention: DecoderAttention;
+  bindings: AttentionBinding[];
+  /** [linear layers][channels][kernel − 1] f32. */
+  conv: Buffer;
+  /** [linear layers][valueHeads][keyDim][valueDim] f32. */
+  delta: Buffer;
+  bytes: number;
+}
+
+function openSequenceState(graph: HybridGraph, ctx: number, owned: DisposableStack): SequenceState {
+  const cfg = graph.cfg, device = graph.device;
+  const { kvHeads: KV, headDim: hd, heads: H } = cfg;
+  const layerBytes = ctx * KV * hd * 2;
+  const limit = device.info.limits.maxStorageBufferRange;
+  if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${ctx} positions takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
+  const buffer = (bytes: number) => owned.use(new Buffer(device, { size: BigInt(Math.max(16, Math.ceil(bytes / 16) * 16)), memory: "device", priority: 1 }));
+  const keys: Buffer[] = [], values: Buffer[] = [];
+  for (let l = 0; l < graph.fullLayers; l++) {
+    keys.push(buffer(layerBytes));
+    values.push(buffer(layerBytes));
+  }
+  const rope = owned.use(new RopeKvKernel(device, { maxSets: Math.max(1, graph.fullLayers) }));
+  // as openSequenceCache: GPUs take 32 positions a workgroup and 128 threads, CPU devices the kernel's defaults
+  const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
+  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ...shape }));
+  const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
+  const s = graph.s;
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
+  const conv = buffer(4 * graph.linearLayers * graph.convStateFloats);
+  const delta = buffer(4 * graph.linearLayers * graph.deltaStateFloats);
+  const bytes = 2 * graph.fullLayers * Math.ceil(layerBytes / 16) * 16 + Number(conv.size) + Number(delta.size);
+  return { ctx, keys, values, rope, attention, bindings, conv, delta, bytes };
+}
+
+export class HybridSequence implements Disposable {
+  readonly ctx: number;
+  /** Bytes of the KV cache and the recurrent states in device memory. */
+  readonly cacheBytes: number;
+  /** The recurrent states cannot drop tokens: truncating re-runs the kept ones from reset(). */
+  readonly rewindable = false;
+  /** One submit per run (every expert resident). */
+  readonly submitsPerRun = 1;
+  private readonly state: SequenceState;
+  private readonly owned = new DisposableStack();
+  private readonly commands: CommandPool;
+  private readonly recorded: ({ submission: Submission; dispatches: number } | undefined)[] = [];
+  private readonly fence: Fence;
+  private readonly queries: QueryPool | undefined;
+  private readonly tick: number;
+  readonly counts = { replays: 0, dispatches: 0 };
+  lastGpuUs = 0;
+  private disposed = false;
+
+  constructor(private readonly graph: HybridGraph, ctx: number, options: { timing?: boolean } = {}) {
+    if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
+    this.ctx = ctx;
+    const device = graph.device;
+    try {
+      this.state = openSequenceState(graph, ctx, this.owned);
+      this.cacheBytes = this.state.bytes;
+      this.commands = this.owned.use(new CommandPool(device));
+      this.fence = this.owned.use(new Fence(device));
+      this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.owned.use(new QueryPool(device, 2)) : undefined;
+      this.tick = device.info.limits.timestampPeriod;
+      this.reset();
+    } catch (e) {
+      this.owned.dispose();
+      throw e;
+    }
+  }
+
+  /** Zeroes the conv and recurrent states (a new sequence; the KV cache rows are overwritten as it grows). */
+  reset(): void {
+    this.check();
+    for (const b of [this.state.conv, this.state.delta]) uploadBytes(this.graph.device, b, 0n, new Uint8Array(Number(b.size)));
+  }
+
+  private recording(output: GraphOutput, S: number) {
+    const index = OUTPUTS.indexOf(output) * (GRAPH_MAX_TOKENS + 1) + S;
+    let r = this.recorded[index];
+    if (!r) {
+      const cb = this.commands.allocate().begin();
+      if (this.queries) cb.resetQueries(this.queries).timestamp(this.queries, 0);
+      const dispatches = this.graph.recordToken(cb, this.state, output, S);
+      if (this.queries) cb.timestamp(this.queries, 1);
+      cb.end();
+      const submission = this.owned.use(new Submission(this.graph.device, [cb], { fence: this.fence }));
+      this.recorded[index] = r = { submission, dispatches };
+    }
+    return r;
+  }
+
+  dispatchesOf(output: GraphOutput): number {
+    return this.recording(output, 1).dispatches;
+  }
+
+  run(id: number, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    return this.runTokens([id], position, output);
+  }
+
+  runTokens(ids: ArrayLike<number>, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    this.check();
+    const S = ids.length;
+    if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
+    this.graph.writeInput(ids, position);
+    const r = this.recording(output, S);
+    r.submission.submit();
+    const done = this.fence.wait();
+    this.fence.reset();
+    if (!done) throw new Error("hybrid graph: the GPU did not finish a token within the timeout");
+    if (this.graph.injectDeviceLost) {
+      this.graph.injectDeviceLost = false;
+      throw new DeviceLostError("vkWaitForFences (injected)");
+    }
+    this.counts.replays++;
+    this.counts.dispatches += r.dispatches;
+    if (this.queries) {
+      const [a, b] = this.queries.results(0, 2);
+      this.lastGpuUs = (Number(b! - a!) * this.tick) / 1000;
+    }
+    const v = this.graph.views;
+    if (output === "logits") return { logits: v.logits };
+    if (output === "none") return {};
+    const best = v.result[0]!;
+    return { id: best === ARGMAX_NONE ? -1 : best, value: v.resultValue[0] };
+  }
+
+  /** As GraphSequence.profile: each op's GPU µs for S tokens through a recording with a timestamp after every op. */
+  profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[] {
+    this.check();
+    const S = ids.length;
+    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a profile runs 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
+    if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
+    const device = this.graph.device, names: string[] = [];
+    using queries = new QueryPool(device, 8 + 16 * this.graph.cfg.layers);
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    cb.resetQueries(queries).timestamp(queries, 0);
+    this.graph.recordToken(cb, this.state, output, S, (op) => {
+      names.push(op);
+      cb.timestamp(queries, names.length);
+    });
+    cb.end();
+    using fence = new Fence(device);
+    using submission = new Submission(device, [cb], { fence });
+    this.graph.writeInput(ids, position);
+    submission.submit();
+    if (!fence.wait()) throw new Error("hybrid graph: the profiled tokens did not finish within the timeout");
+    const t = queries.results(0, names.length + 1);
+    return names.map((op, i) => ({ op, us: (Number(t[i + 1]! - t[i]!) * this.tick) / 1000 }));
+  }
+
+  lastRouting(): Int32Array {
+    return this.graph.views.chosen;
+  }
+
+  private check(): void {
+    if (this.disposed) throw new InvalidArgumentError("this sequence (or its model) is disposed");
+  }
+
+  [Symbol.dispose](): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    try {
+      this.graph.device.waitIdle();
+    } catch {
+      // a lost device: destroying is still valid
+    }
+    this.recorded.length = 0;
+    this.owned.dispose();
+    this.graph.live.delete(this);
+  }
+}
+
+/** Device bytes the hybrid graph takes beside the experts: dense weights, parameters, the full layers' KV cache of ctx positions, the states, ~16 MiB of scratch. */
+export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, ctx: number): number {
+  let bytes = w.lmHead.bytes;
+  const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd, convKernel } = cfg.linear;
+  const C = 2 * KH * kd + VH * vd;
+  let full = 0;
+  for (const l of w.layers) {
+    const sh = l.shared;
+    bytes += l.router.bytes + sh.gate.bytes + sh.up.bytes + sh.down.bytes + sh.scale.bytes + 8 * cfg.hidden;
+    if (l.linear) bytes += l.linear.qkv.bytes + l.linear.z.bytes + l.linear.a.bytes + l.linear.b.bytes + l.linear.out.bytes + 4 * (C * (2 * convKernel - 1) + VH * kd * vd);
+    if (l.attention) {
+      full++;
+      bytes += l.attention.q.bytes + l.attention.k.bytes + l.attention.v.bytes + l.attention.o.bytes;
+    }
+  }
+  const record = 4 * cfg.heads * (cfg.headDim + 4);
+  const partials = Math.max(4 * Math.ceil(ctx / 32), 64 * 16) * record;
+  return bytes + 2 * full * ctx * cfg.kvHeads * cfg.headDim * 2 + partials + 16 * 2 ** 20;
+}

@@ -1,0 +1,232 @@
+/**
+ * Qwen3.5 MoE's whole token on the GPU (src/graph/hybrid-graph.ts: Gated DeltaNet and gated
+ * attention layers, the shared expert, one submit per token or prompt chunk) against the CPU
+ * decoder (src/model/hybrid-decoder.ts) on the same weights, on the fixtures (Lavapipe, validation
+ * layer on, VKMOE_GRAPH=on to run the graph on a CPU device). The CPU oracle rounds its KV cache to
+ * f16 as the GPU's is (`cpuCache: "f16"`), so the two compute the same thing: NMSE <= 1e-6 on the
+ * float path (the bound of the Qwen3 graph tests), the same router top-k and greedy ids. The CPU
+ * decoder itself is checked against transformers in test/model-qwen35.test.ts.
+ */
+import { describe, expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { readConfig, type VkmoeEnv } from "../src/config.ts";
+import { generate } from "../src/engine/generate.ts";
+import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
+import type { DecoderObserver } from "../src/model/decoder.ts";
+import { Model, type QuantChoice } from "../src/model/model.ts";
+import type { Session } from "../src/model/session.ts";
+import { nmse } from "../src/quant/metrics.ts";
+import { fixture } from "./support/fixtures.ts";
+
+const env = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
+const BOUND = 1e-6;
+const STEPS = 16;
+
+interface PromptReference {
+  input_ids: number[];
+  greedy_new_ids: number[];
+}
+
+function prompts(): number[][] | undefined {
+  const json = fixture("qwen3.5-moe-tiny/reference.json");
+  if (!json) return undefined;
+  return (JSON.parse(readFileSync(json, "utf8")).prompts as PromptReference[]).map((p) => p.input_ids);
+}
+
+async function load(name: string, quant: QuantChoice, e: VkmoeEnv, log: (l: string) => void = () => {}): Promise<Model | undefined> {
+  const path = fixture(name);
+  return path ? Model.load(path, { quant, env: e, log }) : undefined;
+}
+
+/** The GPU model (resident) and its CPU oracle, or undefined (fixture absent, reason printed). */
+async function pair(name: string, quant: QuantChoice, lines: string[] = []): Promise<{ gpu: Model; cpu: Model } | undefined> {
+  const gpu = await load(name, quant, env(), (l) => lines.push(l));
+  const cpu = await load(name, quant, env({ VKMOE_GPU: false }));
+  if (!gpu || !cpu) return undefined;
+  return { gpu, cpu };
+}
+
+function routingTap(): { observer: DecoderObserver; routes: number[][][] } {
+  const routes: number[][][] = [];
+  const observer: DecoderObserver = {
+    routing: (l, chosen, S, k) => {
+      for (let t = 0; t < S; t++) (routes[l] ??= []).push([...chosen.subarray(t * k, (t + 1) * k)].sort((x, y) => x - y));
+    },
+  };
+  return { observer, routes };
+}
+
+const argmax = (x: Float32Array) => {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
+  return best;
+};
+
+function greedy(m: Model, s: Session, ids: number[], n: number): number[] {
+  const g = generate(m, s, ids, { maxTokens: n, sampling: { temperature: 0 }, stopAtEos: false });
+  for (let r = g.next(); ; r = g.next()) if (r.done) return r.value.ids;
+}
+
+const sources: { name: string; quant: QuantChoice }[] = [
+  { name: "qwen3.5-moe-tiny", quant: "q8" },
+  { name: "qwen3.5-moe-tiny.Q8_0.gguf", quant: "auto" },
+];
+
+describe("resident Qwen3.5: the whole token on the GPU equals the CPU decoder", () => {
+  for (const src of sources) {
+    test(`${src.name}${src.name.endsWith(".gguf") ? "" : ` (--quant ${src.quant})`}: every prompt position and ${STEPS} greedy steps, logits NMSE <= ${BOUND}, same router top-k, same greedy ids; one submit a token`, async () => {
+      const ps = prompts();
+      const lines: string[] = [];
+      const p = await pair(src.name, src.quant, lines);
+      if (!ps || !p) return;
+      using gpu = p.gpu, cpu = p.cpu;
+      expect(gpu.device.mode).toBe("resident");
+      expect(lines.filter((l) => /resident mode/.test(l))).toHaveLength(1);
+      const V = gpu.config.vocab;
+      let worst = 0;
+      // the chat prompt position by position (37 replays, the CPU decoder's Lavapipe-bound time
+      // dominates the test), then greedy steps; the raw prompt through generate() below
+      for (const ids of [ps[1]!]) {
+        using a = gpu.session({ ctx: 96 });
+        using b = cpu.session({ ctx: 96, cpuCache: "f16" });
+        expect(a.path).toBe("device");
+        const ta = routingTap(), tb = routingTap();
+        a.observer = ta.observer;
+        b.observer = tb.observer;
+        // every prompt position (one replay each), then greedy steps on the GPU's logits
+        const la = a.prefillAll(ids), lb = b.prefillAll(ids);
+        for (let t = 0; t < ids.length; t++) {
+          const e = nmse(lb.subarray(t * V, (t + 1) * V), la.subarray(t * V, (t + 1) * V));
+          worst = Math.max(worst, e);
+          expect({ t, ok: e <= BOUND }).toEqual({ t, ok: true });
+        }
+        let x = la.slice((ids.length - 1) * V), y = lb.slice((ids.length - 1) * V);
+        const idsA: number[] = [], idsB: number[] = [];
+        for (let step = 0; step < STEPS; step++) {
+          idsA.push(argmax(x));
+          idsB.push(argmax(y));
+          x = a.step(idsA[step]!).slice();
+          y = b.step(idsA[step]!).slice();
+          const e = nmse(y, x);
+          worst = Math.max(worst, e);
+          expect({ step, ok: e <= BOUND }).toEqual({ step, ok: true });
+        }
+        expect(idsA).toEqual(idsB);
+        expect(ta.routes).toEqual(tb.routes);
+        expect(a.counts.submits).toBe(ids.length + STEPS);
+      }
+      // greedy through generate(): the device's argmax (no logits read back) against the CPU's logits
+      {
+        using a = gpu.session({ ctx: 96 });
+        using b = cpu.session({ ctx: 96, cpuCache: "f16" });
+        expect(greedy(gpu, a, ps[0]!, STEPS)).toEqual(greedy(cpu, b, ps[0]!, STEPS));
+      }
+      using probe = gpu.session({ ctx: 8 });
+      console.log(`qwen3.5 resident ${src.name}: worst NMSE ${worst.toExponential(1)} over ${ps[1]!.length + STEPS} positions; ${probe.dispatchesPerToken} dispatches per token`);
+      expect(gpu.takeValidationMessages()).toEqual([]);
+    }, 240_000);
+  }
+});
+
+describe("the sequence state on the device", () => {
+  test(`a prompt prefilled in chunks (1 + 5 + rest) equals one prefill and the CPU decoder's; a prompt past ${GRAPH_MAX_TOKENS} tokens runs as two replays`, async () => {
+    const ps = prompts();
+    const p = await pair("qwen3.5-moe-tiny.Q8_0.gguf", "auto");
+    if (!ps || !p) return;
+    using gpu = p.gpu, cpu = p.cpu;
+    const ids = [...ps[1]!, ...ps[0]!, ...ps[1]!].slice(0, 70);
+    expect(ids.length).toBe(70);
+    using whole = gpu.session({ ctx: 96 });
+    using chunked = gpu.session({ ctx: 96 });
+    using oracle = cpu.session({ ctx: 96, cpuCache: "f16" });
+    const x = whole.prefill(ids).slice();
+    expect(whole.counts.submits).toBe(2);
+    chunked.prefill(ids.slice(0, 1));
+    chunked.prefill(ids.slice(1, 6));
+    const y = chunked.prefill(ids.slice(6)).slice();
+    expect(chunked.counts.submits).toBe(3);
+    const z = oracle.prefill(ids).slice();
+    console.log(`chunks: whole vs 1+5+64 ${nmse(x, y).toExponential(1)}, vs the CPU decoder ${nmse(z, x).toExponential(1)}`);
+    expect(nmse(x, y)).toBeLessThanOrEqual(BOUND);
+    expect(nmse(z, x)).toBeLessThanOrEqual(BOUND);
+    // and the step after, from both states
+    expect(nmse(oracle.step(ids[0]!), whole.step(ids[0]!).slice())).toBeLessThanOrEqual(BOUND);
+    const afterWhole = whole.step(ids[1]!).slice();
+    chunked.step(ids[0]!);
+    expect(nmse(afterWhole, chunked.step(ids[1]!))).toBeLessThanOrEqual(BOUND);
+    expect(gpu.takeValidationMessages()).toEqual([]);
+  }, 180_000);
+
+  test("two prompts in a row (truncate(0)) equal fresh runs; truncate(keep) re-runs the kept tokens (the recurrent state cannot rewind) and equals a fresh prefill of them", async () => {
+    const ps = prompts();
+    const p = await pair("qwen3.5-moe-tiny", "q8");
+    if (!ps || !p) return;
+    using gpu = p.gpu, cpu = p.cpu;
+    const [p0, p1] = [ps[0]!, ps[1]!];
+    using reused = gpu.session({ ctx: 96 });
+    const first = reused.prefill(p0).slice();
+    reused.truncate(0);
+    expect(reused.length).toBe(0);
+    const second = reused.prefill(p1).slice();
+    using fresh0 = gpu.session({ ctx: 96 });
+    using fresh1 = gpu.session({ ctx: 96 });
+    const e0 = nmse(fresh0.prefill(p0), first), e1 = nmse(fresh1.prefill(p1).slice(), second);
+    // keep a prefix: its tokens run again from zeroed states, then the session continues
+    const keep = 11;
+    reused.truncate(keep);
+    expect(reused.tokens).toEqual(p1.slice(0, keep));
+    expect(reused.path).toBe("device");
+    const cont = reused.prefill(p0).slice();
+    using oracle = cpu.session({ ctx: 96, cpuCache: "f16" });
+    const ek = nmse(oracle.prefill([...p1.slice(0, keep), ...p0]), cont);
+    console.log(`truncate: second prompt vs fresh ${e1.toExponential(1)} (first ${e0.toExponential(1)}); kept ${keep} + a prompt vs the CPU decoder ${ek.toExponential(1)}`);
+    expect(e0).toBeLessThanOrEqual(BOUND);
+    expect(e1).toBeLessThanOrEqual(BOUND);
+    expect(ek).toBeLessThanOrEqual(BOUND);
+    expect(gpu.takeValidationMessages()).toEqual([]);
+  }, 180_000);
+});
+
+test("a device lost mid-generation: the session continues on the CPU path with one line, the same greedy ids", async () => {
+  const ps = prompts();
+  const lines: string[] = [];
+  const p = await pair("qwen3.5-moe-tiny.Q8_0.gguf", "auto", lines);
+  if (!ps || !p) return;
+  using gpu = p.gpu, cpu = p.cpu;
+  expect(gpu.device.mode).toBe("resident");
+  const ids = ps[0]!;
+  using b = cpu.session({ ctx: 96, cpuCache: "f16" });
+  const expected = greedy(cpu, b, ids, STEPS);
+  const session = gpu.session({ ctx: 96 });
+  expect(session.path).toBe("device");
+  const run = generate(gpu, session, ids, { maxTokens: STEPS, sampling: { temperature: 0 }, stopAtEos: false });
+  let deltas = 0, got: number[] = [];
+  for (let r = run.next(); ; r = run.next()) {
+    if (r.done) {
+      got = r.value.ids;
+      break;
+    }
+    if (++deltas === 6) gpu.simulateDeviceLoss("graph");
+  }
+  expect(got).toEqual(expected);
+  expect(session.path).toBe("cpu-decoder");
+  expect(gpu.device.mode).toBe("cpu");
+  expect(lines.filter((l) => /device lost/.test(l))).toHaveLength(1);
+  expect(gpu.takeValidationMessages()).toEqual([]);
+}, 120_000);
+
+test("Model.batch on the resident Qwen3.5 model runs a session per slot (one line why), each slot on the device", async () => {
+  const ps = prompts();
+  const lines: string[] = [];
+  const p = await pair("qwen3.5-moe-tiny.Q8_0.gguf", "auto", lines);
+  if (!ps || !p) return;
+  using gpu = p.gpu, cpu = p.cpu;
+  using batch = gpu.batch({ slots: 2, ctx: 64 });
+  const why = lines.filter((l) => /session per slot/.test(l));
+  expect(why).toHaveLength(1);
+  expect(why[0]).toMatch(/Qwen3-MoE only/);
+  const x = batch.prefill(0, ps[0]!).slice();
+  using b = cpu.session({ ctx: 64, cpuCache: "f16" });
+  expect(nmse(b.prefill(ps[0]!), x)).toBeLessThanOrEqual(BOUND);
+  expect(gpu.takeValidationMessages()).toEqual([]);
+}, 120_000);

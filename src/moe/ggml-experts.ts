@@ -1,0 +1,252 @@
+/**
+ * Routed experts stored as GGML blocks (K-quant files: Q4_K gate/up with Q6_K down, ...) on the GPU:
+ * the grouped MoE call of shaders/moe_ggml.comp (gate+up, then down) and moe_sum.comp, over a
+ * layer's experts uploaded as the file holds them (no repack). Float path: each weight is GGML's.
+ *
+ * GgmlExpertLayer: one device buffer with every expert's gate, up and down blocks, and the expert
+ * table (uvec4 per expert: byte offsets of gate, up, down). GgmlExpertKernels: one pipeline per
+ * mode and format (gate/up share a format in real files; down may differ), recording the three
+ * dispatches of a call on buffers the caller provides. The work list is routing.ts's WorkList in
+ * moe.glsl's layout (writeWorkList).
+ */
+import { InvalidArgumentError } from "../errors.ts";
+import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
+import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "../kernels/decoder/common.ts";
+import type { ShaderInterface } from "../kernels/shaders.ts";
+import type { CommandBuffer } from "../vk/commands.ts";
+import type { Device } from "../vk/device.ts";
+import { Buffer } from "../vk/memory.ts";
+import { uploadBytes } from "../vk/transfer.ts";
+import type { WorkList } from "./routing.ts";
+
+/** x/h, work, pairs, out, slot weights, expert bytes, expert table; push O, cols. */
+export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
+/** ypair, work, y, slot weights, completion word; push D. */
+const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
+const SUM_WORKGROUP = 256;
+
+/** ggml_blocks.glsl's GGML_FMT_*. */
+const FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q5_1: 2, Q4_K: 3, Q5_K: 4, Q6_K: 5 };
+
+/** One expert's three matrices as the file holds them: gate, up [I][D], down [D][I]. */
+export interface GgmlExpertTensors {
+  gate: GgmlBlockTensor;
+  up: GgmlBlockTensor;
+  down: GgmlBlockTensor;
+}
+
+/** Offsets are 16-aligned: Q4_K/Q5_K blocks are read by uvec4 (ggml_blocks.glsl). */
+const align16 = (n: number) => Math.ceil(n / 16) * 16;
+
+/** A layer's experts in device memory: their blocks in one buffer, and the offset table. */
+export class GgmlExpertLayer implements Disposable {
+  readonly experts: number;
+  readonly D: number;
+  readonly I: number;
+  readonly gateUpType: GgmlBlockType;
+  readonly downType: GgmlBlockType;
+  readonly blocks: Buffer;
+  /** uvec4 per expert: byte offsets of gate, up, down in `blocks`, 0. */
+  readonly table: Buffer;
+
+  constructor(device: Device, experts: readonly GgmlExpertTensors[]) {
+    const first = experts[0];
+    if (first === undefined) throw new InvalidArgumentError("a GGML expert layer needs at least one expert");
+    const D = first.gate.cols, I = first.gate.rows;
+    const gateUpType = first.gate.type, downType = first.down.type;
+    for (const [e, x] of experts.entries()) {
+      const shapes: [string, GgmlBlockTensor, GgmlBlockType, number, number][] = [
+        ["gate", x.gate, gateUpType, I, D], ["up", x.up, gateUpType, I, D], ["down", x.down, downType, D, I],
+      ];
+      for (const [name, t, type, rows, cols] of shapes) {
+        if (t.type !== type || t.rows !== rows || t.cols !== cols) {
+          throw new InvalidArgumentError(`expert ${e} ${name}: ${t.type} [${t.rows}][${t.cols}], the layer's is ${type} [${rows}][${cols}]`);
+        }
+      }
+    }
+    // Inputs are read as vec4 and by 32-column units: the block sizes (32, 256) already ensure it.
+    const table = new Uint32Array(4 * experts.length);
+    let at = 0;
+    experts.forEach((x, e) => {
+      [x.gate, x.up, x.down].forEach((t, m) => {
+        table[4 * e + m] = at;
+        at = align16(at + t.bytes.byteLength);
+      });
+    });
+    // 16 more bytes: the shader reads the word after a 2-mod-4 field (ggml_blocks.glsl)
+    const size = at + 16;
+    if (size > 2 ** 32) throw new InvalidArgumentError(`the layer's experts take ${size} bytes; the table's byte offsets are 32-bit`);
+    this.experts = experts.length;
+    this.D = D;
+    this.I = I;
+    this.gateUpType = gateUpType;
+    this.downType = downType;
+    this.blocks = new Buffer(device, { size: BigInt(size), memory: "device" });
+    try {
+      this.table = new Buffer(device, { size: BigInt(table.byteLength), memory: "device" });
+    } catch (e) {
+      this.blocks[Symbol.dispose]();
+      throw e;
+    }
+    try {
+      const all = new Uint8Array(size);
+      experts.forEach((x, e) => [x.gate, x.up, x.down].forEach((t, m) => all.set(t.bytes, table[4 * e + m]!)));
+      uploadBytes(device, this.blocks, 0n, all);
+      uploadBytes(device, this.table, 0n, new Uint8Array(table.buffer));
+    } catch (e) {
+      this[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  [Symbol.dispose](): void {
+    this.blocks[Symbol.dispose]();
+    this.table[Symbol.dispose]();
+  }
+}
+
+/**
+ * Writes `list` in moe.glsl's layout: work[0..3] = (S, slotsPerToken, items, sequence),
+ * work[4 + 4u ..] = (expert id, 0, pairStart, pairCount); pairs and slot weights as the list holds them.
+ * Returns the number of slots (S * slotsPerToken).
+ */
+export function writeWorkList(list: WorkList, S: number, sequence: number, work: Uint32Array, pairs: Uint32Array, slotWeight: Float32Array): number {
+  const slots = S * list.slotsPerToken;
+  if (work.length < 4 * (1 + list.items) || pairs.length < slots || slotWeight.length < slots) {
+    throw new InvalidArgumentError(`work list of ${list.items} items and ${slots} slots does not fit the arrays given`);
+  }
+  work.set([S, list.slotsPerToken, list.items, sequence >>> 0]);
+  for (let u = 0; u < list.items; u++) work.set([list.expert[u]!, 0, list.pairStart[u]!, list.pairCount[u]!], 4 * (1 + u));
+  pairs.set(list.pairs.subarray(0, slots));
+  slotWeight.set(list.slotWeight.subarray(0, slots));
+  return slots;
+}
+
+class MoeGgmlKernel extends DecoderKernel {
+  constructor(device: Device, format: GgmlBlockType, gateUp: boolean, wg: number, rows: number, tokens: number, options: DecoderKernelOptions) {
+    super(device, MOE_GGML, { 0: wg, 1: rows, 2: FORMAT_ID[format], 3: tokens, 4: gateUp ? 1 : 0 }, options);
+  }
+
+  record(cb: CommandBuffer, buffers: Buffer[], O: number, cols: number, rowBlocks: number, items: number): void {
+    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, pushWords([O, cols])).dispatch(rowBlocks, items);
+  }
+}
+
+class MoeSumKernel extends DecoderKernel {
+  constructor(device: Device, options: DecoderKernelOptions) {
+    super(device, MOE_SUM, { 0: SUM_WORKGROUP }, options);
+  }
+
+  record(cb: CommandBuffer, buffers: Buffer[], D: number, S: number): void {
+    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, pushWords([D])).dispatch(Math.ceil((S * D) / SUM_WORKGROUP));
+  }
+}
+
+export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
+  /** Threads per workgroup, a power of two (default 64). */
+  workgroupSize?: number;
+  /** Rows per workgroup, 1..8 (default 2). */
+  rowsPerWorkgroup?: number;
+  /** Slots per register chunk, 1..8 (default 4): an expert's blocks are dequantized once per chunk. */
+  tokensPerChunk?: number;
+}
+
+/** The buffers of one call (the caller owns them; offsets are 0). */
+export interface GgmlExpertCall {
+  layer: GgmlExpertLayer;
+  /** S tokens in this call, and the work list's item count (as written by writeWorkList). */
+  S: number;
+  items: number;
+  slotsPerToken: number;
+  /** f32 [S][D]. */
+  x: Buffer;
+  /** uvec4 work list (moe.glsl's layout): 1 + items entries. */
+  work: Buffer;
+  /** uint [S * slotsPerToken]: slots grouped by item. */
+  pairs: Buffer;
+  /** f32 [S * slotsPerToken]: router weight of each slot (0: skipped by moe_sum). */
+  slotWeight: Buffer;
+  /** f32 [S * slotsPerToken][I] scratch. */
+  h: Buffer;
+  /** f32 [S * slotsPerToken][D] scratch. */
+  ypair: Buffer;
+  /** f32 [S][D]: Σ over a token's slots of weight · down(silu(gate x) ⊙ up x). */
+  y: Buffer;
+  /** One uint: the work header's sequence number, written when y is complete. */
+  done: Buffer;
+}
+
+/** The grouped MoE call over GGML block experts of one (gate/up format, down format) pair. */
+export class GgmlExpertKernels implements Disposable {
+  readonly gateUpType: GgmlBlockType;
+  readonly downType: GgmlBlockType;
+  readonly rowsPerWorkgroup: number;
+  private readonly gateUp: MoeGgmlKernel;
+  private readonly down: MoeGgmlKernel;
+  private readonly sum: MoeSumKernel;
+
+  constructor(device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
+    for (const t of [types.gateUp, types.down]) {
+      if (!GGML_BLOCK_TYPES.includes(t)) throw new InvalidArgumentError(`no GPU MoE kernel for GGML type ${String(t)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
+    }
+    const wg = options.workgroupSize ?? 64;
+    if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
+    const rows = options.rowsPerWorkgroup ?? 2;
+    if (!Number.isInteger(rows) || rows < 1 || rows > 8) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..8, got ${rows}`);
+    const tokens = options.tokensPerChunk ?? 4;
+    if (!Number.isInteger(tokens) || tokens < 1 || tokens > 8) throw new InvalidArgumentError(`tokensPerChunk must be an integer in 1..8, got ${tokens}`);
+    const shared = wg * 2 * rows * tokens * 4;
+    if (shared > device.info.limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`the reduction needs ${shared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
+    this.gateUpType = types.gateUp;
+    this.downType = types.down;
+    this.rowsPerWorkgroup = rows;
+    const made: Disposable[] = [];
+    try {
+      made.push((this.gateUp = new MoeGgmlKernel(device, types.gateUp, true, wg, rows, tokens, options)));
+      made.push((this.down = new MoeGgmlKernel(device, types.down, false, wg, rows, tokens, options)));
+      made.push((this.sum = new MoeSumKernel(device, options)));
+    } catch (e) {
+      for (const k of made) k[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  /** Records gate+up, down and the sum with compute barriers between them (the caller places the ones around the call). */
+  record(cb: CommandBuffer, c: GgmlExpertCall): CommandBuffer {
+    const L = c.layer, D = L.D, I = L.I;
+    if (L.gateUpType !== this.gateUpType || L.downType !== this.downType) {
+      throw new InvalidArgumentError(`a ${L.gateUpType}/${L.downType} layer on ${this.gateUpType}/${this.downType} kernels`);
+    }
+    if (!Number.isInteger(c.S) || c.S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${c.S}`);
+    const slots = c.S * c.slotsPerToken;
+    if (!Number.isInteger(c.items) || c.items < 1 || c.items > slots) throw new InvalidArgumentError(`items must be in 1..${slots}, got ${c.items}`);
+    checkRange("moe ggml x", c.x, 0, c.S * D);
+    checkRange("moe ggml work", c.work, 0, 4 * (1 + c.items));
+    checkRange("moe ggml pairs", c.pairs, 0, slots);
+    checkRange("moe ggml slot weights", c.slotWeight, 0, slots);
+    checkRange("moe ggml h", c.h, 0, slots * I);
+    checkRange("moe ggml ypair", c.ypair, 0, slots * D);
+    checkRange("moe ggml y", c.y, 0, c.S * D);
+    checkRange("moe ggml done", c.done, 0, 1);
+    const R = this.rowsPerWorkgroup;
+    const common = [c.work, c.pairs];
+    this.gateUp.record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / R), c.items);
+    cb.barrier("computeToCompute");
+    this.down.record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / R), c.items);
+    cb.barrier("computeToCompute");
+    this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+    return cb;
+  }
+
+  [Symbol.dispose](): void {
+    this.gateUp[Symbol.dispose]();
+    this.down[Symbol.dispose]();
+    this.sum[Symbol.dispose]();
+  }
+}
+
+/** Bytes of one expert's three matrices (for sizing). */
+export function ggmlExpertBytes(D: number, I: number, gateUp: GgmlBlockType, down: GgmlBlockType): number {
+  const g = GGML_BLOCK_LAYOUTS[gateUp], d = GGML_BLOCK_LAYOUTS[down];
+  return 2 * I * (D / g.blockElements) * g.blockBytes + D * (I / d.blockElements) * d.blockBytes;
+}

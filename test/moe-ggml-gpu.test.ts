@@ -1,0 +1,168 @@
+/**
+ * moe_ggml (src/moe/ggml-experts.ts, shaders/moe_ggml.comp) + moe_sum on the real driver under the
+ * validation layer: the grouped MoE call over routed experts stored as GGML blocks.
+ *
+ * Against a CPU reference built from the CPU GEMV over the same blocks (gemvGgmlBlocks, f64 sums of
+ * GGML's exact weights): y[s] = Σ_j w_sj · down_e(silu(gate_e x_s) ⊙ up_e x_s), h rounded to f32 as
+ * the GPU stores it; NMSE ≤ 1e-9. Random blocks with finite f16 scales; format pairs as K-quant files
+ * mix them (Q4_K gate/up with Q6_K down, Q5_K/Q5_K, Q5_0/Q5_0, Q4_1/Q5_1); D=256, I=512 and D=512,
+ * I=256; E = 8 experts; top-k 2..4; S = 1, 3, 8 (so items hold 1..8 slots, over and under a chunk).
+ * Output buffers carry sentinel words past the end, checked after each call.
+ */
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { submitAndWait } from "../src/kernels/decoder/common.ts";
+import { GgmlExpertKernels, GgmlExpertLayer, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
+import { WorkList, checkRouting, type Routing } from "../src/moe/routing.ts";
+import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
+import { f32ToF16Bits } from "../src/quant/half.ts";
+import { nmse } from "../src/quant/metrics.ts";
+import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
+import { finish, openTestContext } from "./support/gpu.ts";
+import { expectTail, f32, hostBuffer, u32 } from "./support/host-buffers.ts";
+
+const ctx = openTestContext();
+const device = ctx.device;
+afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
+afterAll(() => finish(ctx));
+
+/** Random block bytes whose f16 scales are finite, of either sign, within 2^lo .. 2^(lo+11) (sub-scales and q random). */
+function randomBlocks(type: GgmlBlockType, rows: number, cols: number, rand: () => number, lo = -10): Uint8Array {
+  const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
+  const bytes = new Uint8Array(rows * (cols / blockElements) * blockBytes);
+  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
+  for (let p = 0; p < bytes.length; p += blockBytes) {
+    for (const h of halfOffsets) {
+      const bits = f32ToF16Bits((rand() < 0.5 ? -1 : 1) * 2 ** (lo + 11 * rand()));
+      bytes[p + h] = bits & 0xff;
+      bytes[p + h + 1] = bits >> 8;
+    }
+  }
+  return bytes;
+}
+
+const randomTensor = (type: GgmlBlockType, rows: number, cols: number, rand: () => number): GgmlBlockTensor =>
+  ggmlBlockTensor(type, randomBlocks(type, rows, cols, rand), rows, cols);
+
+function randomExperts(E: number, D: number, I: number, gu: GgmlBlockType, dn: GgmlBlockType, seed: number): GgmlExpertTensors[] {
+  const rand = mulberry32(seed);
+  return Array.from({ length: E }, () => ({ gate: randomTensor(gu, I, D, rand), up: randomTensor(gu, I, D, rand), down: randomTensor(dn, D, I, rand) }));
+}
+
+/** S tokens, k distinct experts each of E, random positive weights. */
+function randomRouting(S: number, k: number, E: number, seed: number): Routing {
+  const rand = mulberry32(seed);
+  const ids = new Int32Array(S * k), weights = new Float32Array(S * k);
+  for (let s = 0; s < S; s++) {
+    const perm = Array.from({ length: E }, (_, e) => e);
+    for (let i = E - 1; i > 0; i--) {
+      const j = Math.floor(rand() * (i + 1));
+      [perm[i], perm[j]] = [perm[j]!, perm[i]!];
+    }
+    for (let j = 0; j < k; j++) {
+      ids[s * k + j] = perm[j]!;
+      weights[s * k + j] = 0.05 + rand();
+    }
+  }
+  return { S, k, ids, weights };
+}
+
+function gemv(w: GgmlBlockTensor, x: Float32Array): Float32Array {
+  const y = new Float32Array(w.rows);
+  gemvGgmlBlocks(w, x, 1, y);
+  return y;
+}
+
+/** y [S][D] in f64 from the CPU GEMVs; h rounded to f32 (the GPU's storage). */
+function cpuMoe(experts: GgmlExpertTensors[], x: Float32Array, r: Routing, D: number): Float64Array {
+  const y = new Float64Array(r.S * D);
+  for (let s = 0; s < r.S; s++) {
+    const xs = x.subarray(s * D, (s + 1) * D);
+    for (let j = 0; j < r.k; j++) {
+      const e = experts[r.ids[s * r.k + j]!]!, w = r.weights[s * r.k + j]!;
+      const g = gemv(e.gate, xs), u = gemv(e.up, xs);
+      const h = new Float32Array(g.length);
+      for (let i = 0; i < h.length; i++) h[i] = (g[i]! / (1 + Math.exp(-g[i]!))) * u[i]!;
+      const yd = gemv(e.down, h);
+      for (let d = 0; d < D; d++) y[s * D + d] += w * yd[d]!;
+    }
+  }
+  return y;
+}
+
+/** One GPU call of the grouped kernels on `layer` for routing r; returns y [S][D]. */
+function gpuMoe(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x: Float32Array, r: Routing): Float32Array {
+  const { D, I } = layer;
+  checkRouting(r, layer.experts);
+  const list = new WorkList(layer.experts, r.S * r.k);
+  list.build(r, layer.experts, false);
+  const slots = r.S * list.slotsPerToken;
+  using xb = hostBuffer(device, r.S * D, "upload");
+  using work = hostBuffer(device, 4 * (1 + list.items), "upload");
+  using pairs = hostBuffer(device, slots, "upload");
+  using sw = hostBuffer(device, slots, "upload");
+  using h = hostBuffer(device, slots * I);
+  using ypair = hostBuffer(device, slots * D);
+  using y = hostBuffer(device, r.S * D);
+  using done = hostBuffer(device, 1);
+  f32(xb, r.S * D).set(x);
+  writeWorkList(list, r.S, 7, u32(work, 4 * (1 + list.items)), u32(pairs, slots), f32(sw, slots));
+  submitAndWait(device, (cb) => kernels.record(cb, { layer, S: r.S, items: list.items, slotsPerToken: list.slotsPerToken, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done }));
+  for (const [b, n, what] of [[h, slots * I, "h"], [ypair, slots * D, "ypair"], [y, r.S * D, "y"], [done, 1, "done"]] as const) expectTail(b, n, what);
+  expect(u32(done, 1)[0]).toBe(7);
+  return f32(y, r.S * D).slice();
+}
+
+const PAIRS: [GgmlBlockType, GgmlBlockType][] = [["Q4_K", "Q6_K"], ["Q5_K", "Q5_K"], ["Q5_0", "Q5_0"], ["Q4_1", "Q5_1"]];
+const SHAPES: [number, number][] = [[256, 512], [512, 256]];
+const E = 8;
+
+describe("moe_ggml: grouped MoE call over GGML block experts vs the CPU GEMVs (NMSE ≤ 1e-9)", () => {
+  for (const [gu, dn] of PAIRS) {
+    test(`gate/up ${gu}, down ${dn}: D×I 256×512 and 512×256, E = 8, k = 2..4, S = 1, 3, 8`, () => {
+      using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn });
+      let seed = 100 * PAIRS.findIndex(([a, b]) => a === gu && b === dn);
+      let worst = 0, cases = 0;
+      for (const [D, I] of SHAPES) {
+        const experts = randomExperts(E, D, I, gu, dn, seed++);
+        using layer = new GgmlExpertLayer(device, experts);
+        for (const [S, k] of [[1, 2], [3, 4], [8, 3]] as const) {
+          const r = randomRouting(S, k, E, seed++);
+          const x = randomGaussianF32(S * D, seed++);
+          const e = nmse(cpuMoe(experts, x, r, D), gpuMoe(kernels, layer, x, r));
+          if (!(e <= 1e-9)) throw new Error(`${gu}/${dn} D=${D} I=${I} S=${S} k=${k}: NMSE ${e}`);
+          worst = Math.max(worst, e);
+          cases++;
+        }
+      }
+      console.log(`  ${gu}/${dn}: worst NMSE ${worst.toExponential(2)} over ${cases} calls`);
+    }, 60_000);
+  }
+});
+
+describe("other kernel shapes", () => {
+  // Each shape is two more pipelines (Lavapipe compiles one in seconds): one format pair.
+  test("Q4_K/Q6_K with 32 threads, 3 rows a workgroup (a partial last block), 3 slots a chunk; 16 threads, 1 row, 1 slot", () => {
+    let seed = 900;
+    for (const options of [{ workgroupSize: 32, rowsPerWorkgroup: 3, tokensPerChunk: 3 }, { workgroupSize: 16, rowsPerWorkgroup: 1, tokensPerChunk: 1 }]) {
+      using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, options);
+      const experts = randomExperts(E, 256, 512, "Q4_K", "Q6_K", seed++);
+      using layer = new GgmlExpertLayer(device, experts);
+      for (const [S, k] of [[1, 4], [8, 2]] as const) {
+        const r = randomRouting(S, k, E, seed++);
+        const x = randomGaussianF32(S * 256, seed++);
+        expect(nmse(cpuMoe(experts, x, r, 256), gpuMoe(kernels, layer, x, r))).toBeLessThanOrEqual(1e-9);
+      }
+    }
+  }, 60_000);
+});
+
+describe("argument checks", () => {
+  test("experts of mixed shapes or types, a layer on kernels of other formats", () => {
+    const rand = mulberry32(3);
+    const a = { gate: randomTensor("Q4_K", 256, 256, rand), up: randomTensor("Q4_K", 256, 256, rand), down: randomTensor("Q6_K", 256, 256, rand) };
+    expect(() => new GgmlExpertLayer(device, [a, { ...a, down: randomTensor("Q4_K", 256, 256, rand) }])).toThrow(/expert 1 down/);
+    expect(() => new GgmlExpertLayer(device, [])).toThrow(/at least one/);
+    expect(() => new GgmlExpertKernels(device, { gateUp: "Q2_K" as GgmlBlockType, down: "Q6_K" })).toThrow(/Q2_K/);
+  });
+});

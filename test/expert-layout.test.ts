@@ -21,9 +21,17 @@ describe("expert blob layout", () => {
       const D = shape.hidden, I = shape.intermediate;
       const q = (rows: number, cols: number, seed: number) => quantize({ dtype: "f32", data: randomGaussianF32(rows * cols, seed) }, rows, cols, shape);
       const gate = q(I, D, 1), up = q(I, D, 2), down = q(D, I, 3);
-      const backing = new Uint8Array(layout.bytes + 1);
+      const backing = new Uint8Array(layout.bytes + 1).fill(0xa5); // a reused slab: stale bytes everywhere
       const blob = misaligned ? backing.subarray(1) : backing.subarray(0, layout.bytes);
       packExpert(layout, gate, up, down, blob);
+      // every byte outside the parts' weights and scales (alignment gaps, the tail) is zero
+      const written = new Uint8Array(layout.bytes);
+      for (const p of [layout.gate, layout.up, layout.down]) {
+        written.fill(1, p.weightOffset, p.weightOffset + p.weightBytes);
+        written.fill(1, p.scaleOffset, p.scaleOffset + p.scaleBytes);
+      }
+      const staleGap = blob.findIndex((v, i) => written[i] === 0 && v !== 0);
+      expect(staleGap).toBe(-1);
       const bytes = (m: typeof gate, arr: "weights" | "scales") => new Uint8Array(m[arr].buffer, m[arr].byteOffset, m[arr].byteLength);
       // gate and up: verbatim
       for (const [m, p] of [[gate, layout.gate], [up, layout.up]] as const) {

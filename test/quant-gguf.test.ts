@@ -69,6 +69,10 @@ describe("GGUF Q4_0", () => {
     const bytes = randomGguf("q4_0", rows, cols, 1);
     const m = fromGgufQ4_0(bytes, rows, cols);
     expect(dequantize(m)).toEqual(ggufDequantize("q4_0", bytes, rows, cols));
+    // a tensor at an odd address in the file (byte loads instead of 16-bit ones): the same matrix
+    const shifted = new Uint8Array(bytes.length + 1);
+    shifted.set(bytes, 1);
+    expect(fromGgufQ4_0(shifted.subarray(1), rows, cols)).toEqual(m);
     for (let k = 0; k < rows * 3; k++) expect(getScaleBits(m, k)).toBe(bytes[k * 18] | (bytes[k * 18 + 1] << 8));
     const x = randomGaussianF32(3 * cols, 2);
     const y = new Float32Array(3 * rows);
@@ -96,6 +100,14 @@ describe("GGUF Q8_0", () => {
     const bytes = randomGguf("q8_0", rows, cols, 3);
     const m = fromGgufQ8_0(bytes, rows, cols);
     expect(dequantize(m)).toEqual(ggufDequantize("q8_0", bytes, rows, cols));
+    // an odd block count: the last f16 scale alone in its word
+    const odd = randomGguf("q8_0", 3, 96, 4);
+    const m3 = fromGgufQ8_0(odd, 3, 96);
+    const shifted = new Uint8Array(odd.length + 1);
+    shifted.set(odd, 1);
+    expect(fromGgufQ8_0(shifted.subarray(1), 3, 96)).toEqual(m3);
+    expect(dequantize(m3)).toEqual(ggufDequantize("q8_0", odd, 3, 96));
+    for (let k = 0; k < 9; k++) expect(getScaleBits(m3, k)).toBe(odd[k * 34] | (odd[k * 34 + 1] << 8));
   });
 });
 

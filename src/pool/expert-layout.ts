@@ -81,7 +81,15 @@ export function packExpert(layout: ExpertLayout, gate: QuantMatrix, up: QuantMat
   if (dest.byteLength !== layout.bytes) throw new InvalidArgumentError(`expert blob is ${layout.bytes} bytes, destination ${dest.byteLength}`);
   const parts: [string, QuantMatrix, MatrixPart][] = [["gate", gate, layout.gate], ["up", up, layout.up], ["down", down, layout.down]];
   for (const [name, m, p] of parts) checkPart(name, m, p, layout.shape);
-  dest.fill(0);
+  // Zero only the alignment gaps: every other byte is written below, and the destination may be
+  // write-combining memory (filling a whole Qwen3.6 file's experts first cost a third of the load).
+  let covered = 0;
+  for (const [, , p] of parts) {
+    dest.fill(0, covered, p.weightOffset);
+    dest.fill(0, p.weightOffset + p.weightBytes, p.scaleOffset);
+    covered = p.scaleOffset + p.scaleBytes;
+  }
+  dest.fill(0, covered);
   for (const [, m, p] of parts) {
     if (p.order === "rows") {
       dest.set(new Uint8Array(m.weights.buffer, m.weights.byteOffset, p.weightBytes), p.weightOffset);

@@ -1,7 +1,6 @@
 /** Lossless conversion of GGUF Q4_0 / Q8_0 tensors into QuantMatrix (groupSize 32, f16 scales). */
 import { GgufLayoutError, UnsupportedFormatError } from "./errors.ts";
-import { createQuantMatrix, setScaleBits } from "./layout.ts";
-import { packRow } from "./pack.ts";
+import { createQuantMatrix } from "./layout.ts";
 import type { QuantFormat, QuantMatrix } from "./types.ts";
 import { checkDimension, validateQuantMatrix } from "./validate.ts";
 
@@ -25,48 +24,70 @@ function checkGgufShape(name: string, bytes: Uint8Array, rows: number, cols: num
 }
 
 /**
- * Shared walk over blocks: `decodeBlock(offset, q, c0)` writes the 32 q values of the block at byte `offset`
- * into q[c0..c0+32); the block's leading f16 d is copied bit-exact as the group scale.
+ * The matrix for a converted tensor: every weight word and scale is written by the conversion
+ * (cols % 32 == 0 leaves no padding), so the q4 zero pattern is not pre-filled.
  */
-function convert(
-  name: string,
-  format: QuantFormat,
-  bytes: Uint8Array,
-  rows: number,
-  cols: number,
-  blockBytes: number,
-  decodeBlock: (offset: number, q: Int8Array, c0: number) => void,
-): QuantMatrix {
-  checkGgufShape(name, bytes, rows, cols, blockBytes);
-  const m = createQuantMatrix(format, rows, cols, 32, "f16");
-  const blocksPerRow = cols / BLOCK;
-  const rowQ = new Int8Array(m.rowWords * (format === "q4" ? 8 : 4)); // cols % 32 == 0: no padding columns
-  for (let r = 0; r < rows; r++) {
-    for (let b = 0; b < blocksPerRow; b++) {
-      const offset = (r * blocksPerRow + b) * blockBytes;
-      setScaleBits(m, r * blocksPerRow + b, bytes[offset] | (bytes[offset + 1] << 8));
-      decodeBlock(offset + 2, rowQ, b * BLOCK);
+function blankMatrix(format: QuantFormat, rows: number, cols: number): QuantMatrix {
+  const m = createQuantMatrix(format, 1, cols, 32, "f16");
+  return { ...m, rows, weights: new Uint32Array(rows * m.rowWords), scales: new Uint32Array(Math.ceil((rows * m.groupsPerRow) / 2)) };
+}
+
+/** Each block's leading f16 d, bit-exact, as the group scales (two per word, block k in half k & 1). */
+function copyScales(bytes: Uint8Array, blocks: number, blockBytes: number, scales: Uint32Array): void {
+  for (let k = 0, o = 0; k + 1 < blocks; k += 2, o += 2 * blockBytes) {
+    scales[k >>> 1] = (bytes[o]! | (bytes[o + 1]! << 8) | (bytes[o + blockBytes]! << 16) | (bytes[o + blockBytes + 1]! << 24)) >>> 0;
+  }
+  if (blocks & 1) {
+    const o = (blocks - 1) * blockBytes;
+    scales[blocks >>> 1] = bytes[o]! | (bytes[o + 1]! << 8);
+  }
+}
+
+const u32At = (b: Uint8Array, o: number) => (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
+
+/**
+ * GGUF Q4_0: 18-byte blocks {f16 d; u8 qs[16]}; element j = (qs[j] & 15) - 8, element j+16 = (qs[j] >> 4) - 8.
+ * The stored nibble is q + 8 in both layouts, so a block's four q4 words (FORMATS.md: word w holds
+ * columns 8w..8w+7, byte k's low nibble column 8w+k and its high nibble column 8w+4+k) are nibble
+ * shuffles of its qs words: no element is decoded.
+ */
+export function fromGgufQ4_0(bytes: Uint8Array, rows: number, cols: number): QuantMatrix {
+  checkGgufShape("fromGgufQ4_0", bytes, rows, cols, Q4_0_BLOCK_BYTES);
+  const m = blankMatrix("q4", rows, cols);
+  const blocks = rows * (cols / BLOCK), w = m.weights;
+  copyScales(bytes, blocks, Q4_0_BLOCK_BYTES, m.scales);
+  const LOW = 0x0f0f0f0f, HIGH = 0xf0f0f0f0 | 0;
+  // Blocks are 18 bytes: from an even address every field is 2-aligned, and 16-bit loads halve the reads.
+  const h = (bytes.byteOffset & 1) === 0 ? new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength >>> 1) : undefined;
+  for (let k = 0, o = 2, out = 0; k < blocks; k++, o += Q4_0_BLOCK_BYTES, out += 4) {
+    let a: number, b: number, c: number, d: number;
+    if (h) {
+      const i = o >>> 1;
+      a = h[i]! | (h[i + 1]! << 16); b = h[i + 2]! | (h[i + 3]! << 16); c = h[i + 4]! | (h[i + 5]! << 16); d = h[i + 6]! | (h[i + 7]! << 16);
+    } else {
+      a = u32At(bytes, o); b = u32At(bytes, o + 4); c = u32At(bytes, o + 8); d = u32At(bytes, o + 12);
     }
-    packRow(format, rowQ, m.weights, r * m.rowWords, m.rowWords);
+    // columns 0..15: the low nibbles of qs[0..15]; columns 16..31: their high nibbles
+    w[out] = ((a & LOW) | ((b & LOW) << 4)) >>> 0;
+    w[out + 1] = ((c & LOW) | ((d & LOW) << 4)) >>> 0;
+    w[out + 2] = (((a >>> 4) & LOW) | (b & HIGH)) >>> 0;
+    w[out + 3] = (((c >>> 4) & LOW) | (d & HIGH)) >>> 0;
   }
   validateQuantMatrix(m); // rejects NaN/Inf d, naming row and block
   return m;
 }
 
-/** GGUF Q4_0: 18-byte blocks {f16 d; u8 qs[16]}; element j = (qs[j] & 15) - 8, element j+16 = (qs[j] >> 4) - 8. */
-export function fromGgufQ4_0(bytes: Uint8Array, rows: number, cols: number): QuantMatrix {
-  return convert("fromGgufQ4_0", "q4", bytes, rows, cols, Q4_0_BLOCK_BYTES, (offset, q, c0) => {
-    for (let j = 0; j < 16; j++) {
-      const byte = bytes[offset + j];
-      q[c0 + j] = (byte & 15) - 8;
-      q[c0 + j + 16] = (byte >> 4) - 8;
-    }
-  });
-}
-
-/** GGUF Q8_0: 34-byte blocks {f16 d; i8 qs[32]}; -128 is kept as is. */
+/** GGUF Q8_0: 34-byte blocks {f16 d; i8 qs[32]}; -128 is kept as is. The q8 words are the qs bytes in order. */
 export function fromGgufQ8_0(bytes: Uint8Array, rows: number, cols: number): QuantMatrix {
-  return convert("fromGgufQ8_0", "q8", bytes, rows, cols, Q8_0_BLOCK_BYTES, (offset, q, c0) => {
-    for (let j = 0; j < 32; j++) q[c0 + j] = (bytes[offset + j] << 24) >> 24;
-  });
+  checkGgufShape("fromGgufQ8_0", bytes, rows, cols, Q8_0_BLOCK_BYTES);
+  const m = blankMatrix("q8", rows, cols);
+  const blocks = rows * (cols / BLOCK), w = m.weights;
+  copyScales(bytes, blocks, Q8_0_BLOCK_BYTES, m.scales);
+  const h = (bytes.byteOffset & 1) === 0 ? new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength >>> 1) : undefined;
+  for (let k = 0, o = 2, out = 0; k < blocks; k++, o += Q8_0_BLOCK_BYTES, out += 8) {
+    if (h) for (let j = 0, i = o >>> 1; j < 8; j++, i += 2) w[out + j] = (h[i]! | (h[i + 1]! << 16)) >>> 0;
+    else for (let j = 0; j < 8; j++) w[out + j] = u32At(bytes, o + 4 * j);
+  }
+  validateQuantMatrix(m); // rejects NaN/Inf d, naming row and block
+  return m;
 }

@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // dec_conv1d: the causal depthwise conv1d + SiLU of Gated DeltaNet's q/k/v channels over S tokens
 // (1..64), as src/model/linear-attention.ts causalConv1dSilu: out[t, c] = silu(sum_j w[c, j] *
 // x[t - (KERNEL-1) + j, c]), inputs before t = 0 read from the rolling state [channels][KERNEL-1]
@@ -7,6 +8,10 @@
 // the state is read once and written once, by the invocation that owns it (no race, no barrier),
 // and for each token the invocations of a subgroup read consecutive channels (coalesced).
 // out must not alias x (a token's input is read after earlier outputs are written).
+// Runs mode (flags bit 0, a batch of sequences): workgroup row z is run z of the runs table (see
+// RUN_* below): one sequence's tokens, in order, on that sequence's state at stateOffset +
+// stateIndex * stateStride; a run of 0 tokens (the table has fewer runs than S) does nothing.
+// Runs of one call have distinct states, so every state is still read and written by one invocation.
 
 layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint KERNEL = 4;  // taps, 1..8
@@ -15,6 +20,9 @@ layout(set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer W { float w[]; };
 layout(set = 0, binding = 2) buffer State { float state[]; };
 layout(set = 0, binding = 3) writeonly buffer Out { float outv[]; };
+layout(set = 0, binding = 4) readonly buffer Runs { uint runs[]; };
+
+#include "dec_runs.glsl"
 
 layout(push_constant) uniform Params {
     uint S;            // tokens
@@ -25,18 +33,27 @@ layout(push_constant) uniform Params {
     uint stateOffset;  // floats: state [channels][KERNEL-1]
     uint outOffset;    // floats
     uint outStride;    // floats between tokens of out
+    uint stateStride;  // runs mode: floats between sequences' states
+    uint flags;        // bit 0: runs mode
 } pc;
 
 void main() {
     const uint c = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     if (c >= pc.channels) return;
+    const bool batched = (pc.flags & 1u) != 0u;
+    const uint run = gl_WorkGroupID.z;
+    const uint count = batched ? runs[RUN_COUNT + run] : pc.S;
+    if (count == 0u) return;
+    const uint first = batched ? runs[RUN_FIRST + run] : 0u;
+    const uint stateAt = pc.stateOffset + (batched ? runs[RUN_STATE + run] * pc.stateStride : 0u);
     const uint H = KERNEL - 1u;  // history length
     // window[0..H-1]: the previous H inputs, oldest first (one spare slot: KERNEL = 1 has none)
     float window[KERNEL];
     float taps[KERNEL];
     for (uint j = 0u; j < KERNEL; j++) taps[j] = w[pc.wOffset + c * KERNEL + j];
-    for (uint j = 0u; j < H; j++) window[j] = state[pc.stateOffset + c * H + j];
-    for (uint t = 0u; t < pc.S; t++) {
+    for (uint j = 0u; j < H; j++) window[j] = state[stateAt + c * H + j];
+    for (uint i = 0u; i < count; i++) {
+        const uint t = batched ? runs[RUN_TOKENS + first + i] : i;
         const float xt = x[pc.xOffset + t * pc.xStride + c];
         float s = 0.0;
         for (uint j = 0u; j < H; j++) s += taps[j] * window[j];
@@ -45,5 +62,5 @@ void main() {
         for (uint j = 0u; j + 1u < H; j++) window[j] = window[j + 1u];
         if (H > 0u) window[H - 1u] = xt;
     }
-    for (uint j = 0u; j < H; j++) state[pc.stateOffset + c * H + j] = window[j];
+    for (uint j = 0u; j < H; j++) state[stateAt + c * H + j] = window[j];
 }

@@ -20,6 +20,11 @@
 // A head's output row is one workgroup's, which is what lets the gated norm fuse in.
 // The tokens run one after another inside the workgroup: a prompt chunk costs S dependent steps
 // (a chunk-parallel prefill kernel is another shader).
+// Runs mode (flags bit 2, a batch of sequences): workgroup (h, r) runs head h of run r of the runs
+// table (dec_runs.glsl): one sequence's tokens in order, on that sequence's state at stateOffset +
+// stateIndex * stateStride, so a decode round of S sequences is S x valueHeads independent
+// workgroups rather than S dependent steps; a run of 0 tokens does nothing. The runs of one call
+// have distinct states (each state block is one workgroup's).
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_GOOGLE_include_directive : require
@@ -43,6 +48,9 @@ layout(set = 0, binding = 3) readonly buffer Z { float z[]; };
 layout(set = 0, binding = 4) readonly buffer Params { float params[]; };
 layout(set = 0, binding = 5) buffer State { float state[]; };
 layout(set = 0, binding = 6) writeonly buffer Out { float outv[]; };
+layout(set = 0, binding = 7) readonly buffer Runs { uint runs[]; };
+
+#include "dec_runs.glsl"
 
 layout(push_constant) uniform Push {
     uint S;
@@ -65,7 +73,8 @@ layout(push_constant) uniform Push {
     uint dtBiasOffset;  // floats in params: valueHeads (unless flags bit 1)
     uint normOffset;    // floats in params: VALUE_DIM norm weights (flags bit 0)
     float eps;          // the gated norm's (flags bit 0)
-    uint flags;         // bit 0: gated RMSNorm of the output; bit 1: a, b hold g and beta as they are
+    uint flags;         // bit 0: gated RMSNorm of the output; bit 1: a, b hold g and beta as they are; bit 2: runs mode
+    uint stateStride;   // runs mode: floats between sequences' states
 } pc;
 
 shared float kvPart[WG];
@@ -76,11 +85,16 @@ shared float qSquares[PARTS];
 void main() {
     const uint h = gl_WorkGroupID.x;
     if (h >= pc.valueHeads) return;  // uniform per workgroup
+    const bool batched = (pc.flags & 4u) != 0u;
+    const uint run = gl_WorkGroupID.y;
+    const uint count = batched ? runs[RUN_COUNT + run] : pc.S;
+    if (count == 0u) return;  // uniform per workgroup
+    const uint first = batched ? runs[RUN_FIRST + run] : 0u;
     const uint li = gl_LocalInvocationIndex;
     const uint j = li % VALUE_DIM, p = li / VALUE_DIM;
     const uint kh = h / (pc.valueHeads / pc.keyHeads);
     const uint row0 = p * ROWS;
-    const uint sAt = pc.stateOffset + (h * KEY_DIM + row0) * VALUE_DIM + j;  // + r * VALUE_DIM
+    const uint sAt = pc.stateOffset + (batched ? runs[RUN_STATE + run] * pc.stateStride : 0u) + (h * KEY_DIM + row0) * VALUE_DIM + j;  // + r * VALUE_DIM
     const bool gatedNorm = (pc.flags & 1u) != 0u;
     const bool gatesGiven = (pc.flags & 2u) != 0u;
     const float qScale = 1.0 / sqrt(float(KEY_DIM));
@@ -88,7 +102,8 @@ void main() {
     float s[ROWS];
     for (uint r = 0u; r < ROWS; r++) s[r] = state[sAt + r * VALUE_DIM];
 
-    for (uint t = 0u; t < pc.S; t++) {
+    for (uint i = 0u; i < count; i++) {
+        const uint t = batched ? runs[RUN_TOKENS + first + i] : i;
         const float ga = a[pc.aOffset + t * pc.aStride + h];
         const float gb = b[pc.bOffset + t * pc.bStride + h];
         const float g = gatesGiven ? ga : params[pc.negAOffset + h] * softplus(ga + params[pc.dtBiasOffset + h]);

@@ -215,18 +215,26 @@ test("a device lost mid-generation: the session continues on the CPU path with o
   expect(gpu.takeValidationMessages()).toEqual([]);
 }, 120_000);
 
-test("Model.batch on the resident Qwen3.5 model runs a session per slot (one line why), each slot on the device", async () => {
+test("Model.batch on the resident Qwen3.5 model runs on the device (a HybridBatch, no fallback line); a lost device moves it to the CPU path with one line, the same logits", async () => {
   const ps = prompts();
   const lines: string[] = [];
   const p = await pair("qwen3.5-moe-tiny.Q8_0.gguf", "auto", lines);
   if (!ps || !p) return;
   using gpu = p.gpu, cpu = p.cpu;
   using batch = gpu.batch({ slots: 2, ctx: 64 });
-  const why = lines.filter((l) => /session per slot/.test(l));
-  expect(why).toHaveLength(1);
-  expect(why[0]).toMatch(/Qwen3-MoE only/);
-  const x = batch.prefill(0, ps[0]!).slice();
+  expect(batch.path).toBe("device-batch");
+  expect(lines.filter((l) => /session per slot/.test(l))).toEqual([]);
+  using a = cpu.session({ ctx: 64, cpuCache: "f16" });
   using b = cpu.session({ ctx: 64, cpuCache: "f16" });
-  expect(nmse(b.prefill(ps[0]!), x)).toBeLessThanOrEqual(BOUND);
+  const [x0, x1] = batch.prefillMany([{ slot: 0, ids: ps[0]! }, { slot: 1, ids: ps[1]!.slice(0, 9) }]);
+  expect(nmse(a.prefill(ps[0]!), x0!)).toBeLessThanOrEqual(BOUND);
+  expect(nmse(b.prefill(ps[1]!.slice(0, 9)), x1!)).toBeLessThanOrEqual(BOUND);
+  gpu.simulateDeviceLoss("graph");
+  // the lost replay's step runs again on the slots' CPU sessions (their tokens prefilled there first)
+  const [y0, y1] = batch.step([{ slot: 0, id: 5 }, { slot: 1, id: 6 }]).map((r) => r.slice());
+  expect(batch.path).toBe("sessions");
+  expect(lines.filter((l) => /device lost; the batch continues on the CPU path/.test(l))).toHaveLength(1);
+  expect(nmse(a.step(5), y0!)).toBeLessThanOrEqual(BOUND);
+  expect(nmse(b.step(6), y1!)).toBeLessThanOrEqual(BOUND);
   expect(gpu.takeValidationMessages()).toEqual([]);
 }, 120_000);

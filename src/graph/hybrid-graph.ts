@@ -18,8 +18,9 @@
  * in the file's order at load.
  *
  * `HybridGraph` holds what a model needs once; `HybridSequence` one sequence's state (the full
- * layers' KV cache, the linear layers' conv and recurrent states) and its recordings. Sequences
- * run one at a time (each call waits), so they share the scratch.
+ * layers' KV cache, the linear layers' conv and recurrent states) and its recordings; a
+ * `HybridBatch` (hybrid-batch.ts) several sequences' states, run together by `recordBatch`.
+ * Sequences and batches run one at a time (each call waits), so they share the scratch.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -30,6 +31,7 @@ import { GatingKernel } from "../kernels/decoder/gating.ts";
 import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
+import { RUN_WORDS, writeRuns, type RunsBinding } from "../kernels/decoder/runs.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
 import type { Linear } from "../model/linear.ts";
 import { ropeInverseFrequencies } from "../model/ops.ts";
@@ -41,7 +43,7 @@ import { DeviceLostError } from "../vk/errors.ts";
 import { Buffer } from "../vk/memory.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
-import { GRAPH_MAX_TOKENS, type GraphOutput } from "./decode-graph.ts";
+import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput } from "./decode-graph.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { selectRows } from "./linear-rows.ts";
@@ -128,13 +130,15 @@ export class HybridGraph implements Disposable {
   private readonly owned = new DisposableStack();
   readonly s: Record<
     "embed" | "positions" | "h" | "xn" | "o" | "ffn" | "mixed" | "conv" | "z" | "a" | "b" | "core" | "q" | "gate" | "k" | "v" | "attn" |
-    "routerLogits" | "sharedG" | "sharedU" | "sharedOut" | "sharedScale" | "logits" | "logitsHost" | "result" | "chosen",
+    "routerLogits" | "sharedG" | "sharedU" | "sharedOut" | "sharedScale" | "logits" | "logitsHost" | "result" | "chosen" | "runs",
     Buffer
   >;
-  readonly views: { embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; resultValue: Float32Array; chosen: Int32Array };
+  readonly views: { embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; resultValue: Float32Array; chosen: Int32Array; runs: Uint32Array };
   /** Fault hook for tests: the next replay reports a lost device (after really running). */
   injectDeviceLost = false;
   readonly live = new Set<HybridSequence>();
+  /** Batches not yet disposed (likewise: their recordings use the scratch). */
+  readonly liveBatches = new Set<Disposable>();
 
   constructor(device: Device, cfg: Qwen35MoeConfig, private readonly weights: HybridWeights, stage: MoeGraphStage) {
     this.device = device;
@@ -225,11 +229,13 @@ export class HybridGraph implements Disposable {
         routerLogits: b(T * E), sharedG: b(T * F), sharedU: b(T * F), sharedOut: b(T * D), sharedScale: b(T),
         logits: b(V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
         chosen: this.buffer(4 * cfg.layers * T * K, "readback"),
+        runs: this.buffer(4 * RUN_WORDS, "upload"),
       };
       this.views = {
         embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, BATCH_WORDS + T),
         logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
         resultValue: new Float32Array(this.s.result.host(), 4, 1), chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
+        runs: new Uint32Array(this.s.runs.host(), 0, RUN_WORDS),
       };
       this.views.positions.fill(0);
     } catch (e) {
@@ -260,9 +266,41 @@ export class HybridGraph implements Disposable {
     this.views.positions[0] = position;
   }
 
+  /**
+   * A batched replay's inputs: token t's embedding, position and cache row (its sequence's first
+   * row + the position), and the runs table grouping the tokens by their sequence `stateOf[t]`.
+   */
+  writeBatchInput(ids: ArrayLike<number>, positions: ArrayLike<number>, rows: ArrayLike<number>, stateOf: ArrayLike<number>): void {
+    const D = this.cfg.hidden, w = this.views.positions;
+    for (let t = 0; t < ids.length; t++) {
+      this.weights.embed(ids[t]!, this.views.embed.subarray(t * D, (t + 1) * D));
+      w[t] = positions[t]!;
+      w[BATCH_WORDS + t] = rows[t]!;
+    }
+    writeRuns(this.views.runs, stateOf, ids.length);
+  }
+
   /** Records S tokens through every layer (see the module comment) over `state`, ending as `output` asks. Returns the dispatches recorded. */
   recordToken(cb: CommandBuffer, state: SequenceState, output: GraphOutput, S = 1, mark: (op: string) => void = () => {}): number {
+    return this.record(cb, state, S, { output }, mark);
+  }
+
+  /**
+   * Records S tokens of a batch's sequences (`state` holds state.slots of them): token t at its
+   * own position and cache row (the positions words, as GraphBatch writes them), the linear
+   * layers' kernels on each token's sequence's states (the runs table), every token's logits
+   * into `outputs`. Returns the dispatches recorded.
+   */
+  recordBatch(cb: CommandBuffer, state: SequenceState, S: number, outputs: BatchOutputs, mark: (op: string) => void = () => {}): number {
+    return this.record(cb, state, S, { batch: outputs }, mark);
+  }
+
+  private record(cb: CommandBuffer, state: SequenceState, S: number, end: { output?: GraphOutput; batch?: BatchOutputs }, mark: (op: string) => void): number {
     if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
+    const batched = end.batch !== undefined;
+    // a batch: each token's sequence's conv and recurrent states, a slot's states slotConv / slotDelta floats apart
+    const convRuns: RunsBinding | undefined = batched ? { table: this.s.runs, stateStride: state.slotConvFloats, states: state.slots } : undefined;
+    const deltaRuns: RunsBinding | undefined = batched ? { table: this.s.runs, stateStride: state.slotDeltaFloats, states: state.slots } : undefined;
     const cfg = this.cfg, s = this.s, st = this.stage, P = this.params;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K, sharedIntermediate: F } = cfg;
     const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd } = cfg.linear;
@@ -286,7 +324,7 @@ export class HybridGraph implements Disposable {
       if (m.kind === "linear") {
         op("qkv, z, a, b", lin(m.qkv, s.xn, s.mixed) + lin(m.z, s.xn, s.z) + lin(m.a, s.xn, s.a) + lin(m.b, s.xn, s.b));
         cb.barrier("computeToCompute");
-        this.conv1d.record(cb, { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, out: s.conv, S, channels: C });
+        this.conv1d.record(cb, { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, out: s.conv, S, channels: C, runs: convRuns });
         op("conv1d");
         cb.barrier("computeToCompute");
         // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
@@ -299,6 +337,7 @@ export class HybridGraph implements Disposable {
             state: state.delta, stateOffset: m.slot * this.deltaStateFloats + j * heads * kd * vd,
             out: s.core, outOffset: j * heads * vd, outStride: Vd,
             norm: { z: s.z, zOffset: j * heads * vd, zStride: Vd, weightOffset: m.norm, eps },
+            runs: deltaRuns,
           });
         }
         op("delta rule + gated norm", g);
@@ -309,12 +348,12 @@ export class HybridGraph implements Disposable {
         cb.barrier("computeToCompute");
         state.rope.record(cb, {
           q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: state.keys[m.slot]!, vCache: state.values[m.slot]!,
-          S, heads: H, kvHeads: KV, headDim: hd, ctx: state.ctx, pos0: 0, positions: s.positions, posIndex: 0,
+          S, heads: H, kvHeads: KV, headDim: hd, ctx: state.rows, pos0: 0, positions: s.positions, posIndex: 0, batched,
           norm: { weights: P, qOffset: m.qNorm, kOffset: m.kNorm, eps }, rotaryDim: cfg.rotaryDim,
         });
         op("q/k norms + partial rope + kv append");
         cb.barrier("computeToCompute");
-        state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0 });
+        state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0, batched });
         op("attention", 2);
         cb.barrier("computeToCompute");
         this.gating.record(cb, { mode: "sigmoid-gate", x: s.attn, g: s.gate, y: s.attn, S, n: H * hd });
@@ -343,6 +382,18 @@ export class HybridGraph implements Disposable {
       op("shared expert add");
       cb.barrier("computeToCompute");
     }
+    if (end.batch) {
+      // every token's logits: each row is another sequence's next token (or a prompt's)
+      this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps });
+      op("final norm");
+      cb.barrier("computeToCompute");
+      this.lmHead.record(cb, s.xn, end.batch.logits, S);
+      op("lm_head", this.lmHead.dispatches(S));
+      cb.barrier("computeToTransfer").copyBuffer(end.batch.logits, end.batch.logitsHost, BigInt(4 * S * cfg.vocab)).barrier("transferToHost");
+      cb.barrier("computeToHost");
+      return n;
+    }
+    const output = end.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
       this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
@@ -364,6 +415,7 @@ export class HybridGraph implements Disposable {
 
   private dispose(): void {
     for (const seq of [...this.live]) seq[Symbol.dispose]();
+    for (const batch of [...this.liveBatches]) batch[Symbol.dispose]();
     this.owned.dispose();
   }
 
@@ -377,27 +429,44 @@ export class HybridGraph implements Disposable {
   }
 }
 
-/** One sequence's device state: the full layers' f16 KV cache with its kernels, the linear layers' states. */
+/**
+ * One sequence's device state: the full layers' f16 KV cache with its kernels, the linear layers'
+ * states; or a batch's: `slots` sequences, sequence i's cache rows from i * ctx and its states
+ * slotConvFloats / slotDeltaFloats floats from the start of `conv` / `delta`.
+ */
 export interface SequenceState {
+  /** Positions per sequence. */
   ctx: number;
+  /** Sequences; cache rows in all (slots x ctx). */
+  slots: number;
+  rows: number;
   keys: Buffer[];
   values: Buffer[];
   rope: RopeKvKernel;
   attention: DecoderAttention;
   bindings: AttentionBinding[];
-  /** [linear layers][channels][kernel − 1] f32. */
+  /** [slots][linear layers][channels][kernel − 1] f32. */
   conv: Buffer;
-  /** [linear layers][valueHeads][keyDim][valueDim] f32. */
+  /** [slots][linear layers][valueHeads][keyDim][valueDim] f32. */
   delta: Buffer;
+  /** Floats of one sequence's states (every linear layer's): the distance between slots. */
+  slotConvFloats: number;
+  slotDeltaFloats: number;
   bytes: number;
 }
 
-function openSequenceState(graph: HybridGraph, ctx: number, owned: DisposableStack): SequenceState {
+export function openSequenceState(graph: HybridGraph, ctx: number, owned: DisposableStack, slots = 1): SequenceState {
   const cfg = graph.cfg, device = graph.device;
   const { kvHeads: KV, headDim: hd, heads: H } = cfg;
-  const layerBytes = ctx * KV * hd * 2;
+  const rows = slots * ctx;
+  const layerBytes = rows * KV * hd * 2;
   const limit = device.info.limits.maxStorageBufferRange;
-  if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${ctx} positions takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
+  const what = slots === 1 ? `${ctx} positions` : `${slots} x ${ctx} positions`;
+  if (layerBytes > limit) throw new GraphUnsupportedError(`a KV cache of ${what} takes ${layerBytes} bytes per layer, past this device's maxStorageBufferRange of ${limit}`);
+  const slotConvFloats = graph.linearLayers * graph.convStateFloats, slotDeltaFloats = graph.linearLayers * graph.deltaStateFloats;
+  // each state buffer is bound whole: every slot's must fit one binding
+  const deltaBytes = 4 * slots * slotDeltaFloats;
+  if (deltaBytes > limit) throw new GraphUnsupportedError(`the recurrent states of ${slots} sequences take ${deltaBytes} bytes, past this device's maxStorageBufferRange of ${limit}`);
   const buffer = (bytes: number) => owned.use(new Buffer(device, { size: BigInt(Math.max(16, Math.ceil(bytes / 16) * 16)), memory: "device", priority: 1 }));
   const keys: Buffer[] = [], values: Buffer[] = [];
   for (let l = 0; l < graph.fullLayers; l++) {
@@ -411,10 +480,10 @@ function openSequenceState(graph: HybridGraph, ctx: number, owned: DisposableSta
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
   const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
-  const conv = buffer(4 * graph.linearLayers * graph.convStateFloats);
-  const delta = buffer(4 * graph.linearLayers * graph.deltaStateFloats);
+  const conv = buffer(4 * slots * slotConvFloats);
+  const delta = buffer(deltaBytes);
   const bytes = 2 * graph.fullLayers * Math.ceil(layerBytes / 16) * 16 + Number(conv.size) + Number(delta.size);
-  return { ctx, keys, values, rope, attention, bindings, conv, delta, bytes };
+  return { ctx, slots, rows, keys, values, rope, attention, bindings, conv, delta, slotConvFloats, slotDeltaFloats, bytes };
 }
 
 export class HybridSequence implements Disposable {
@@ -557,8 +626,12 @@ export class HybridSequence implements Disposable {
   }
 }
 
-/** Device bytes the hybrid graph takes beside the experts: dense weights, parameters, the full layers' KV cache of ctx positions, the states, ~16 MiB of scratch. */
-export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, ctx: number): number {
+/**
+ * Device bytes the hybrid graph takes beside the experts: dense weights, parameters, the full
+ * layers' KV cache of ctx positions and the linear layers' states for each of `slots` sequences
+ * (a HybridBatch's; 1: one session), ~16 MiB of scratch.
+ */
+export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, ctx: number, slots = 1): number {
   let bytes = w.lmHead.bytes;
   const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd, convKernel } = cfg.linear;
   const C = 2 * KH * kd + VH * vd;
@@ -566,7 +639,8 @@ export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, 
   for (const l of w.layers) {
     const sh = l.shared;
     bytes += l.router.bytes + sh.gate.bytes + sh.up.bytes + sh.down.bytes + sh.scale.bytes + 8 * cfg.hidden;
-    if (l.linear) bytes += l.linear.qkv.bytes + l.linear.z.bytes + l.linear.a.bytes + l.linear.b.bytes + l.linear.out.bytes + 4 * (C * (2 * convKernel - 1) + VH * kd * vd);
+    // the conv taps once; each sequence's conv and recurrent states
+    if (l.linear) bytes += l.linear.qkv.bytes + l.linear.z.bytes + l.linear.a.bytes + l.linear.b.bytes + l.linear.out.bytes + 4 * (C * convKernel + slots * (C * (convKernel - 1) + VH * kd * vd));
     if (l.attention) {
       full++;
       bytes += l.attention.q.bytes + l.attention.k.bytes + l.attention.v.bytes + l.attention.o.bytes;
@@ -574,5 +648,5 @@ export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, 
   }
   const record = 4 * cfg.heads * (cfg.headDim + 4);
   const partials = Math.max(4 * Math.ceil(ctx / 32), 64 * 16) * record;
-  return bytes + 2 * full * ctx * cfg.kvHeads * cfg.headDim * 2 + partials + 16 * 2 ** 20;
+  return bytes + 2 * full * slots * ctx * cfg.kvHeads * cfg.headDim * 2 + partials + 16 * 2 ** 20;
 }

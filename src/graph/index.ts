@@ -12,6 +12,7 @@ import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } fro
 import { ExpertsNotResidentError, type MoeGraphStage } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
+import { HybridBatch } from "./hybrid-batch.ts";
 import { HybridGraph } from "./hybrid-graph.ts";
 import type { Qwen35MoeConfig } from "../model/qwen35-config.ts";
 import type { HybridWeights } from "../model/qwen35-weights.ts";
@@ -64,6 +65,10 @@ export interface DeviceBatch extends Disposable {
   readonly cacheBytes: number;
   /** 1..GRAPH_MAX_TOKENS tokens of any slots in one replay: their logits, [S][vocab] (valid until the next run). Throws DeviceLostError when the device is lost. */
   run(entries: readonly BatchEntry[]): Float32Array;
+  /** As DeviceSequence.rewindable: false where a slot holds recurrent states (truncating it calls reset(slot) and runs the kept tokens again). Absent: true. */
+  readonly rewindable?: boolean;
+  /** Slot `slot` back to an empty sequence (its recurrent states zeroed). */
+  reset?(slot: number): void;
 }
 
 export interface DeviceDecoder extends Disposable {
@@ -150,8 +155,8 @@ class HybridDecoder implements DeviceDecoder {
     return this.graph.sequence(ctx, options);
   }
 
-  batch(): DeviceBatch {
-    throw new GraphUnsupportedError("batched decode (one replay for several sequences) runs Qwen3-MoE only; Qwen3.5's sequences run one session each");
+  batch(slots: number, ctx: number): DeviceBatch {
+    return new HybridBatch(this.graph, slots, ctx);
   }
 
   simulateDeviceLoss(): void {

@@ -70,6 +70,22 @@ export class SessionBatch implements Disposable {
   truncate(slot: number, keep = 0): void {
     const h = this.held[this.checkSlot(slot)]!;
     if (!Number.isInteger(keep) || keep < 0 || keep > h.length) throw new ContextLengthError(`cannot keep ${keep} of ${h.length} tokens`);
+    if (this.device && this.device.rewindable === false && keep < h.length) {
+      // recurrent states (Qwen3.5) cannot drop tokens: the slot starts over and the kept ones run again
+      const kept = h.slice(0, keep);
+      h.length = keep; // what the slot holds after; a device lost on the way re-runs it on a session
+      this.onDevice(
+        (d) => {
+          d.reset!(slot);
+          for (let at = 0; at < kept.length; at += GRAPH_MAX_TOKENS) {
+            d.run(kept.slice(at, at + GRAPH_MAX_TOKENS).map((id, t) => ({ slot, id, position: at + t })));
+            this.counts.runs++;
+          }
+        },
+        () => undefined,
+      );
+      return;
+    }
     h.length = keep;
     this.sessions?.[slot]!.truncate(keep);
   }

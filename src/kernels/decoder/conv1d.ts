@@ -1,7 +1,9 @@
 /**
  * Gated DeltaNet's causal depthwise conv1d + SiLU on the GPU (shaders/dec_conv1d.comp), as
  * src/model/linear-attention.ts causalConv1dSilu, for S = 1..64 tokens: one invocation per channel,
- * the rolling state [channels][kernel − 1] (oldest first) read and replaced in place.
+ * the rolling state [channels][kernel − 1] (oldest first) read and replaced in place. With `runs`
+ * (a batch of sequences) the tokens are grouped by sequence (src/kernels/decoder/runs.ts): each
+ * sequence's in order on its own state, the sequences side by side (a workgroup row each).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -9,9 +11,10 @@ import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+import { checkRuns, RUNS_MAX_TOKENS, type RunsBinding } from "./runs.ts";
 
-/** x r, weights r, state rw, out w; push S, channels, xOffset, xStride, wOffset, stateOffset, outOffset, outStride: 32 B. */
-export const DEC_CONV1D: ShaderInterface = { name: "dec_conv1d", storageBuffers: 4, pushConstantBytes: 32 };
+/** x r, weights r, state rw, out w, runs r; push S, channels, xOffset, xStride, wOffset, stateOffset, outOffset, outStride, stateStride, flags: 40 B. */
+export const DEC_CONV1D: ShaderInterface = { name: "dec_conv1d", storageBuffers: 5, pushConstantBytes: 40 };
 export const CONV1D_MAX_S = 64;
 export const CONV1D_MAX_KERNEL = 8;
 
@@ -33,6 +36,11 @@ export interface Conv1dArgs {
   stateOffset?: number;
   outOffset?: number;
   outStride?: number;
+  /**
+   * A batch: the S tokens belong to sequences whose states lie `runs.stateStride` floats apart
+   * from stateOffset; the runs table says which token is whose (at most RUNS_MAX_TOKENS tokens).
+   */
+  runs?: RunsBinding;
 }
 
 export interface Conv1dKernelOptions extends DecoderKernelOptions {
@@ -54,7 +62,7 @@ export class Conv1dKernel extends DecoderKernel {
     this.workgroupSize = wg;
   }
 
-  /** Records one dispatch of ceil(channels / workgroupSize) workgroups. The caller places barriers around it. */
+  /** Records one dispatch of ceil(channels / workgroupSize) workgroups (x S rows with runs). The caller places barriers around it. */
   record(cb: CommandBuffer, a: Conv1dArgs): CommandBuffer {
     const { S, channels: C } = a;
     const K = this.kernel;
@@ -67,11 +75,16 @@ export class Conv1dKernel extends DecoderKernel {
     checkRange("conv1d x", a.x, xOffset, xWords);
     checkRange("conv1d weight", a.weight, weightOffset, C * K);
     checkRange("conv1d state", a.state, stateOffset, C * (K - 1));
+    if (a.runs) {
+      if (S > RUNS_MAX_TOKENS) throw new InvalidArgumentError(`a batched conv1d takes at most ${RUNS_MAX_TOKENS} tokens, got ${S}`);
+      checkRuns("conv1d", a.runs, a.state, stateOffset, C * (K - 1));
+    }
     checkRange("conv1d out", a.out, outOffset, outWords);
     if (a.out === a.x && outOffset < xOffset + xWords && xOffset < outOffset + outWords) throw new InvalidArgumentError("conv1d: out must not overlap x");
-    const set = this.setFor([a.x, a.weight, a.state, a.out]);
+    // without runs the table binding is unread: x stands in
+    const set = this.setFor([a.x, a.weight, a.state, a.out, a.runs?.table ?? a.x]);
     const [gx, gy] = this.grid(Math.ceil(C / this.workgroupSize));
-    const pc = pushWords([S, C, xOffset, xStride, weightOffset, stateOffset, outOffset, outStride]);
-    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+    const pc = pushWords([S, C, xOffset, xStride, weightOffset, stateOffset, outOffset, outStride, a.runs?.stateStride ?? 0, a.runs ? 1 : 0]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy, a.runs ? S : 1);
   }
 }

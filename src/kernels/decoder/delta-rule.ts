@@ -14,6 +14,10 @@
  * out [S][valueHeads · valueDim]; negA (−exp(A_log)), dtBias [valueHeads] and the norm weight
  * [valueDim] at offsets of one parameter buffer.
  *
+ * With `runs` (a batch of sequences, src/kernels/decoder/runs.ts) each sequence's tokens run in
+ * order on its own state, a workgroup per (sequence, value head): a decode round of S sequences is
+ * S x valueHeads independent workgroups, not S dependent steps of valueHeads.
+ *
  * A prompt chunk runs its tokens one after another inside each workgroup (S dependent steps of a
  * rank-1 update): right for decode, slow for long prompts, where a chunk-parallel kernel belongs.
  */
@@ -23,13 +27,14 @@ import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+import { checkRuns, RUNS_MAX_TOKENS, type RunsBinding } from "./runs.ts";
 
 /**
- * qkv r, a r, b r, z r, params r, state rw, out w; push S, keyHeads, valueHeads, qOffset, kOffset,
+ * qkv r, a r, b r, z r, params r, state rw, out w, runs r; push S, keyHeads, valueHeads, qOffset, kOffset,
  * vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride,
- * stateOffset, negAOffset, dtBiasOffset, normOffset (uints), eps (f32, byte 76), flags: 84 B.
+ * stateOffset, negAOffset, dtBiasOffset, normOffset (uints), eps (f32, byte 76), flags, stateStride: 88 B.
  */
-export const DEC_DELTA_RULE: ShaderInterface = { name: "dec_delta_rule", storageBuffers: 7, pushConstantBytes: 84 };
+export const DEC_DELTA_RULE: ShaderInterface = { name: "dec_delta_rule", storageBuffers: 8, pushConstantBytes: 88 };
 export const DELTA_RULE_MAX_S = 64;
 /** State rows each invocation keeps in registers by default (keyDim / parts). */
 const DEFAULT_ROWS = 32;
@@ -69,6 +74,8 @@ export interface DeltaRuleArgs {
   outStride?: number;
   /** The gated RMSNorm fused in: out = w · (o / sqrt(mean(o²) + eps)) · silu(z) per head, w at params[weightOffset]. */
   norm?: { z: Buffer; zOffset?: number; zStride?: number; weightOffset: number; eps: number };
+  /** A batch: the tokens' sequences and their states, `runs.stateStride` floats apart from stateOffset (see the module comment). */
+  runs?: RunsBinding;
 }
 
 export interface DeltaRuleKernelOptions extends DecoderKernelOptions {
@@ -107,7 +114,7 @@ export class DeltaRuleKernel extends DecoderKernel {
     return valueHeads * this.keyDim * this.valueDim;
   }
 
-  /** Records one dispatch of valueHeads workgroups. The caller places barriers around it. */
+  /** Records one dispatch of valueHeads workgroups (x S rows with runs). The caller places barriers around it. */
   record(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
     const { S, keyHeads: Hk, valueHeads: Hv } = a;
     const Dk = this.keyDim, Dv = this.valueDim;
@@ -136,6 +143,10 @@ export class DeltaRuleKernel extends DecoderKernel {
       checkRange("delta rule dtBias", params!, dtBiasOffset, Hv);
     }
     checkRange("delta rule state", a.state, stateOffset, this.stateFloats(Hv));
+    if (a.runs) {
+      if (S > RUNS_MAX_TOKENS) throw new InvalidArgumentError(`a batched delta rule takes at most ${RUNS_MAX_TOKENS} tokens, got ${S}`);
+      checkRuns("delta rule", a.runs, a.state, stateOffset, this.stateFloats(Hv));
+    }
     checkRange("delta rule out", a.out, outOffset, rows(outStride, Vd));
     // token t's output is written before token t + 1's inputs are read
     const qkvStart = Math.min(qOffset, kOffset, vOffset);
@@ -150,12 +161,13 @@ export class DeltaRuleKernel extends DecoderKernel {
       checkRange("delta rule norm weight", params!, norm.weightOffset, Dv);
       if (!(norm.eps >= 0 && Number.isFinite(norm.eps))) throw new InvalidArgumentError(`norm eps must be finite and >= 0, got ${norm.eps}`);
     }
-    const flags = (norm ? 1 : 0) | (given ? 2 : 0);
-    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, params ?? a.qkv, a.state, a.out]);
+    const flags = (norm ? 1 : 0) | (given ? 2 : 0) | (a.runs ? 4 : 0);
+    // without runs the table binding is unread: qkv stands in
+    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv]);
     const pc = pushWords(
-      [S, Hk, Hv, qOffset, kOffset, vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride, stateOffset, negAOffset, dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags],
+      [S, Hk, Hv, qOffset, kOffset, vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride, stateOffset, negAOffset, dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags, a.runs?.stateStride ?? 0],
       [19],
     );
-    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(Hv, 1);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(Hv, a.runs ? S : 1);
   }
 }

@@ -8,8 +8,9 @@
 //           moe_sum.comp then adds a token's slots (the same work list header it reads).
 // Work list (binding 1) as moe.glsl defines it: [0] = (S, slotsPerToken, items, sequence number),
 // [1 + u] = (expert id, unused, pairStart, pairCount), the item's slots in pairs[] (src/moe/routing.ts
-// WorkList). Workgroup (x, y) = (block of ROWS_PER_WG rows, work item y): an expert's blocks are read
-// once per chunk of TOKENS slots, not once per slot.
+// WorkList; dec_route / dec_group_experts write the same layout in the decode graph, with the expert
+// id as the handle's first word). Workgroup (x, y) = (block of ROWS_PER_WG rows, work item y): an
+// expert's blocks are read once per chunk of TOKENS slots, not once per slot.
 // Addressing: every expert of the layer lives in one storage buffer (binding 5); the expert table
 // (binding 6, uvec4 per expert) gives the byte offsets of its (gate, up, down) matrices in it. Plain
 // descriptors, no buffer device address: no device feature needed (Lavapipe included), one
@@ -60,7 +61,12 @@ void main() {
     if (rowBase >= pc.O) return;  // whole workgroup: uniform
     const uint t = gl_LocalInvocationIndex;
     const uint K = work[0].y;
+    // The grid may cover more items than the list holds (the decode graph sizes it for the most a
+    // call can have, before dec_group_experts counts them): those workgroups have nothing to do.
+    if (gl_WorkGroupID.y >= work[0].z) return;  // uniform
     const uvec4 item = work[1u + gl_WorkGroupID.y];
+    // No expert (dec_route's NONE for NaN logits): nothing to read; moe_sum skips its slot by weight.
+    if (item.x >= uint(expertTable.length())) return;  // uniform
     const uvec4 offs = expertTable[item.x];
     const uint units = pc.cols >> 5u;
     const uint rowBytes = (units / UNITS_PER_BLOCK) * BLOCK_BYTES;

@@ -12,6 +12,13 @@
  * does not end the comparison), and vkmoe's argmax must be llama.cpp's at every step where vkmoe's
  * top-1 margin is >= MARGIN (0.5, above any flip this distance can cause at a normal step: every
  * disagreement seen had a margin <= 0.1); at least MIN_COMPARED of the 32 steps must be compared.
+ *
+ * Three ways to run each file: the CPU decoder (VKMOE_GPU=0); per-layer mode, the routed experts on
+ * the GPU as the file holds them (src/moe/ggml-backend.ts; Lavapipe: the graph is not tried on a CPU
+ * device), every step's logits within NMSE 1e-9 of the CPU path's (the same GGML weights, f32 sums
+ * against f64); resident mode (VKMOE_GRAPH=on: the whole token in one submit, the experts through
+ * GgmlGraphStage), within the graph's bound 1e-6 of the CPU path with an f16 KV cache
+ * (test/model-graph.test.ts). And the CPU fallback when the experts do not fit the budget.
  */
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -60,16 +67,31 @@ function top(logits: Float32Array): { id: number; margin: number } {
   return { id: a, margin: logits[a]! - logits[b]! };
 }
 
-/** At each step of llama.cpp's greedy ids (fed back as they are): vkmoe's argmax is llama.cpp's where its margin allows. */
-function checkAgainstLlamaCpp(model: Model, ref: Reference): { compared: number[]; logitDistance: number } {
+/**
+ * At each step of llama.cpp's greedy ids (fed back as they are): vkmoe's argmax is llama.cpp's where
+ * its margin allows; with `oracle`, every step's logits are also within NMSE `bound` of that model's
+ * (the CPU path on the same file; KV cache `cache`).
+ */
+function checkAgainstLlamaCpp(
+  model: Model, ref: Reference, oracle?: { model: Model; bound: number; cache: "f32" | "f16" },
+): { compared: number[]; logitDistance: number; worstNmse: number } {
   const compared: number[] = [];
-  let logitDistance = 0;
+  let logitDistance = 0, worstNmse = 0;
   for (const p of ref.prompts) {
     expect(model.tokenizer.encode(p.text)).toEqual(p.prompt_ids);
     // llama.cpp's text is its pieces' bytes decoded as UTF-8 (invalid bytes as U+FFFD), control tokens left out.
     expect(model.tokenizer.decode(p.greedy_ids, { skipSpecial: true })).toBe(p.greedy_text);
-    const session = model.session({ ctx: p.prompt_ids.length + p.greedy_ids.length + 1 });
+    const ctx = p.prompt_ids.length + p.greedy_ids.length + 1;
+    const session = model.session({ ctx });
+    const cpu = oracle?.model.session({ ctx, cpuCache: oracle.cache });
+    const against = (logits: Float32Array, want: Float32Array | undefined) => {
+      if (!want) return;
+      const e = nmse(want, logits);
+      worstNmse = Math.max(worstNmse, e);
+      expect(e).toBeLessThanOrEqual(oracle!.bound);
+    };
     let logits = session.prefill(p.prompt_ids);
+    against(logits, cpu?.prefill(p.prompt_ids));
     const { ids, values } = p.last_prompt_logits;
     ids.forEach((id, i) => (logitDistance = Math.max(logitDistance, Math.abs(logits[id]! - values[i]!))));
     let n = 0;
@@ -80,12 +102,13 @@ function checkAgainstLlamaCpp(model: Model, ref: Reference): { compared: number[
         n++;
       }
       logits = session.step(want);
+      against(logits, cpu?.step(want));
     });
     compared.push(n);
     expect(n).toBeGreaterThanOrEqual(MIN_COMPARED);
   }
   expect(logitDistance).toBeLessThanOrEqual(LOGIT_TOLERANCE);
-  return { compared, logitDistance };
+  return { compared, logitDistance, worstNmse };
 }
 
 const env = (overrides: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...overrides });
@@ -93,22 +116,55 @@ const env = (overrides: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o
 describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.cpp CPU's", () => {
   for (const mix of ["Q4_K_M", "Q5_K_M"]) {
     const ref = reference(mix);
+    const file = `${DIR}/${ref.file}`;
     const expertTypes = [...new Set(Object.entries(ref.tensor_types).filter(([n]) => n.includes("_exps.")).map(([, t]) => t))].sort();
-    for (const [path, e] of [["CPU decoder (VKMOE_GPU=0)", { VKMOE_GPU: false }], ["GPU enabled", { VKMOE_VALIDATION: true }]] as const) {
-      test(`${mix}, ${path}: experts on the CPU, said in one line; greedy ids equal wherever margins >= ${MARGIN}`, async () => {
-        const lines: string[] = [];
-        using model = await Model.load(`${DIR}/${ref.file}`, { env: env(e), log: (l) => lines.push(l) });
-        // Every MoE layer's experts are K-quants: no MoE backend opens, so the whole token runs on the CPU.
-        expect(model.device.mode).toBe("cpu");
-        expect(model.device.experts).toBe("cpu");
-        const why = `${expertTypes.join("/")} experts run on the CPU: the GPU has no kernels for them yet`;
-        expect(model.device.why).toContain(why);
-        expect(lines.filter((l) => l.includes("experts"))).toEqual([expect.stringMatching(new RegExp(`^vkmoe: ${why.replaceAll("/", "\\/")} \\(read in place: [\\d.]+ MiB`))]);
-        const { compared, logitDistance } = checkAgainstLlamaCpp(model, ref);
-        console.log(`${mix} ${path}: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's`);
-      }, 60_000);
-    }
+    const types = expertTypes.join("/");
+    const typesRe = types.replaceAll("/", "\\/");
+
+    test(`${mix}, CPU decoder (VKMOE_GPU=0): experts on the CPU, said in one line; greedy ids equal wherever margins >= ${MARGIN}`, async () => {
+      const lines: string[] = [];
+      using model = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: (l) => lines.push(l) });
+      expect(model.device.mode).toBe("cpu");
+      expect(model.device.experts).toBe("cpu");
+      expect(model.device.why).toContain(`${types} experts run on the CPU: VKMOE_GPU=0`);
+      expect(lines.filter((l) => l.includes("experts"))).toEqual([`vkmoe: ${types} experts run on the CPU: VKMOE_GPU=0`]);
+      const { compared, logitDistance } = checkAgainstLlamaCpp(model, ref);
+      console.log(`${mix} CPU: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's`);
+    }, 60_000);
+
+    test(`${mix}, GPU per-layer: the experts on the GPU as the file holds them; logits NMSE <= 1e-9 of the CPU path, greedy ids llama.cpp's`, async () => {
+      const lines: string[] = [];
+      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "auto" }), log: (l) => lines.push(l) });
+      using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
+      expect(model.device.mode, model.device.why).toBe("per-layer");
+      expect(model.device.experts).toBe("gpu");
+      expect(model.device.why).toMatch(new RegExp(`GPU: .*, ${typesRe} experts resident as the file holds them`));
+      expect(lines.filter((l) => l.includes("run on the CPU"))).toEqual([]);
+      const { compared, logitDistance, worstNmse } = checkAgainstLlamaCpp(model, ref, { model: cpu, bound: 1e-9, cache: "f32" });
+      expect(model.takeValidationMessages()).toEqual([]);
+      console.log(`${mix} GPU per-layer: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's; NMSE vs CPU ${worstNmse.toExponential(2)}`);
+    }, 90_000);
+
+    test(`${mix}, GPU resident (VKMOE_GRAPH=on): the whole token in one submit; logits NMSE <= 1e-6 of the CPU path (f16 KV cache), greedy ids llama.cpp's`, async () => {
+      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off" }), log: () => {} });
+      using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
+      expect(model.device.mode, model.device.why).toBe("resident");
+      expect(model.device.experts).toBe("gpu");
+      const { compared, logitDistance, worstNmse } = checkAgainstLlamaCpp(model, ref, { model: cpu, bound: 1e-6, cache: "f16" });
+      expect(model.takeValidationMessages()).toEqual([]);
+      console.log(`${mix} GPU resident: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's; NMSE vs CPU ${worstNmse.toExponential(2)}`);
+    }, 90_000);
   }
+
+  test("Q4_K_M, GPU enabled, a budget the experts do not fit: the CPU path, one line saying how much did not fit", async () => {
+    const ref = reference("Q4_K_M");
+    const lines: string[] = [];
+    using model = await Model.load(`${DIR}/${ref.file}`, { env: env({ VKMOE_VALIDATION: true }), budgetMB: 1, log: (l) => lines.push(l) });
+    expect(model.device.mode).toBe("cpu");
+    expect(model.device.experts).toBe("cpu");
+    expect(lines.filter((l) => l.includes("experts"))).toEqual([expect.stringMatching(/^vkmoe: Q4_K\/Q6_K experts run on the CPU: [\d.]+ MiB do not fit the GPU budget of 1\.0 MiB \(they run resident or not at all\)$/)]);
+    checkAgainstLlamaCpp(model, ref);
+  }, 60_000);
 });
 
 const tmp = mkdtempSync(join(tmpdir(), "vkmoe-kquant-"));

@@ -19,7 +19,7 @@ import { f32ToF16Bits } from "../src/quant/half.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
-import { expectTail, f32, hostBuffer, u32 } from "./support/host-buffers.ts";
+import { expectTail, f32, hostBuffer, SENTINEL, u32 } from "./support/host-buffers.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -154,6 +154,49 @@ describe("other kernel shapes", () => {
         expect(nmse(cpuMoe(experts, x, r, 256), gpuMoe(kernels, layer, x, r))).toBeLessThanOrEqual(1e-9);
       }
     }
+  }, 60_000);
+});
+
+describe("the decode graph's work lists", () => {
+  // The graph dispatches a grid of the most items a call can have (dec_group_experts counts them on
+  // the device) and dec_route writes NONE (0xFFFFFFFF) as the expert of a slot with NaN logits.
+  test("workgroups past the header's item count return; an item with no expert (id >= E) is skipped, its slot weight 0", () => {
+    const D = 256, I = 512, S = 3, k = 2;
+    using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" });
+    const experts = randomExperts(E, D, I, "Q4_K", "Q6_K", 77);
+    using layer = new GgmlExpertLayer(device, experts);
+    // tokens sharing experts: 3 items for 6 slots, so the grid (6, the most a call can have) has room past them
+    const r: Routing = { S, k, ids: Int32Array.from([0, 1, 1, 0, 0, 2]), weights: Float32Array.from([0.7, 0.3, 0.6, 0.4, 0.9, 0.1]) };
+    const x = randomGaussianF32(S * D, 79);
+    const list = new WorkList(E, S * k + 1);
+    list.build(r, E, false);
+    const slots = S * k, grid = slots;
+    expect(list.items).toBe(3);
+    using xb = hostBuffer(device, S * D, "upload");
+    using work = hostBuffer(device, 4 * (1 + grid), "upload");
+    using pairs = hostBuffer(device, slots + 1, "upload");
+    using sw = hostBuffer(device, slots + 1, "upload");
+    using h = hostBuffer(device, (slots + 1) * I);
+    using ypair = hostBuffer(device, (slots + 1) * D);
+    using y = hostBuffer(device, S * D);
+    using done = hostBuffer(device, 1);
+    f32(xb, S * D).set(x);
+    const w = u32(work, 4 * (1 + grid));
+    writeWorkList(list, S, 5, w, u32(pairs, slots), f32(sw, slots));
+    // one more item in the header: no expert, over an extra slot of weight 0 (past the S*k summed ones)
+    w.set([0xffffffff, 0xffffffff, slots, 1], 4 * (1 + list.items));
+    w[2] = list.items + 1;
+    u32(pairs, 1, slots)[0] = slots;
+    f32(sw, 1, slots)[0] = 0;
+    // the grid's remaining entries: stale items (an expert no token chose, over item 2's slot), which
+    // only a workgroup past the count would run, overwriting that slot's h and ypair rows
+    for (let u = list.items + 1; u < grid; u++) w.set([3, 0, list.pairStart[2]!, 1], 4 * (1 + u));
+    submitAndWait(device, (cb) => kernels.record(cb, { layer, S, items: grid, slotsPerToken: k, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done }));
+    expect(nmse(cpuMoe(experts, x, r, D), f32(y, S * D).slice())).toBeLessThanOrEqual(1e-9);
+    // the skipped item's h and ypair rows were not written (still SENTINEL), nor anything past them
+    expect([...u32(h, I, slots * I)].every((v) => v === SENTINEL)).toBe(true);
+    expect([...u32(ypair, D, slots * D)].every((v) => v === SENTINEL)).toBe(true);
+    for (const [b, n, what] of [[h, (slots + 1) * I, "h"], [ypair, (slots + 1) * D, "ypair"], [y, S * D, "y"]] as const) expectTail(b, n, what);
   }, 60_000);
 });
 

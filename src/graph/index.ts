@@ -3,13 +3,12 @@
  * `openDeviceDecoder` builds the decode graph over a GPU MoE backend whose experts are all
  * resident, or throws GraphUnsupportedError saying why not.
  */
-import type { MoeBackend } from "../moe/backend.ts";
 import type { Qwen3MoeConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import { VkmoeError } from "../errors.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
-import { ExpertsNotResidentError, type MoeGraphStage } from "../moe/graph-stage.ts";
+import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
 import { HybridBatch } from "./hybrid-batch.ts";
@@ -116,7 +115,7 @@ class GraphDecoder implements DeviceDecoder {
  * be resident. Throws GraphUnsupportedError (or the pool's ExpertsNotResidentError, a
  * VkmoeError) with the reason when the model cannot run so.
  */
-export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, backend: MoeBackend, policy: "auto" | "on" = "auto"): DeviceDecoder {
+export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, backend: MoeStageSource, policy: "auto" | "on" = "auto"): DeviceDecoder {
   const ctx = backend.context;
   if (!ctx || backend.mode !== "gpu") throw new GraphUnsupportedError(`the MoE layer runs on the CPU (${backend.why})`);
   // Lavapipe, tiny fixture: 175 ms a token replayed against 14 ms on the CPU decoder (2-core host).
@@ -174,7 +173,7 @@ class HybridDecoder implements DeviceDecoder {
  * every routed expert must be resident (there is no split mode for this family: the CPU decoder
  * runs per-layer instead). Throws GraphUnsupportedError with the reason when the model cannot run so.
  */
-export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, backend: MoeBackend, policy: "auto" | "on" = "auto"): DeviceDecoder {
+export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, backend: MoeStageSource, policy: "auto" | "on" = "auto"): DeviceDecoder {
   const ctx = backend.context;
   if (!ctx || backend.mode !== "gpu") throw new GraphUnsupportedError(`the MoE layer runs on the CPU (${backend.why})`);
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);

@@ -1,17 +1,20 @@
 /**
  * The routed experts of every MoE layer behind one call, `forward(layer, x, routing, y)`: q4/q8
- * experts run through `MoeBackend` (the GPU, or its CPU path, with one line saying why); float
- * experts (`--quant none`, float GGUF experts) and GGML block experts (Q4_K, Q5_K, Q6_K ... of
- * Q4_K_M files; no GPU kernels yet) on the CPU, read in place from the file, f64 sums.
+ * experts run through `MoeBackend` (the GPU, or its CPU path, with one line saying why); GGML block
+ * experts (Q4_K, Q5_K, Q6_K, Q5_0 ... of K-quant files) through `GgmlMoeBackend` (resident on the GPU
+ * as the file holds them, or on the CPU with one line saying why); float experts (`--quant none`,
+ * float GGUF experts) on the CPU, read in place from the file, f64 sums.
  */
 import { collectGarbage } from "../ffi/index.ts";
 import { MoeBackend } from "../moe/backend.ts";
+import { GgmlMoeBackend } from "../moe/ggml-backend.ts";
+import type { GgmlExpertTensors } from "../moe/ggml-experts.ts";
 import type { ExpertWeights } from "../moe/reference.ts";
 import type { Routing } from "../moe/routing.ts";
 import type { QuantFormat } from "../quant/types.ts";
 import type { VkmoeEnv } from "../config.ts";
 import type { Qwen3MoeConfig } from "./config.ts";
-import type { Linear } from "./linear.ts";
+import { GgmlBlockLinear, type Linear } from "./linear.ts";
 import { silu } from "./ops.ts";
 import type { ExpertMatrices, LayerWeights, ModelWeights } from "./weights.ts";
 
@@ -28,7 +31,7 @@ export interface ExpertRunner extends Disposable {
   /** The device was lost under the decode graph: every backend to the CPU, silently (the session says it in one line). */
   abandonGpu(why: string): void;
   /** The one GPU backend every MoE layer runs on, when there is one (the decode graph routes on its device). */
-  readonly gpuBackend: MoeBackend | undefined;
+  readonly gpuBackend: MoeBackend | GgmlMoeBackend | undefined;
 }
 
 export interface ExpertRunnerOptions {
@@ -81,6 +84,10 @@ export function openExperts(cfg: ExpertConfig, weights: ExpertSource, options: E
   // Float and GGML block experts: Linears over the mapped file, run by the CPU.
   const cpu = formats.has("float") || formats.has("ggml") ? new CpuExperts(cfg, weights) : undefined;
   const E = cfg.experts;
+  // GGML block layers the GPU kernels take: every matrix a GGML block type, gate and up alike.
+  const ggmlLayers = weights.layers.flatMap((l, i) => (l.expertFormat === "ggml" ? [i] : []));
+  const ggmlGpuLayers = ggmlLayers.filter((l) => ggmlTensors(weights, l, 0) !== undefined);
+  let ggml: GgmlMoeBackend | undefined;
   try {
     for (const f of formats) {
       if (f === "float" || f === "ggml") continue;
@@ -104,8 +111,27 @@ export function openExperts(cfg: ExpertConfig, weights: ExpertSource, options: E
       }, options.env);
       backends.set(f, backend);
     }
+    if (ggmlGpuLayers.length > 0) {
+      let done = 0;
+      ggml = GgmlMoeBackend.open({
+        hidden: cfg.hidden, intermediate: cfg.expertIntermediate, experts: E, topK: cfg.topK, layers: cfg.layers, moeLayers: ggmlGpuLayers,
+        tensors: (l, e) => ggmlTensors(weights, l, e)!,
+        cpu: cpu!,
+        budgetMB: options.budgetMB,
+        reserveBytes: Math.ceil(options.reserveBytes ?? 0),
+        syncValidation: options.syncValidation ?? false,
+        // each layer's upload copies its experts into one short-lived array: freed now, not late
+        progress: () => {
+          collectGarbage();
+          options.progress?.(++done / ggmlGpuLayers.length);
+        },
+        log,
+      }, options.env);
+      if (ggml.mode === "gpu") for (const l of ggmlGpuLayers) weights.releaseExperts(l);
+    }
   } catch (e) {
     for (const b of backends.values()) b[Symbol.dispose]();
+    ggml?.[Symbol.dispose]();
     throw e;
   }
   // Upload every expert now, so that the first tokens do not wait on uploads.
@@ -123,17 +149,21 @@ export function openExperts(cfg: ExpertConfig, weights: ExpertSource, options: E
     if (backend.mode === "gpu") for (const l of r.complete) weights.releaseExperts(l);
     if (r.skipped > 0) log(`vkmoe: ${r.loaded} of ${r.loaded + r.skipped} experts fit the GPU budget; the others upload when routed to, evicting colder ones`);
   }
-  const byLayer = weights.layers.map((l) => {
+  const onGgml = new Set(ggmlGpuLayers);
+  const byLayer = weights.layers.map((l, i) => {
     const f = l.expertFormat;
-    return f === undefined ? undefined : f === "float" || f === "ggml" ? cpu! : backends.get(f)!;
+    return f === undefined ? undefined : onGgml.has(i) ? ggml! : f === "float" || f === "ggml" ? cpu! : backends.get(f)!;
   });
-  const cpuWhy = cpuExpertsWhy(weights.layers);
+  // The layers only the CPU runs (the GGML backend says its own line when it runs on the CPU).
+  const cpuOnly = weights.layers.map((l, i) => (onGgml.has(i) ? {} : l));
+  const cpuWhy = cpuExpertsWhy(cpuOnly);
   if (cpuWhy) log(`vkmoe: ${cpuWhy}`);
-  const all = [...backends.values()];
+  const all: (MoeBackend | GgmlMoeBackend)[] = [...backends.values(), ...(ggml ? [ggml] : [])];
+  const cpuLayers = cpuOnly.some((l) => l.expertFormat === "float" || l.expertFormat === "ggml");
   return {
     // Read each time: a lost device moves a backend to the CPU mid-generation.
     get mode() {
-      return all.length > 0 && !cpu && all.every((b) => b.mode === "gpu") ? "gpu" : "cpu";
+      return all.length > 0 && !cpuLayers && all.every((b) => b.mode === "gpu") ? "gpu" : "cpu";
     },
     get why() {
       const parts = all.map((b) => b.why);
@@ -143,7 +173,7 @@ export function openExperts(cfg: ExpertConfig, weights: ExpertSource, options: E
     forward: (layer, x, r, y) => byLayer[layer]!.forward(layer, x, r, y),
     abandonGpu: (why) => all.forEach((b) => b.abandonGpu(why)),
     get gpuBackend() {
-      return all.length === 1 && !cpu && all[0]!.mode === "gpu" ? all[0] : undefined;
+      return all.length === 1 && !cpuLayers && all[0]!.mode === "gpu" ? all[0] : undefined;
     },
     takeValidationMessages: () => all.flatMap((b) => b.takeValidationMessages()),
     simulateDeviceLoss: () => all.forEach((b) => b.injectDeviceLost()),
@@ -155,9 +185,24 @@ export function openExperts(cfg: ExpertConfig, weights: ExpertSource, options: E
 
 const MiB = 2 ** 20;
 
+const GGML_GPU_TYPES = "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+
 /**
- * Why some experts run on the CPU, one clause ("" when none do): "Q4_K/Q6_K experts run on the CPU:
- * the GPU has no kernels for them yet (read in place: 3.6 MiB of the mapped file)", and/or the float experts'.
+ * Layer l's expert e as GGML block tensors the GPU kernels take (every matrix a GGML block type,
+ * gate and up of one type), or undefined (a Q8_0 or Q4_0 matrix beside K-quants: llama-quantize's
+ * fallback where a row is not a whole number of 256-element blocks).
+ */
+function ggmlTensors(weights: ExpertSource, l: number, e: number): GgmlExpertTensors | undefined {
+  const m = weights.expert(l, e);
+  if (m.kind !== "linear" || !(m.gate instanceof GgmlBlockLinear) || !(m.up instanceof GgmlBlockLinear) || !(m.down instanceof GgmlBlockLinear)) return undefined;
+  if (m.gate.tensor.type !== m.up.tensor.type) return undefined;
+  return { gate: m.gate.tensor, up: m.up.tensor, down: m.down.tensor };
+}
+
+/**
+ * Why some experts run on the CPU, one clause ("" when none do): GGML block experts the GPU kernels
+ * do not take ("Q5_0/Q8_0 experts run on the CPU: ... (read in place: 3.6 MiB of the mapped file)"),
+ * and/or the float experts'.
  */
 function cpuExpertsWhy(layers: ExpertSource["layers"]): string {
   const parts: string[] = [];
@@ -168,7 +213,7 @@ function cpuExpertsWhy(layers: ExpertSource["layers"]): string {
     const bytes = mine.reduce((n, l) => n + (l.expertBytes ?? 0), 0);
     const where = `read in place: ${(bytes / MiB).toFixed(1)} MiB of the mapped file`;
     parts.push(format === "ggml"
-      ? `${types} experts run on the CPU: the GPU has no kernels for them yet (${where})`
+      ? `${types} experts run on the CPU: the GPU's GGML MoE kernels take ${GGML_GPU_TYPES} with gate and up alike (${where})`
       : `${types} experts run on the CPU as floats (--quant none or a float GGUF; the GPU's MoE kernels take q4/q8 weights; ${where})`);
   }
   return parts.join("; ");

@@ -49,8 +49,8 @@ export type ExpertMatrices =
 
 /**
  * How an MoE layer's experts are held: "float" (in place), a QuantFormat every matrix uses (the MoE
- * backend's), or "ggml": GGML block types (Q4_K, Q6_K ...) read in place by the CPU, which the GPU's
- * MoE kernels do not take yet.
+ * backend's), or "ggml": GGML block types (Q4_K, Q6_K ...) as the file holds them (the GPU's
+ * GgmlMoeBackend uploads them unchanged; the CPU reads them in place).
  */
 export type ExpertFormat = "float" | "ggml" | QuantFormat;
 

@@ -19,7 +19,7 @@ import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
-import { MoeGraphStage } from "./graph-stage.ts";
+import { QuantGraphStage, type MoeGraphStage, type MoeStageSource } from "./graph-stage.ts";
 import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { decidePrelaunch } from "./prelaunch-policy.ts";
@@ -138,7 +138,7 @@ export interface MoeTicket {
   take(y: Float32Array): void;
 }
 
-export class MoeBackend implements Disposable {
+export class MoeBackend implements Disposable, MoeStageSource {
   readonly options: z.output<typeof optionsSchema>;
   readonly shape: ExpertShape;
   private gpu: GpuState | undefined;
@@ -269,7 +269,7 @@ export class MoeBackend implements Disposable {
     const g = this.gpu;
     if (!g) throw new InvalidArgumentError(`the MoE layer runs on the CPU (${this.whyCpu})`);
     if (this.options.shared) throw new InvalidArgumentError("a shared expert is not in the decode graph yet");
-    return new MoeGraphStage(g.ctx.device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens });
+    return new QuantGraphStage(g.ctx.device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens });
   }
 
   /** Everything about a call's input but x's values (checkValues). */

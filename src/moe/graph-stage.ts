@@ -11,6 +11,7 @@
 import { InvalidArgumentError } from "../errors.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import { DescriptorPool, type BufferBinding } from "../vk/descriptors.ts";
+import type { VulkanContext } from "../vk/context.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
@@ -48,7 +49,45 @@ export interface MoeGraphStageOptions {
   maxTokens: number;
 }
 
-export class MoeGraphStage implements Disposable {
+/**
+ * What the whole-token graphs (decode-graph.ts, hybrid-graph.ts) record for a MoE layer, whichever
+ * experts are behind it (QuantGraphStage: q4/q8 in the expert pool; GgmlGraphStage: GGML blocks as
+ * the file holds them). The router kernel (dec_route) writes the slot tables from `table` (uvec2
+ * handle per (layer, expert), at tableOffset(l)); `record` then runs the layer's experts.
+ */
+export interface MoeGraphStage extends Disposable {
+  readonly device: Device;
+  readonly table: Buffer;
+  readonly work: Buffer;
+  readonly pairs: Buffer;
+  readonly slotWeight: Buffer;
+  readonly slotExpert: Buffer;
+  /** Decode calls' kernel: fused (float atomics) or grouped. */
+  readonly mode: "fused" | "grouped";
+  /** The work header's sequence number the router writes. */
+  readonly seq: number;
+  tableOffset(l: number): number;
+  /** Records one call of S tokens x [S][D] -> y [S][D] after the router (the caller places barriers around it). */
+  record(cb: CommandBuffer, x: Buffer, y: Buffer, S?: number, routing?: StageRouting): void;
+  /** Dispatches a call of S tokens records. */
+  dispatches(S?: number): number;
+}
+
+/** What openDeviceDecoder / openHybridDecoder need of a GPU expert backend (MoeBackend, GgmlMoeBackend). */
+export interface MoeStageSource {
+  readonly mode: "gpu" | "cpu";
+  readonly why: string;
+  readonly context: VulkanContext | undefined;
+  /** The graph's stage for these layers: ExpertsNotResidentError unless all their experts are resident. */
+  graphStage(moeLayers: readonly number[], maxTokens: number): MoeGraphStage;
+  /** Another submitter shares the queue (the graph's split runs). */
+  stopPrelaunch(why: string): void;
+  /** On a lost device, wait for abandonGpu() before freeing (the graph frees its objects first). */
+  sharedDevice: boolean;
+}
+
+/** The graph stage over q4/q8 experts resident in the expert pool. */
+export class QuantGraphStage implements MoeGraphStage {
   readonly device: Device;
   /** uvec2 per (layer, expert): the expert's handle as the kernels read it (BDA address, or slab element and offset). */
   readonly table: Buffer;

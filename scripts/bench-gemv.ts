@@ -1,13 +1,17 @@
 // GEMV benchmark: µs per GEMV (GPU timestamps and host-observed), effective GB/s over the weight
 // and scale bytes read, and the ratio to this device's own read bandwidth measured in the same run
 // by a streaming-read kernel. Matrices rotate through a pool larger than the GPU's last-level cache.
-// GGML block types (Q4_1 .. Q6_K, dec_gemv_ggml) count the file's block bytes; --ggml-shape sets
-// their kernel's workgroup size, rows per workgroup and tokens per chunk (default: the kernel's).
-// --ggml runs only the GGML cases.
-//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS]
+// GGML block types (Q4_1 .. Q6_K: dec_gemv_ggml, float path, and where the integer-dot decision is
+// on, dec_gemv_ggml_idp with its x quantization counted) count the file's block bytes; --ggml-shape
+// sets their kernels' workgroup size, rows per workgroup and tokens per chunk (default: the
+// kernels'). --ggml runs only the GGML cases; --force-idp runs the integer-dot cases where the
+// decision is off but the device has the feature (a measurement, e.g. on Lavapipe: not "accelerated").
+// --ggml-factored times the float path's factored variant (GgmlGemvKernelOptions.factored).
+// --only TEXT keeps the cases whose "label fmt" contains TEXT (e.g. "4096->14336 Q4_K").
+//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS] [--force-idp] [--ggml-factored] [--only TEXT]
 import { readConfig } from "../src/config.ts";
 import { GemvKernels } from "../src/kernels/gemv.ts";
-import { GgmlGemvKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
+import { GGML_IDP_GROUP, GgmlGemvIdpKernel, GgmlGemvKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { GEMV, GEMV_IDP, QUANTIZE_ACT, shaderFile } from "../src/kernels/shaders.ts";
 import { describeKernelPlan, planKernels } from "../src/kernels/setup.ts";
@@ -24,7 +28,11 @@ const quick = args.includes("--quick");
 const poolArg = args.indexOf("--pool-mib");
 const shapeArg = args.indexOf("--ggml-shape");
 const onlyGgml = args.includes("--ggml");
+const forceIdp = args.includes("--force-idp");
+const onlyArg = args.indexOf("--only");
+const only = onlyArg >= 0 ? String(args[onlyArg + 1]) : undefined;
 const ggmlShape: GgmlGemvKernelOptions = {};
+const factored = args.includes("--ggml-factored");
 if (shapeArg >= 0) {
   const [wg, rows, tokens] = String(args[shapeArg + 1]).split(",").map(Number);
   Object.assign(ggmlShape, { workgroupSize: wg, rowsPerWorkgroup: rows, tokensPerChunk: tokens });
@@ -65,8 +73,9 @@ using x = new Buffer(device, { size: BigInt(4 * 64 * 16384), memory: "device" })
 uploadBytes(device, x, 0n, new Uint8Array(new Float32Array(64 * 16384).fill(0.01).buffer));
 using y = new Buffer(device, { size: BigInt(64 * MiB), memory: "device" });
 using xq = new Buffer(device, { size: BigInt(64 * 16384), memory: "device" });
-using xscale = new Buffer(device, { size: BigInt(4 * 64 * 512), memory: "device" });
-using xsum = new Buffer(device, { size: BigInt(4 * 64 * 512), memory: "device" });
+// scales and sums: 64 tokens x 16384 columns in groups of 16 (the GGML integer-dot path's)
+using xscale = new Buffer(device, { size: BigInt(4 * 64 * 1024), memory: "device" });
+using xsum = new Buffer(device, { size: BigInt(4 * 64 * 1024), memory: "device" });
 using queries = new QueryPool(device, 2);
 using commands = new CommandPool(device);
 using fence = new Fence(device);
@@ -120,21 +129,34 @@ const cases: Case[] = [
   { label: "4096->14336 int-dot", I: 4096, O: 14336, format: "q8", S: 1, idp: true },
   { label: "2048->768 S=8", I: 2048, O: 768, format: "q4", S: 8 },
   { label: "4096->14336 S=8", I: 4096, O: 14336, format: "q4", S: 8 },
-  ...(["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"] as const).flatMap((format) => [
+  // GGML types: the issue's 4096x14336 both ways, and Qwen3-30B-A3B's attention shapes (hidden 2048:
+  // q 2048->4096, k/v 2048->512, o 4096->2048); each float and integer-dot
+  ...(["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"] as const).flatMap((format) => [false, true].flatMap((idp) => [
     { label: "4096->14336", I: 4096, O: 14336, format, S: 1 },
     { label: "14336->4096", I: 14336, O: 4096, format, S: 1 },
-  ]),
+    { label: "2048->4096", I: 2048, O: 4096, format, S: 1 },
+    { label: "2048->512", I: 2048, O: 512, format, S: 1 },
+    { label: "4096->2048", I: 4096, O: 2048, format, S: 1 },
+  ].map((c) => ({ ...c, idp, label: idp ? `${c.label} int-dot` : c.label })))),
   { label: "4096->14336 S=8", I: 4096, O: 14336, format: "Q4_K", S: 8 },
+  { label: "4096->14336 S=8 int-dot", I: 4096, O: 14336, format: "Q4_K", S: 8, idp: true },
 ];
 const ggmlKernels = new Map<GgmlBlockType, GgmlGemvKernel>();
 const ggmlKernel = (t: GgmlBlockType) => {
   let k = ggmlKernels.get(t);
-  if (!k) ggmlKernels.set(t, (k = new GgmlGemvKernel(device, t, ggmlShape)));
+  if (!k) ggmlKernels.set(t, (k = new GgmlGemvKernel(device, t, { ...ggmlShape, factored })));
   return k;
 };
+const ggmlIdpKernels = new Map<GgmlBlockType, GgmlGemvIdpKernel>();
+const ggmlIdpKernel = (t: GgmlBlockType) => {
+  let k = ggmlIdpKernels.get(t);
+  if (!k) ggmlIdpKernels.set(t, (k = new GgmlGemvIdpKernel(device, t, ggmlShape)));
+  return k;
+};
+const idpOn = plan.integerDot.on || (forceIdp && device.enabled.integerDotProduct);
 const isGgml = (f: Case["format"]): f is GgmlBlockType => f in GGML_BLOCK_LAYOUTS;
 const rows: string[][] = [["shape (I->O), path", "fmt", "S", "matrices", "working set", "GPU µs", "host µs batched", "host µs 1 submit", "GB/s", "of read BW"]];
-const chosen = onlyGgml ? cases.filter((c) => isGgml(c.format)) : cases;
+const chosen = (onlyGgml ? cases.filter((c) => isGgml(c.format)) : cases).filter((c) => only === undefined || `${c.label} ${c.format}`.includes(only));
 for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3), ...chosen.filter((c) => isGgml(c.format) && c.O === 14336).slice(0, 2)] : chosen) {
   const ggml = isGgml(c.format) ? GGML_BLOCK_LAYOUTS[c.format] : undefined;
   const rowWords = ggml ? 0 : rowWordsFor(c.format as QuantFormat, c.I);
@@ -144,14 +166,25 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
   const stride = Math.ceil((weightBytes + scaleBytes + 16) / 256) * 256;
   const count = Math.floor(poolBytes / stride);
   if (count < 2) continue;
-  if (c.idp && !plan.integerDot.on) continue;
-  const gk = isGgml(c.format) ? ggmlKernel(c.format) : undefined;
+  if (c.idp && !idpOn) continue;
+  const gk = isGgml(c.format) ? (c.idp ? ggmlIdpKernel(c.format) : ggmlKernel(c.format)) : undefined;
   const groups = Math.ceil(c.O / (gk ? gk.rowsPerWorkgroup : config.rowsPerWorkgroup));
   const [gx, gy] = kernels.grid(groups);
   const gpr = groupsPerRowFor(c.I, GROUP);
   const xqRowWords = Math.ceil(c.I / 16) * 4;
   let one: (cb: ReturnType<CommandPool["allocate"]>, m: number) => void;
-  if (gk) {
+  if (gk && c.idp) {
+    // Per GEMV: quantize x in groups of 16, a barrier, the integer-dot GEMV (all counted), as GgmlGemvIdpKernel.record.
+    const q = kernels.pipeline(QUANTIZE_ACT, false, GGML_IDP_GROUP);
+    const p = gk.pipeline;
+    const qset = descriptors.allocate(q, [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
+    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
+    const groups16 = c.I / GGML_IDP_GROUP;
+    const [qx, qy] = kernels.grid(Math.ceil((c.S * groups16 * (GGML_IDP_GROUP / 4)) / config.workgroupSize));
+    const qpc = new Uint32Array([c.I, c.S, groups16, 0, c.I / 4]);
+    const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, m * stride, 0]);
+    one = (cb, m) => cb.bind(q, qset).pushConstants(q, qpc).dispatch(qx, qy).barrier("computeToCompute").bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy).barrier("computeToCompute");
+  } else if (gk) {
     const p = gk.pipeline;
     const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: x }, { buffer: y }]);
     const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, m * stride, 0, 0]);
@@ -186,7 +219,8 @@ const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length))
 console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes (GGML types: the file's block bytes); GPU µs from timestamps over a batch`);
 if (ggmlKernels.size) {
   const k = [...ggmlKernels.values()][0]!;
-  console.log(`GGML types: dec_gemv_ggml float path, ${k.workgroupSize} threads x ${k.rowsPerWorkgroup} rows per workgroup, ${k.tokensPerChunk} tokens per chunk`);
+  console.log(`GGML types: dec_gemv_ggml float path${k.factored ? " (factored)" : ""}${ggmlIdpKernels.size ? " and dec_gemv_ggml_idp (int-dot: quantize_act in groups of 16 counted)" : ""}, ${k.workgroupSize} threads x ${k.rowsPerWorkgroup} rows per workgroup, ${k.tokensPerChunk} tokens per chunk`);
 }
 for (const k of ggmlKernels.values()) k[Symbol.dispose]();
+for (const k of ggmlIdpKernels.values()) k[Symbol.dispose]();
 for (const r of rows) console.log(`| ${r.map((v, i) => v.padEnd(widths[i]!)).join(" | ")} |`);

@@ -5,14 +5,21 @@
 // path: each weight formed exactly as GGML's dequantize_row_* forms it (ggml_blocks.glsl), then
 // multiplied by x with f32 accumulation (fma).
 //
-// The format is a specialization constant (one pipeline per type; the other formats' code folds
-// away). One workgroup per ROWS_PER_WG rows; thread t takes the 32-column units t, t + WG, ... of
-// every row of its block (a unit: a whole 32-element block, or a sub-block of 32 (Q4_K/Q5_K) or two
-// of 16 (Q6_K) of a super-block), so consecutive threads read consecutive bytes of a row. x goes
-// through shared memory (coalesced loads) into registers, once per unit for all R rows. Tokens in
-// chunks of TOKENS: a unit is dequantized once per row per chunk into 32 registers and dotted with
-// each token of the chunk. Then subgroupAdd and shared memory across subgroups (or a shared tree).
-// Shared memory: TOKENS * WG * 144 + WG * R * TOKENS * 4 bytes.
+// Laid out for bandwidth, as llama.cpp's mul_mat_vec shaders are: the format is a specialization
+// constant (one pipeline per type, no per-weight branch on it); one workgroup per ROWS_PER_WG rows;
+// lane t takes the slices t, t + WG, ... of every row of its workgroup (ggml_blocks.glsl: 32 weights
+// from 16 consecutive quant bytes, its scales decoded once), so consecutive lanes read consecutive
+// 16-byte words of a row and no byte is read twice. x is read from global memory (L1/L2-resident:
+// every workgroup reads the same x) into registers once per slice and reused for all R rows; no
+// shared-memory staging, so the column loop has no barrier. Tokens in chunks of TOKENS: a slice is
+// dequantized once per row per chunk and dotted with each token of the chunk. Then subgroupAdd and
+// shared memory across subgroups (or a shared tree). Shared memory: WG * R * TOKENS * 4 bytes.
+// FACTORED (off by default): per run, d * sum((q - off) x) + m * sum(x) instead of sum(w x) with each
+// weight w = q*d + m formed first: one f32 op a weight fewer (the float path is issue-bound on the
+// H200 at ~5 ops a weight), the same products d*sc and dmin*m, and one-hot inputs still give GGML's
+// weights bit for bit (d*q is exact, so d*q + m rounds once either way); other x round differently
+// at the f32 level (not GGML's weights times x, summed). sum(x) of a run is formed once per token
+// for all R rows.
 // Rows past O read row O-1 (not stored). blockOffset: a multiple of 16 for Q4_K/Q5_K, 4 for
 // Q4_1/Q5_1, 2 for Q5_0/Q6_K; 4 readable bytes past the last block (ggml_blocks.glsl). x is read
 // as vec4 only (xOffset % 4 == 0; I is a multiple of 32): a scalar variant doubled the unrolled
@@ -22,11 +29,12 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
-layout(local_size_x = 64, local_size_x_id = 0) in;
+layout(local_size_x = 32, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS_PER_WG = 4u;
 layout(constant_id = 2) const bool USE_SUBGROUP = true;
 layout(constant_id = 3) const uint FORMAT = 3u;  // GGML_FMT_*
 layout(constant_id = 4) const uint TOKENS = 1u;  // tokens per register chunk, 1..8
+layout(constant_id = 5) const bool FACTORED = false;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
@@ -50,14 +58,15 @@ layout(push_constant, std430) uniform PC {
 #include "ggml_blocks.glsl"
 
 const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
-const uint UNITS_PER_BLOCK = GGML_BLOCK_ELEMENTS(FORMAT) / 32u;
+const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
+const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
+const uint GAP = GGML_SLICE_GAP(FORMAT) / 4u;  // vec4s from a slice's first run to its second
+const bool HAS_MIN = FORMAT == GGML_FMT_Q4_1 || FORMAT == GGML_FMT_Q5_1 || FORMAT == GGML_FMT_Q4_K || FORMAT == GGML_FMT_Q5_K;
 
 shared float red[WG * R * TOKENS];
-// x of the WG units a chunk of columns covers, per token: unit v at vec4 (k * WG + v) * 9, 32 floats
-// and one vec4 of padding, so the 8 threads of a 128-bit shared access hit distinct banks.
-shared vec4 xsh[TOKENS * WG * 9u];
 float acc[R][TOKENS];
 vec4 xr[TOKENS][8];
+vec2 xsumr[TOKENS];  // FACTORED with a min: sum of x over each run
 
 void main() {
     const uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -65,8 +74,8 @@ void main() {
     if (rowBase >= pc.O) return;  // whole workgroup: uniform
     const uint t = gl_LocalInvocationIndex;
     const uint I = pc.I;
-    const uint units = I >> 5u;
-    const uint rowBytes = (units / UNITS_PER_BLOCK) * BLOCK_BYTES;
+    const uint slices = I >> 5u;
+    const uint rowBytes = (I / BLOCK_ELEMENTS) * BLOCK_BYTES;
 
     uint rowAddr[R];
     [[unroll]] for (uint r = 0u; r < R; ++r) rowAddr[r] = pc.blockOffset + min(rowBase + r, pc.O - 1u) * rowBytes;
@@ -76,40 +85,60 @@ void main() {
         [[unroll]] for (uint r = 0u; r < R; ++r)
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[r][k] = 0.0;
 
-        for (uint c0 = 0u; c0 < units; c0 += WG) {  // uniform
-            // Stage x of units c0 .. c0+WG-1 through shared memory: the global loads are coalesced
-            // (consecutive threads, consecutive vec4), where each thread reading its own unit's 128
-            // bytes would touch 32 lines per warp load (the L1 then bounds the whole kernel).
-            barrier();  // the previous chunk's readers are done
+        for (uint u = t; u < slices; u += WG) {
+            const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+            const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                 if (k < nt) {  // uniform
-                    const uint xrow = (pc.xOffset + (tok0 + k) * I) >> 2u;
-                    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-                        const uint v = i * WG + t;  // vec4 v of the chunk: unit v / 8, part v % 8
-                        if (c0 + v / 8u < units) xsh[(k * WG + v / 8u) * 9u + v % 8u] = xv[xrow + 8u * c0 + v];
+                    const uint xa = (pc.xOffset + (tok0 + k) * I + col) >> 2u;
+                    [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                        xr[k][q] = xv[xa + q];
+                        xr[k][4u + q] = xv[xa + GAP + q];
+                    }
+                    if (FACTORED && HAS_MIN) {
+                        vec4 s0 = (xr[k][0] + xr[k][1]) + (xr[k][2] + xr[k][3]), s1 = (xr[k][4] + xr[k][5]) + (xr[k][6] + xr[k][7]);
+                        xsumr[k] = vec2((s0.x + s0.y) + (s0.z + s0.w), (s1.x + s1.y) + (s1.z + s1.w));
                     }
                 }
             }
-            barrier();
-            const uint u = c0 + t;
-            if (u < units) {
-                [[unroll]] for (uint k = 0u; k < TOKENS; ++k)
-                    if (k < nt) [[unroll]] for (uint q = 0u; q < 8u; ++q) xr[k][q] = xsh[(k * WG + t) * 9u + q];
-                const uint blk = u / UNITS_PER_BLOCK, j = u % UNITS_PER_BLOCK;
-                [[unroll]] for (uint r = 0u; r < R; ++r) {
-                    float w[32];
-                    ggml_dequant32(FORMAT, rowAddr[r] + blk * BLOCK_BYTES, j, w);
+            [[unroll]] for (uint r = 0u; r < R; ++r) {
+                uvec4 q0, q1;
+                vec2 d, m;
+                ggml_slice(FORMAT, rowAddr[r] + blk * BLOCK_BYTES, s, q0, q1, d, m);
+                float w[32];
+                if (FACTORED) {
+                    ggml_slice_quants(FORMAT, q0, q1, w);
                     [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                         if (k < nt) {  // uniform
                             float a = acc[r][k];
-                            [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-                                a = fma(w[4u * q], xr[k][q].x, a);
-                                a = fma(w[4u * q + 1u], xr[k][q].y, a);
-                                a = fma(w[4u * q + 2u], xr[k][q].z, a);
-                                a = fma(w[4u * q + 3u], xr[k][q].w, a);
+                            [[unroll]] for (uint run = 0u; run < 2u; ++run) {
+                                float even = 0.0, odd = 0.0;  // odd: quants read at bit 8 (x 256)
+                                [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                                    const vec4 xq4 = xr[k][4u * run + q];
+                                    even = fma(w[16u * run + 4u * q], xq4.x, even);
+                                    odd = fma(w[16u * run + 4u * q + 1u], xq4.y, odd);
+                                    even = fma(w[16u * run + 4u * q + 2u], xq4.z, even);
+                                    odd = fma(w[16u * run + 4u * q + 3u], xq4.w, odd);
+                                }
+                                a = fma(d[run], fma(odd, 1.0 / 256.0, even), a);
+                                if (HAS_MIN) a = fma(m[run], xsumr[k][run], a);
                             }
                             acc[r][k] = a;
                         }
+                    }
+                    continue;
+                }
+                ggml_slice_weights(FORMAT, q0, q1, d, m, w);
+                [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                    if (k < nt) {  // uniform
+                        float a = acc[r][k];
+                        [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+                            a = fma(w[4u * q], xr[k][q].x, a);
+                            a = fma(w[4u * q + 1u], xr[k][q].y, a);
+                            a = fma(w[4u * q + 2u], xr[k][q].z, a);
+                            a = fma(w[4u * q + 3u], xr[k][q].w, a);
+                        }
+                        acc[r][k] = a;
                     }
                 }
             }

@@ -254,4 +254,128 @@ void ggml_dequant32(uint fmt, uint a, uint j, out float w[32]) {
     else ggml_dequant32_q6_k(a, j, w);
 }
 
+// ---- Slices: the GEMV kernels' unit of work (dec_gemv_ggml, dec_gemv_ggml_idp) ----
+// A slice is 32 weights of a row read from 16 consecutive quant bytes, so that consecutive slices
+// (consecutive lanes) read consecutive bytes and no two read the same ones (a 32-column unit of
+// ggml_dequant32 reads a K-quant's qs bytes twice, once a nibble). Slice s of a block (0 for the
+// 32-element types, 0..7 for the K-quants) is two runs of 16 columns: w[0..15] at block columns
+// c0 .. c0+15 and w[16..31] at c0 + GGML_SLICE_GAP(FMT) .., c0 = ggml_slice_col(FMT, s):
+//   Q4_1/Q5_0/Q5_1  the whole block (c0 0, gap 16: 32 consecutive columns)
+//   Q4_K/Q5_K       qs bytes 16s..16s+15: low nibbles = sub-block 2k, high = 2k+1 (k = s/2), c0 = 64k + 16(s%2), gap 32
+//   Q6_K            ql bytes 16s..16s+15: low nibbles quarter p = c, high p = c+2 of half n
+//                   (n = s/4, c = (s/2)%2, h = s%2), c0 = 128n + 32c + 16h, gap 64
+// ggml_slice(FMT, a, s, q0, q1, d, m) returns each run's quants as unsigned bytes (byte b of word i
+// = element 4i+b of the run, 0..63, with Q5's fifth and Q6_K's upper two bits in place), its
+// scale d (f32, formed as GGML forms it: d*sc for the K-quants) and additive min m (Q4_1/Q5_1: m,
+// Q4_K/Q5_K: -dmin*mn, else 0); the weight is (q - GGML_SLICE_OFFSET(FMT)) * d for Q5_0 (16) and
+// Q6_K (32), else q*d + m: GGML's value in both cases (ggml_slice_weights; q*d is exact).
+#define GGML_SLICE_GAP(fmt) ((fmt) == GGML_FMT_Q6_K ? 64u : (fmt) >= GGML_FMT_Q4_K ? 32u : 16u)
+#define GGML_SLICE_OFFSET(fmt) ((fmt) == GGML_FMT_Q6_K ? 32u : (fmt) == GGML_FMT_Q5_0 ? 16u : 0u)
+
+uint ggml_slice_col(uint fmt, uint s) {
+    if (fmt == GGML_FMT_Q6_K) return 128u * (s >> 2u) + 16u * (s & 3u);
+    if (fmt >= GGML_FMT_Q4_K) return 64u * (s >> 1u) + 16u * (s & 1u);
+    return 0u;
+}
+
+// 4 bits (x < 16) to bit 0 of bytes 0..3: x + x<<7 + x<<14 + x<<21 do not overlap, so no carries.
+uint ggml_spread4(uint x) { return (x * 0x00204081u) & 0x01010101u; }
+
+void ggml_slice(uint fmt, uint a, uint s, out uvec4 q0, out uvec4 q1, out vec2 d, out vec2 m) {
+    m = vec2(0.0);
+    if (fmt == GGML_FMT_Q4_1 || fmt == GGML_FMT_Q5_1) {
+        const uint i = a >> 2u;
+        const vec2 dm = unpackHalf2x16(GGML_WORD(i));
+        d = vec2(dm.x);
+        m = vec2(dm.y);
+        const bool five = fmt == GGML_FMT_Q5_1;
+        const uint qh = five ? GGML_WORD(i + 1u) : 0u;
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            const uint q = GGML_WORD(i + (five ? 2u : 1u) + k);
+            q0[k] = (q & 0x0F0F0F0Fu) | (ggml_spread4((qh >> (4u * k)) & 0xFu) << 4u);
+            q1[k] = ((q >> 4u) & 0x0F0F0F0Fu) | (ggml_spread4((qh >> (16u + 4u * k)) & 0xFu) << 4u);
+        }
+    } else if (fmt == GGML_FMT_Q5_0) {
+        d = vec2(unpackHalf2x16(ggml_u32(a)).x);
+        const uint qh = ggml_u32(a + 2u);
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            const uint q = ggml_u32(a + 6u + 4u * k);
+            q0[k] = (q & 0x0F0F0F0Fu) | (ggml_spread4((qh >> (4u * k)) & 0xFu) << 4u);
+            q1[k] = ((q >> 4u) & 0x0F0F0F0Fu) | (ggml_spread4((qh >> (16u + 4u * k)) & 0xFu) << 4u);
+        }
+    } else if (fmt == GGML_FMT_Q4_K || fmt == GGML_FMT_Q5_K) {
+        const bool five = fmt == GGML_FMT_Q5_K;
+        const uint v = a >> 4u;
+        const uvec4 h = GGML_VEC4(v);  // d | dmin << 16, scales[0..11]
+        const vec2 dd = unpackHalf2x16(h.x);
+        const uint j = 2u * (s >> 1u);  // sub-blocks j (low nibbles) and j + 1 (high)
+        const uvec2 sm0 = ggml_scale_min_k4(j, h.y, h.z, h.w), sm1 = ggml_scale_min_k4(j + 1u, h.y, h.z, h.w);
+        precise float d0 = dd.x * ggml_small(sm0.x), d1 = dd.x * ggml_small(sm1.x);
+        precise float m0 = dd.y * ggml_small(sm0.y), m1 = dd.y * ggml_small(sm1.y);
+        d = vec2(d0, d1);
+        m = -vec2(m0, m1);  // negation is exact: q*d - m1 = q*d + (-m1)
+        const uvec4 q = GGML_VEC4(v + (five ? 3u : 1u) + s);
+        uvec4 qh = uvec4(0u);
+        if (five) qh = GGML_VEC4(v + 1u + (s & 1u));  // qh[16(s%2) ..]: bit j of each byte for sub-block j
+        q0 = (q & 0x0F0F0F0Fu) | (((qh >> j) & 0x01010101u) << 4u);
+        q1 = ((q >> 4u) & 0x0F0F0F0Fu) | (((qh >> (j + 1u)) & 0x01010101u) << 4u);
+    } else {  // Q6_K
+        const uint n = s >> 2u, c = (s >> 1u) & 1u, hh = s & 1u;
+        const float dq = unpackHalf2x16(ggml_u32(a + 208u)).x;
+        // scales[8n + 2c + hh] (quarter c) and [.. + 4] (quarter c + 2), int8
+        const uint scA = ggml_u32(a + 192u + 8u * n + 2u * c), scB = ggml_u32(a + 196u + 8u * n + 2u * c);
+        const int sc0 = bitfieldExtract(int(scA), int(8u * hh), 8), sc1 = bitfieldExtract(int(scB), int(8u * hh), 8);
+        precise float d0 = dq * (ggml_small(uint(sc0 + 128)) - 128.0);  // d * (float)sc, as GGML
+        precise float d1 = dq * (ggml_small(uint(sc1 + 128)) - 128.0);
+        d = vec2(d0, d1);
+        const uint qhA = a + 128u + 32u * n + 16u * hh;
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            const uint ql = ggml_u32(a + 16u * s + 4u * k), qh = ggml_u32(qhA + 4u * k);
+            q0[k] = (ql & 0x0F0F0F0Fu) | (((qh >> (2u * c)) & 0x03030303u) << 4u);
+            q1[k] = ((ql >> 4u) & 0x0F0F0F0Fu) | (((qh >> (2u * c + 4u)) & 0x03030303u) << 4u);
+        }
+    }
+}
+
+// The slice's 32 weights, each GGML's value bit for bit: bytes 0-1 of a word read in place and
+// 2-3 from its upper half (ggml_field, scales d * 2^-8 for the byte at bit 8); Q5_0/Q6_K as the
+// product (q - off) * d (the difference exact; -0 where GGML has it), the others as fma(q, d, m)
+// (q*d exact: at most 11 + 6 + 6 significant bits, so only the add rounds, as in GGML).
+void ggml_slice_weights(uint fmt, uvec4 q0, uvec4 q1, vec2 d, vec2 m, out float w[32]) {
+    const uint off = GGML_SLICE_OFFSET(fmt);
+    [[unroll]] for (uint run = 0u; run < 2u; ++run) {
+        const uvec4 q = run == 0u ? q0 : q1;
+        const float dr = d[run], mr = m[run];
+        precise float db = dr * (1.0 / 256.0);
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            [[unroll]] for (uint b = 0u; b < 4u; ++b) {
+                const uint part = b < 2u ? q[k] : (q[k] >> 16u);
+                const uint sh = 8u * (b & 1u);
+                const float ds = sh == 0u ? dr : db;
+                precise float y;
+                if (off != 0u) y = ggml_field_minus(part, 0xFFu << sh, float(off << sh)) * ds;
+                else y = fma(ggml_field(part, 0xFFu << sh), ds, mr);
+                w[16u * run + 4u * k + b] = y;
+            }
+        }
+    }
+}
+
+// The slice's quants as floats for a factored dot (dec_gemv_ggml's FACTORED variant): f[i] =
+// (q_i - GGML_SLICE_OFFSET(FMT)) * 2^(8 (i & 1)), exact (the byte at bit 8 of a half-word is read in
+// place, as ggml_slice_weights does; the caller scales the odd-index sum by 2^-8, also exact).
+void ggml_slice_quants(uint fmt, uvec4 q0, uvec4 q1, out float f[32]) {
+    const uint off = GGML_SLICE_OFFSET(fmt);
+    [[unroll]] for (uint run = 0u; run < 2u; ++run) {
+        const uvec4 q = run == 0u ? q0 : q1;
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            [[unroll]] for (uint b = 0u; b < 4u; ++b) {
+                const uint part = b < 2u ? q[k] : (q[k] >> 16u);
+                const uint sh = 8u * (b & 1u);
+                f[16u * run + 4u * k + b] = off != 0u ? ggml_field_minus(part, 0xFFu << sh, float(off << sh)) : ggml_field(part, 0xFFu << sh);
+            }
+        }
+    }
+}
+
 #endif  // GGML_BLOCKS_GLSL

@@ -5,7 +5,8 @@
  * - Against the CPU path (gemvGgmlBlocks: f64 sums of GGML's exact weights): NMSE ≤ 1e-9 on
  *   llama-quantize's blocks (test/fixtures/ggml-blocks/blocks.gguf) and random blocks with finite f16
  *   scales, odd row counts (1, 7, 33, 257), 1..4 super-blocks (1..8 blocks of 32) per row, S = 1, 3, 8,
- *   64, x/y offsets (x: multiples of 4). The GPU sums in f32: NMSE ~1e-12..1e-14 for random data.
+ *   64, x/y offsets (x: multiples of 4); rows of 14336 columns (many slices a lane). The GPU sums in
+ *   f32: NMSE ~1e-12..1e-14 for random data.
  * - Lossless weights: with x = one-hot rows (token s = e_{c_s}) y[s, r] is W[r, c_s] alone (every other
  *   product is an exact 0), so each output must equal GGML's weight bit for bit: against
  *   dequantizeGgmlRow on every column of random tensors, and against gguf-py's own dequantization
@@ -107,13 +108,13 @@ const bits = (v: number) => {
  * One-hot GEMVs over `columns` (64 a dispatch): y[s, r] must be weights[r * cols + c_s] bit for bit.
  * Returns the number of mismatches and the first one, described.
  */
-function oneHotMismatches(w: GgmlBlockTensor, weights: Float32Array, columns: number[]): { count: number; first: string } {
+function oneHotMismatches(w: GgmlBlockTensor, weights: Float32Array, columns: number[], kernel?: GgmlGemvKernelOptions): { count: number; first: string } {
   let count = 0, first = "";
   for (let at = 0; at < columns.length; at += GGML_GEMV_MAX_S) {
     const cs = columns.slice(at, at + GGML_GEMV_MAX_S), S = cs.length;
     const x = new Float32Array(S * w.cols);
     cs.forEach((c, s) => (x[s * w.cols + c] = 1));
-    const y = gpuGemv(w, x, S);
+    const y = gpuGemv(w, x, S, { kernel });
     for (let s = 0; s < S; s++) {
       for (let r = 0; r < w.rows; r++) {
         const want = weights[r * w.cols + cs[s]!]!, got = y[s * w.rows + r]!;
@@ -167,6 +168,34 @@ describe("dec_gemv_ggml vs the CPU GEMV over the same blocks (NMSE ≤ 1e-9)", (
         const x = randomGaussianF32(S * w.cols, seed++);
         expect(nmse(cpuGemv(w, x, S), gpuGemv(w, x, S, { kernel, xOffset: 4, yOffset: 1 }))).toBeLessThanOrEqual(1e-9);
       }
+    }
+  }, 60_000);
+});
+
+describe("the factored float variant (d * Σ q x + m * Σ x a run)", () => {
+  for (const type of GGML_BLOCK_TYPES) {
+    test(`${type}: NMSE ≤ 1e-9 against the CPU GEMV (S = 1, 3, 64; long rows); one-hot inputs still give GGML's weights bit for bit`, () => {
+      const kernel = { factored: true };
+      const E = GGML_BLOCK_LAYOUTS[type].blockElements;
+      let seed = 700 + 10 * GGML_BLOCK_TYPES.indexOf(type);
+      for (const [w, S] of [[randomTensor(type, 7, E === 256 ? 3 : 9, seed++), 3], [randomTensor(type, 33, E === 256 ? 2 : 8, seed++), 64], [randomTensor(type, 3, 14336 / E, seed++), 1]] as const) {
+        const x = randomGaussianF32(S * w.cols, seed++);
+        expect(nmse(cpuGemv(w, x, S), gpuGemv(w, x, S, { kernel, xOffset: 4, yOffset: 1 }))).toBeLessThanOrEqual(1e-9);
+      }
+      const w = randomTensor(type, 9, E === 256 ? 1 : 4, seed++);
+      const { count, first } = oneHotMismatches(w, dequantizeGgml(w), allColumns(w.cols), kernel);
+      expect(`${count} of ${w.rows * w.cols} differ${count ? `; first ${first}` : ""}`).toBe(`0 of ${w.rows * w.cols} differ`);
+    }, 60_000);
+  }
+});
+
+describe("long rows: many slices a lane", () => {
+  test("every type at 14336 columns (448 slices: 14 a lane of 32), 5 rows, S = 2 (NMSE ≤ 1e-9)", () => {
+    let seed = 55;
+    for (const type of GGML_BLOCK_TYPES) {
+      const w = randomTensor(type, 5, 14336 / GGML_BLOCK_LAYOUTS[type].blockElements, seed++);
+      const x = randomGaussianF32(2 * w.cols, seed++);
+      expect(nmse(cpuGemv(w, x, 2), gpuGemv(w, x, 2, { yOffset: 1 }))).toBeLessThanOrEqual(1e-9);
     }
   }, 60_000);
 });

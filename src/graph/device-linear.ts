@@ -4,11 +4,14 @@
  * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
  * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
  * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel at
- * every S (64 tokens a dispatch; a GEMM for their prompt chunks is a later step).
+ * every S (64 tokens a dispatch; a GEMM for their prompt chunks is a later step), or where the
+ * integer-dot decision is on, for calls of up to GGML_IDP_MAX_TOKENS tokens, GgmlGemvIdpKernel.
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
-import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvKernel } from "../kernels/decoder/ggml-gemv.ts";
+import { readConfig } from "../config.ts";
+import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
+import { planKernels } from "../kernels/setup.ts";
 import { QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
@@ -22,20 +25,42 @@ import { GraphUnsupportedError } from "./errors.ts";
 /** Calls of this many tokens or more run q4/q8 matrices through the tiled GEMM instead of the GEMV. */
 export const GEMM_FROM_TOKENS = 8;
 
+/**
+ * GGML block matrices take the integer-dot path for calls of up to this many tokens (decode and small
+ * batches, bandwidth-bound: the dot products cut the work per weight to a fraction of the float
+ * path's). Each such matrix owns its quantized-x scratch (q, k and v are recorded back to back
+ * without a barrier, so a shared one would race), and this bounds its size; longer prompt chunks
+ * take the float path, which dequantizes a slice once per chunk of tokens.
+ */
+export const GGML_IDP_MAX_TOKENS = 8;
+
+export interface LinearKernelsOptions {
+  /** GGML block matrices on the integer-dot path (default: the integer-dot decision, planKernels: VKMOE_IDP, blocklist, probe). */
+  integerDot?: boolean;
+}
+
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
 export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
   private readonly quant = new Map<string, QuantGemvKernel>();
   private readonly gemm = new Map<string, QuantGemmKernel>();
   private readonly ggml = new Map<GgmlBlockType, GgmlGemvKernel>();
+  private readonly ggmlIdp = new Map<GgmlBlockType, GgmlGemvIdpKernel>();
+  /** GGML block matrices take the integer-dot path (for calls of up to GGML_IDP_MAX_TOKENS tokens). */
+  readonly integerDot: boolean;
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
    * (2-core host, 2026-12-01); GPUs keep the tuning table's shape.
    */
   private readonly shape: { workgroupSize: number; rowsPerWorkgroup: number } | undefined;
-  constructor(readonly device: Device) {
+  constructor(readonly device: Device, options: LinearKernelsOptions = {}) {
     this.shape = device.info.type === 4 ? { workgroupSize: 8, rowsPerWorkgroup: 8 } : undefined;
+    // The integer-dot pipelines are created only after the decision (a probe in a child process) says
+    // they are safe. Its mode comes from the process env: the graphs do not pass the model's; a model
+    // loaded with VKMOE_IDP=off has the feature off on its device, so that choice holds either way.
+    this.integerDot = options.integerDot ?? (device.enabled.integerDotProduct && planKernels(device, readConfig()).integerDot.on);
+    if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
   floatKernel(): GemvHalfKernel {
@@ -59,13 +84,24 @@ export class LinearKernels implements Disposable {
   ggmlKernel(type: GgmlBlockType): GgmlGemvKernel {
     let k = this.ggml.get(type);
     // CPU device: one subgroup of 8 threads a workgroup as above, 4 rows and 1 token a chunk (LLVM compiles the unrolled 8 x 2 in 20 s)
-    if (!k) this.ggml.set(type, (k = new GgmlGemvKernel(this.device, type, { maxSets: 256, ...(this.shape && { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 }) })));
+    if (!k) this.ggml.set(type, (k = new GgmlGemvKernel(this.device, type, this.ggmlOptions())));
     return k;
+  }
+
+  ggmlIdpKernel(type: GgmlBlockType): GgmlGemvIdpKernel {
+    let k = this.ggmlIdp.get(type);
+    if (!k) this.ggmlIdp.set(type, (k = new GgmlGemvIdpKernel(this.device, type, this.ggmlOptions())));
+    return k;
+  }
+
+  private ggmlOptions() {
+    return { maxSets: 256, ...(this.shape && { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 }) };
   }
 
   [Symbol.dispose](): void {
     this.half?.[Symbol.dispose]();
     for (const k of this.ggml.values()) k[Symbol.dispose]();
+    for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
     for (const k of this.gemm.values()) k[Symbol.dispose]();
   }
@@ -77,6 +113,8 @@ export class DeviceLinear implements Disposable {
   private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
   private readonly matrix: DeviceMatrix | undefined;
   private readonly blocks: DeviceGgmlMatrix | undefined;
+  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot). */
+  private readonly idpScratch: GgmlIdpScratch | undefined;
 
   constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear) {
     const device = kernels.device;
@@ -99,6 +137,14 @@ export class DeviceLinear implements Disposable {
       this.matrix = new DeviceMatrix(device, linear.matrix);
     } else if (linear instanceof GgmlBlockLinear) {
       this.blocks = new DeviceGgmlMatrix(device, linear.tensor);
+      if (kernels.integerDot) {
+        try {
+          this.idpScratch = new GgmlIdpScratch(device, linear.cols, GGML_IDP_MAX_TOKENS);
+        } catch (e) {
+          this.blocks[Symbol.dispose]();
+          throw e;
+        }
+      }
     } else {
       throw new GraphUnsupportedError(`${name}: a ${linear.kind} matrix has no GPU kernel`);
     }
@@ -106,6 +152,7 @@ export class DeviceLinear implements Disposable {
 
   /** Dispatches `record` makes for S tokens. */
   dispatches(S = 1): number {
+    if (this.idpScratch && S <= GGML_IDP_MAX_TOKENS) return 2; // quantize x, then the GEMV
     return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : this.blocks ? Math.ceil(S / GGML_GEMV_MAX_S) : 1;
   }
 
@@ -117,6 +164,8 @@ export class DeviceLinear implements Disposable {
         const n = Math.min(GEMV_HALF_MAX_S, S - t);
         this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
+    } else if (this.blocks && this.idpScratch && S <= GGML_IDP_MAX_TOKENS) {
+      this.kernels.ggmlIdpKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch });
     } else if (this.blocks) {
       for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
         const n = Math.min(GGML_GEMV_MAX_S, S - t);
@@ -133,5 +182,6 @@ export class DeviceLinear implements Disposable {
     this.float?.buffer[Symbol.dispose]();
     this.matrix?.[Symbol.dispose]();
     this.blocks?.[Symbol.dispose]();
+    this.idpScratch?.[Symbol.dispose]();
   }
 }

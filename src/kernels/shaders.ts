@@ -21,6 +21,9 @@ export const QUANTIZE_ACT = iface("quantize_act", 4, 5);
 /** Integer-dot GEMV: weights, wscales, xq, xscale, xsum, y; push O, I, S, rowWords, groupsPerRow, weightOffset, scaleOffset, xqRowWords, yOffset. */
 export const GEMV_IDP = { q4: iface("gemv_q4_idp", 6, 9), q8: iface("gemv_q8_idp", 6, 9) } as const;
 
+/** Integer-dot GEMV from GGML blocks (decoder/ggml-gemv.ts): blocks, xq, xscale, xsum, y; push O, I, S, blockOffset, yOffset. */
+export const DEC_GEMV_GGML_IDP = iface("dec_gemv_ggml_idp", 5, 5);
+
 export function pipelineSpec(s: ShaderInterface, specialization: Record<number, number> = {}): PipelineSpec {
   return { spirv: shaderFile(s.name), storageBuffers: s.storageBuffers, pushConstantBytes: s.pushConstantBytes, specialization };
 }
@@ -61,11 +64,14 @@ const moeFusedIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupS
 export const IDP_PIPELINES: PipelineSpec[] = [
   ...[QUANTIZE_ACT, GEMV_IDP.q4, GEMV_IDP.q8].flatMap((s) => [32, 128].map((g) => pipelineSpec(s, { 4: g }))),
   ...(["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "desc", g))),
+  // the GGML blocks' integer-dot GEMV (one pipeline per GGML_FMT_*, Q4_1 .. Q6_K) and its x quantization (groups of 16)
+  pipelineSpec(QUANTIZE_ACT, { 0: 128, 4: 16 }),
+  ...[0, 1, 2, 3, 4, 5].map((format) => pipelineSpec(DEC_GEMV_GGML_IDP, { 3: format })),
 ];
 /** The same, created by the probe only where bufferDeviceAddress is enabled. */
 export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "bda", g)));
 /** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
 export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
   (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [false, true].flatMap((pre) => [moeFusedIdpSpec(f, "desc", g, pre), ...(bda ? [moeFusedIdpSpec(f, "bda", g, pre)] : [])])));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word) is probed again. */
-export const IDP_PROBE_VERSION = 9;
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word; v10: the GGML blocks' GEMV) is probed again. */
+export const IDP_PROBE_VERSION = 10;

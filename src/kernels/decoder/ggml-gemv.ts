@@ -4,6 +4,11 @@
  * tokens, each weight formed exactly as GGML's dequantize_row_* forms it (float path, f32
  * accumulation). The matrix lives in a DeviceGgmlMatrix: the file's block bytes uploaded once, as
  * they are (no repack: the kernel reads 4.5..6.6 bits a weight, the file's own size).
+ *
+ * The integer-dot path (GgmlGemvIdpKernel, shaders/dec_gemv_ggml_idp.comp): x quantized once a call
+ * by quantize_act in groups of 16 (int8, power-of-two scale, sum) into a GgmlIdpScratch, then the
+ * blocks' quants dotted with it 4 x 8 bits at a time, the scales and mins applied in f32. Only where
+ * the integer-dot decision (idp-policy.ts: VKMOE_IDP, blocklist, child-process probe) is on.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import { GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../../quant/ggml-blocks.ts";
@@ -11,12 +16,15 @@ import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
 import { Buffer } from "../../vk/memory.ts";
 import { uploadBytes } from "../../vk/transfer.ts";
-import type { ShaderInterface } from "../shaders.ts";
+import { DEC_GEMV_GGML_IDP, QUANTIZE_ACT, type ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 
 /** blocks `uint[]` r, x r, y w; push O, I, S, blockOffset (bytes), xOffset, yOffset (floats): 24 B. */
 export const DEC_GEMV_GGML: ShaderInterface = { name: "dec_gemv_ggml", storageBuffers: 3, pushConstantBytes: 24 };
+export { DEC_GEMV_GGML_IDP };
 export const GGML_GEMV_MAX_S = 64;
+/** quantize_act's group for the integer-dot path: one group per 16-column run of a slice (ggml_blocks.glsl). */
+export const GGML_IDP_GROUP = 16;
 
 /** ggml_blocks.glsl's GGML_FMT_* (specialization constant 3). */
 const FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q5_1: 2, Q4_K: 3, Q5_K: 4, Q6_K: 5 };
@@ -62,7 +70,7 @@ export interface GgmlGemvArgs {
 }
 
 export interface GgmlGemvKernelOptions extends DecoderKernelOptions {
-  /** Threads per workgroup, a power of two (default 64). */
+  /** Threads per workgroup, a power of two (default 32: one subgroup on NVIDIA, no shared-memory step). */
   workgroupSize?: number;
   /** Rows per workgroup (default 4). */
   rowsPerWorkgroup?: number;
@@ -70,6 +78,34 @@ export interface GgmlGemvKernelOptions extends DecoderKernelOptions {
   tokensPerChunk?: number;
   /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
+  /**
+   * Float path only: d * Σ (q - off) x + m * Σ x per 16-column run instead of Σ w x over weights
+   * formed first (default false). One f32 op a weight fewer; one-hot inputs still give GGML's weights
+   * bit for bit, other inputs differ from Σ w x at the f32 rounding level (dec_gemv_ggml.comp).
+   */
+  factored?: boolean;
+}
+
+/** The checked kernel shape and specialization constants shared by both paths' shaders. */
+function ggmlKernelShape(device: Device, type: GgmlBlockType, options: GgmlGemvKernelOptions) {
+  if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMV for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
+  const wg = options.workgroupSize ?? 32;
+  if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
+  const rpw = options.rowsPerWorkgroup ?? 4;
+  if (!Number.isInteger(rpw) || rpw < 1 || rpw > 16) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..16, got ${rpw}`);
+  const tokens = options.tokensPerChunk ?? 1;
+  if (!Number.isInteger(tokens) || tokens < 1 || tokens > 8) throw new InvalidArgumentError(`tokensPerChunk must be an integer in 1..8, got ${tokens}`);
+  const shared = wg * rpw * tokens * 4; // the reduction
+  if (shared > device.info.limits.maxComputeSharedMemorySize) {
+    throw new InvalidArgumentError(`${wg} threads x ${rpw} rows x ${tokens} tokens a chunk need ${shared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
+  }
+  const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
+  return { workgroupSize: wg, rowsPerWorkgroup: rpw, tokensPerChunk: tokens, specialization: { 0: wg, 1: rpw, 2: sub ? 1 : 0, 3: FORMAT_ID[type], 4: tokens } };
+}
+
+function checkGemvArgs(kernelType: GgmlBlockType, m: DeviceGgmlMatrix, S: number): void {
+  if (m.type !== kernelType) throw new InvalidArgumentError(`a ${m.type} matrix on a ${kernelType} kernel`);
+  if (!Number.isInteger(S) || S < 1 || S > GGML_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${GGML_GEMV_MAX_S}, got ${S}`);
 }
 
 /** One pipeline per GGML type: make one object per type. */
@@ -77,31 +113,21 @@ export class GgmlGemvKernel extends DecoderKernel {
   readonly workgroupSize: number;
   readonly rowsPerWorkgroup: number;
   readonly tokensPerChunk: number;
+  readonly factored: boolean;
 
   constructor(device: Device, readonly type: GgmlBlockType, options: GgmlGemvKernelOptions = {}) {
-    if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMV for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
-    const wg = options.workgroupSize ?? 64;
-    if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
-    const rpw = options.rowsPerWorkgroup ?? 4;
-    if (!Number.isInteger(rpw) || rpw < 1 || rpw > 16) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..16, got ${rpw}`);
-    const tokens = options.tokensPerChunk ?? 1;
-    if (!Number.isInteger(tokens) || tokens < 1 || tokens > 8) throw new InvalidArgumentError(`tokensPerChunk must be an integer in 1..8, got ${tokens}`);
-    const shared = tokens * wg * 144 + wg * rpw * tokens * 4; // staged x (36 floats a unit) + the reduction
-    if (shared > device.info.limits.maxComputeSharedMemorySize) {
-      throw new InvalidArgumentError(`${wg} threads x ${tokens} tokens a chunk need ${shared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
-    }
-    const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
-    super(device, DEC_GEMV_GGML, { 0: wg, 1: rpw, 2: sub ? 1 : 0, 3: FORMAT_ID[type], 4: tokens }, options);
-    this.workgroupSize = wg;
-    this.rowsPerWorkgroup = rpw;
-    this.tokensPerChunk = tokens;
+    const shape = ggmlKernelShape(device, type, options);
+    super(device, DEC_GEMV_GGML, { ...shape.specialization, 5: options.factored ? 1 : 0 }, options);
+    this.factored = options.factored ?? false;
+    this.workgroupSize = shape.workgroupSize;
+    this.rowsPerWorkgroup = shape.rowsPerWorkgroup;
+    this.tokensPerChunk = shape.tokensPerChunk;
   }
 
   /** Records one dispatch of ceil(rows / rowsPerWorkgroup) workgroups (split over y past the x limit). The caller places barriers around it. */
   record(cb: CommandBuffer, a: GgmlGemvArgs): CommandBuffer {
     const m = a.matrix, S = a.S;
-    if (m.type !== this.type) throw new InvalidArgumentError(`a ${m.type} matrix on a ${this.type} kernel`);
-    if (!Number.isInteger(S) || S < 1 || S > GGML_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${GGML_GEMV_MAX_S}, got ${S}`);
+    checkGemvArgs(this.type, m, S);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     if (xOffset % 4 !== 0) throw new InvalidArgumentError(`xOffset must be a multiple of 4 floats (vec4 loads), got ${xOffset}`);
     checkRange("ggml gemv x", a.x, xOffset, S * m.cols);
@@ -110,5 +136,102 @@ export class GgmlGemvKernel extends DecoderKernel {
     const [gx, gy] = this.grid(Math.ceil(m.rows / this.rowsPerWorkgroup));
     const pc = pushWords([m.rows, m.cols, S, 0, xOffset, yOffset]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}
+
+/** The integer-dot path's quantized x: xq int8 [S][cols], f32 scales and int sums [S][cols / 16], for up to maxTokens tokens. */
+export class GgmlIdpScratch implements Disposable {
+  readonly xq: Buffer;
+  readonly xscale: Buffer;
+  readonly xsum: Buffer;
+
+  constructor(device: Device, readonly cols: number, readonly maxTokens: number) {
+    if (!Number.isInteger(cols) || cols < 32 || cols % 32 !== 0) throw new InvalidArgumentError(`cols must be a positive multiple of 32, got ${cols}`);
+    if (!Number.isInteger(maxTokens) || maxTokens < 1 || maxTokens > GGML_GEMV_MAX_S) throw new InvalidArgumentError(`maxTokens must be an integer in 1..${GGML_GEMV_MAX_S}, got ${maxTokens}`);
+    const groups = (maxTokens * cols) / GGML_IDP_GROUP;
+    const made: Buffer[] = [];
+    try {
+      for (const bytes of [maxTokens * cols, 4 * groups, 4 * groups]) made.push(new Buffer(device, { size: BigInt(bytes), memory: "device" }));
+    } catch (e) {
+      for (const b of made) b[Symbol.dispose]();
+      throw e;
+    }
+    [this.xq, this.xscale, this.xsum] = made as [Buffer, Buffer, Buffer];
+  }
+
+  [Symbol.dispose](): void {
+    this.xq[Symbol.dispose]();
+    this.xscale[Symbol.dispose]();
+    this.xsum[Symbol.dispose]();
+  }
+}
+
+/** quantize_act with groups of 16 columns (GGML_IDP_GROUP), 128 threads a workgroup. */
+class GgmlQuantizeKernel extends DecoderKernel {
+  static readonly WG = 128;
+  constructor(device: Device, options: DecoderKernelOptions = {}) {
+    super(device, QUANTIZE_ACT, { 0: GgmlQuantizeKernel.WG, 4: GGML_IDP_GROUP }, options);
+  }
+
+  record(cb: CommandBuffer, x: Buffer, xOffset: number, s: GgmlIdpScratch, cols: number, S: number): CommandBuffer {
+    const groupsPerRow = cols / GGML_IDP_GROUP;
+    const set = this.setFor([x, s.xq, s.xscale, s.xsum]);
+    // one thread per xq word: S * groupsPerRow * (16 / 4)
+    const [gx, gy] = this.grid(Math.ceil((S * groupsPerRow * (GGML_IDP_GROUP / 4)) / GgmlQuantizeKernel.WG));
+    const pc = pushWords([cols, S, groupsPerRow, xOffset, cols / 4]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}
+
+export interface GgmlGemvIdpArgs extends GgmlGemvArgs {
+  /** Where x is quantized: cols equal to the matrix's, maxTokens at least S. */
+  scratch: GgmlIdpScratch;
+}
+
+/**
+ * The integer-dot GEMV of one GGML type (make one object per type): record() quantizes x into the
+ * scratch, places a compute barrier, then runs dec_gemv_ggml_idp. The device must have
+ * shaderIntegerDotProduct enabled, and the caller must have the integer-dot decision on (the
+ * pipeline is created only then: some drivers crash creating it, idp-policy.ts).
+ */
+export class GgmlGemvIdpKernel extends DecoderKernel {
+  readonly workgroupSize: number;
+  readonly rowsPerWorkgroup: number;
+  readonly tokensPerChunk: number;
+  private readonly quantize: GgmlQuantizeKernel;
+
+  constructor(device: Device, readonly type: GgmlBlockType, options: GgmlGemvKernelOptions = {}) {
+    if (!device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML GEMV needs shaderIntegerDotProduct, not enabled on ${device.info.name}`);
+    const shape = ggmlKernelShape(device, type, options);
+    super(device, DEC_GEMV_GGML_IDP, shape.specialization, options);
+    this.workgroupSize = shape.workgroupSize;
+    this.rowsPerWorkgroup = shape.rowsPerWorkgroup;
+    this.tokensPerChunk = shape.tokensPerChunk;
+    try {
+      this.quantize = new GgmlQuantizeKernel(device, options);
+    } catch (e) {
+      super[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  /** Records quantize, a compute-to-compute barrier, and the GEMV. The caller places barriers around the whole. */
+  record(cb: CommandBuffer, a: GgmlGemvIdpArgs): CommandBuffer {
+    const m = a.matrix, S = a.S, sc = a.scratch;
+    checkGemvArgs(this.type, m, S);
+    if (sc.cols !== m.cols || sc.maxTokens < S) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);
+    const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
+    checkRange("ggml idp gemv x", a.x, xOffset, S * m.cols);
+    checkRange("ggml idp gemv y", a.y, yOffset, S * m.rows);
+    this.quantize.record(cb, a.x, xOffset, sc, m.cols, S).barrier("computeToCompute");
+    const set = this.setFor([m.buffer, sc.xq, sc.xscale, sc.xsum, a.y]);
+    const [gx, gy] = this.grid(Math.ceil(m.rows / this.rowsPerWorkgroup));
+    const pc = pushWords([m.rows, m.cols, S, 0, yOffset]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+
+  override [Symbol.dispose](): void {
+    this.quantize[Symbol.dispose]();
+    super[Symbol.dispose]();
   }
 }

@@ -11,6 +11,13 @@
  *   the MoE call, the shared expert's down → += sigmoid(scale) · shared,
  * then the final norm, lm_head and nothing / the logits / the greedy argmax, as DecodeGraph.
  *
+ * Split mode (no stage: the experts are not all resident), as DecodeGraph's: one recording per
+ * layer, each ending with the normalised hidden state and the router logits copied to host memory
+ * and the shared expert computed (it is dense); the host routes and runs the layer's experts
+ * (HostExperts: the MoE layer's per-layer call) and writes their sum to `ffnHost`, which the next
+ * layer's recording (or the head's) copies in and adds sigmoid(scale) · shared to before its input
+ * norm takes it. The sequence's KV cache and states stay on the device as in resident mode.
+ *
  * llama.cpp's GGUF holds the linear layers' value heads tiled ([g0v0, g1v0, g0v1, ...], see
  * qwen35-weights.ts): the graph keeps its matrices in the file's order (no requantization, no
  * gather) and runs the delta rule once per value head of each key head (r = valueHeads / keyHeads
@@ -43,7 +50,7 @@ import { DeviceLostError } from "../vk/errors.ts";
 import { Buffer } from "../vk/memory.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
-import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput } from "./decode-graph.ts";
+import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput, type HostExperts } from "./decode-graph.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { selectRows } from "./linear-rows.ts";
@@ -108,7 +115,8 @@ function toFileOrder(hub: Float32Array, map: Int32Array, size: number): Float32A
 export class HybridGraph implements Disposable {
   readonly device: Device;
   readonly cfg: Qwen35MoeConfig;
-  readonly stage: MoeGraphStage;
+  /** undefined: the experts are not all resident, and sequences run split, layer by layer (the host runs the experts). */
+  readonly stage: MoeGraphStage | undefined;
   private readonly linears: LinearKernels;
   private readonly layers: LayerOnDevice[] = [];
   private readonly lmHead: DeviceLinear;
@@ -130,17 +138,22 @@ export class HybridGraph implements Disposable {
   private readonly owned = new DisposableStack();
   readonly s: Record<
     "embed" | "positions" | "h" | "xn" | "o" | "ffn" | "mixed" | "conv" | "z" | "a" | "b" | "core" | "q" | "gate" | "k" | "v" | "attn" |
-    "routerLogits" | "sharedG" | "sharedU" | "sharedOut" | "sharedScale" | "logits" | "logitsHost" | "result" | "chosen" | "runs",
+    "routerLogits" | "sharedG" | "sharedU" | "sharedOut" | "sharedScale" | "logits" | "logitsHost" | "result" | "chosen" | "runs" |
+    "xnHost" | "routerHost" | "ffnHost",
     Buffer
   >;
-  readonly views: { embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; resultValue: Float32Array; chosen: Int32Array; runs: Uint32Array };
+  readonly views: {
+    embed: Float32Array; positions: Uint32Array; logits: Float32Array; result: Uint32Array; resultValue: Float32Array; chosen: Int32Array; runs: Uint32Array;
+    /** Split runs: the host's copies of xn and the router logits, and the routed experts' sum it writes back. */
+    xn: Float32Array; router: Float32Array; ffn: Float32Array;
+  };
   /** Fault hook for tests: the next replay reports a lost device (after really running). */
   injectDeviceLost = false;
   readonly live = new Set<HybridSequence>();
   /** Batches not yet disposed (likewise: their recordings use the scratch). */
   readonly liveBatches = new Set<Disposable>();
 
-  constructor(device: Device, cfg: Qwen35MoeConfig, private readonly weights: HybridWeights, stage: MoeGraphStage) {
+  constructor(device: Device, cfg: Qwen35MoeConfig, private readonly weights: HybridWeights, stage: MoeGraphStage | undefined) {
     this.device = device;
     this.cfg = cfg;
     this.stage = stage;
@@ -230,12 +243,16 @@ export class HybridGraph implements Disposable {
         logits: b(V), logitsHost: this.buffer(4 * V, "readback"), result: this.buffer(16, "readback"),
         chosen: this.buffer(4 * cfg.layers * T * K, "readback"),
         runs: this.buffer(4 * RUN_WORDS, "upload"),
+        // split runs only, small (3 x 64 rows); the resident graph leaves them idle
+        xnHost: this.buffer(4 * T * D, "readback"), routerHost: this.buffer(4 * T * E, "readback"), ffnHost: this.buffer(4 * T * D, "upload"),
       };
       this.views = {
         embed: new Float32Array(this.s.embed.host(), 0, T * D), positions: new Uint32Array(this.s.positions.host(), 0, BATCH_WORDS + T),
         logits: new Float32Array(this.s.logitsHost.host(), 0, V), result: new Uint32Array(this.s.result.host(), 0, 4),
         resultValue: new Float32Array(this.s.result.host(), 4, 1), chosen: new Int32Array(this.s.chosen.host(), 0, cfg.layers * T * K),
         runs: new Uint32Array(this.s.runs.host(), 0, RUN_WORDS),
+        xn: new Float32Array(this.s.xnHost.host(), 0, T * D), router: new Float32Array(this.s.routerHost.host(), 0, T * E),
+        ffn: new Float32Array(this.s.ffnHost.host(), 0, T * D),
       };
       this.views.positions.fill(0);
     } catch (e) {
@@ -253,7 +270,7 @@ export class HybridGraph implements Disposable {
   }
 
   /** A sequence of up to ctx tokens: its KV cache, conv and recurrent states in device memory (zeroed). */
-  sequence(ctx: number, options: { timing?: boolean } = {}): HybridSequence {
+  sequence(ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}): HybridSequence {
     const seq = new HybridSequence(this, ctx, options);
     this.live.add(seq);
     return seq;
@@ -282,7 +299,21 @@ export class HybridGraph implements Disposable {
 
   /** Records S tokens through every layer (see the module comment) over `state`, ending as `output` asks. Returns the dispatches recorded. */
   recordToken(cb: CommandBuffer, state: SequenceState, output: GraphOutput, S = 1, mark: (op: string) => void = () => {}): number {
-    return this.record(cb, state, S, { output }, mark);
+    if (!this.stage) throw new InvalidArgumentError("this graph has no MoE stage (its experts are not all resident): run it split, layer by layer");
+    return this.record(cb, state, S, { first: 0, end: this.cfg.layers, start: true, split: false, output }, mark);
+  }
+
+  /**
+   * A split run's part (no stage): layer `layer`'s recording (its dense ops, router and shared
+   * expert; xn and the router logits copied to host memory), or with `layer` = cfg.layers the
+   * head's (the last layer's experts and shared expert added, the final norm, lm_head, `output`).
+   */
+  recordSplit(cb: CommandBuffer, state: SequenceState, S: number, layer: number, output: GraphOutput = "none"): number {
+    const L = this.cfg.layers;
+    if (!Number.isInteger(layer) || layer < 0 || layer > L) throw new InvalidArgumentError(`layer must be an integer in 0..${L}, got ${layer}`);
+    return layer === L
+      ? this.record(cb, state, S, { first: L, end: L, start: false, split: true, output }, () => {})
+      : this.record(cb, state, S, { first: layer, end: layer + 1, start: layer === 0, split: true }, () => {});
   }
 
   /**
@@ -292,16 +323,28 @@ export class HybridGraph implements Disposable {
    * into `outputs`. Returns the dispatches recorded.
    */
   recordBatch(cb: CommandBuffer, state: SequenceState, S: number, outputs: BatchOutputs, mark: (op: string) => void = () => {}): number {
-    return this.record(cb, state, S, { batch: outputs }, mark);
+    if (!this.stage) throw new GraphUnsupportedError("a batch runs every op on the GPU: this graph runs split (not every expert is resident)");
+    return this.record(cb, state, S, { first: 0, end: this.cfg.layers, start: true, split: false, batch: outputs }, mark);
   }
 
-  private record(cb: CommandBuffer, state: SequenceState, S: number, end: { output?: GraphOutput; batch?: BatchOutputs }, mark: (op: string) => void): number {
+  /**
+   * Records layers [first, end) of S tokens (`start`: the embeddings copied in first). `split`: each
+   * layer ends with xn and the router logits copied to host memory and the shared expert computed,
+   * and a layer after the first (or the head) starts by adding the host's experts' sum and the
+   * previous layer's shared expert; otherwise the router's top-k and the MoE call run here.
+   */
+  private record(
+    cb: CommandBuffer, state: SequenceState, S: number,
+    end: { first: number; end: number; start: boolean; split: boolean; output?: GraphOutput; batch?: BatchOutputs },
+    mark: (op: string) => void,
+  ): number {
     if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
     const batched = end.batch !== undefined;
     // a batch: each token's sequence's conv and recurrent states, a slot's states slotConv / slotDelta floats apart
     const convRuns: RunsBinding | undefined = batched ? { table: this.s.runs, stateStride: state.slotConvFloats, states: state.slots } : undefined;
     const deltaRuns: RunsBinding | undefined = batched ? { table: this.s.runs, stateStride: state.slotDeltaFloats, states: state.slots } : undefined;
-    const cfg = this.cfg, s = this.s, st = this.stage, P = this.params;
+    const cfg = this.cfg, s = this.s, P = this.params;
+    const st = this.stage;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K, sharedIntermediate: F } = cfg;
     const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd } = cfg.linear;
     const Kd = KH * kd, Vd = VH * vd, C = 2 * Kd + Vd;
@@ -314,9 +357,17 @@ export class HybridGraph implements Disposable {
       m.record(cb, x, y, S);
       return m.dispatches(S);
     };
-    cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute");
+    if (end.start) cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute");
     cb.barrier("computeToCompute");
-    for (let l = 0; l < cfg.layers; l++) {
+    // split: the layer before ran its experts on the host (their sum in ffnHost) and left its shared expert in sharedOut / sharedScale
+    const addHostExperts = () => {
+      cb.barrier("computeToTransfer").copyBuffer(s.ffnHost, s.ffn, BigInt(4 * S * D)).barrier("transferToCompute");
+      this.gating.record(cb, { mode: "scaled-add", x: s.sharedOut, g: s.sharedScale, y: s.ffn, S, n: D });
+      op("shared expert add");
+      cb.barrier("computeToCompute");
+    };
+    if (end.split && end.first > 0) addHostExperts();
+    for (let l = end.first; l < end.end; l++) {
       const L = this.layers[l]!, m = L.mixer;
       this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
       op("input norm");
@@ -367,6 +418,19 @@ export class HybridGraph implements Disposable {
       cb.barrier("computeToCompute");
       op("router, shared gate/up/scale", lin(L.router, s.xn, s.routerLogits) + lin(L.sharedGate, s.xn, s.sharedG) + lin(L.sharedUp, s.xn, s.sharedU) + lin(L.sharedScale, s.xn, s.sharedScale));
       cb.barrier("computeToCompute");
+      if (end.split) {
+        // the shared expert here (its add waits for the host's experts: the next recording's start)
+        this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
+        op("shared swiglu");
+        cb.barrier("computeToCompute");
+        op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
+        cb.barrier("computeToTransfer")
+          .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
+          .copyBuffer(s.routerLogits, s.routerHost, BigInt(4 * S * E))
+          .barrier("transferToHost");
+        continue;
+      }
+      if (!st) throw new InvalidArgumentError("this graph has no MoE stage: run it split");
       this.route.record(cb, {
         logits: s.routerLogits, table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
         chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
@@ -492,22 +556,25 @@ export class HybridSequence implements Disposable {
   readonly cacheBytes: number;
   /** The recurrent states cannot drop tokens: truncating re-runs the kept ones from reset(). */
   readonly rewindable = false;
-  /** One submit per run (every expert resident). */
-  readonly submitsPerRun = 1;
   private readonly state: SequenceState;
   private readonly owned = new DisposableStack();
   private readonly commands: CommandPool;
+  /** Recordings by recording()'s index: made on first use, replayed after. */
   private readonly recorded: ({ submission: Submission; dispatches: number } | undefined)[] = [];
   private readonly fence: Fence;
   private readonly queries: QueryPool | undefined;
   private readonly tick: number;
   readonly counts = { replays: 0, dispatches: 0 };
+  /** GPU µs of the last resident run (with `timing`); split runs leave it 0. */
   lastGpuUs = 0;
   private disposed = false;
+  private readonly hostExperts: HostExperts | undefined;
 
-  constructor(private readonly graph: HybridGraph, ctx: number, options: { timing?: boolean } = {}) {
+  constructor(private readonly graph: HybridGraph, ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}) {
     if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
+    if (!graph.stage && !options.hostExperts) throw new InvalidArgumentError("a split sequence (the experts not all resident) needs the host's experts (hostExperts)");
     this.ctx = ctx;
+    this.hostExperts = options.hostExperts;
     const device = graph.device;
     try {
       this.state = openSequenceState(graph, ctx, this.owned);
@@ -529,14 +596,27 @@ export class HybridSequence implements Disposable {
     for (const b of [this.state.conv, this.state.delta]) uploadBytes(this.graph.device, b, 0n, new Uint8Array(Number(b.size)));
   }
 
-  private recording(output: GraphOutput, S: number) {
-    const index = OUTPUTS.indexOf(output) * (GRAPH_MAX_TOKENS + 1) + S;
+  /** Submits per run: 1 resident; split, one per layer and the head, beside the experts' own calls. */
+  get submitsPerRun(): number {
+    return this.graph.stage ? 1 : this.graph.cfg.layers + 1;
+  }
+
+  /**
+   * The recording of a whole token (`segment` undefined), or of a split run's part: a layer index
+   * or the head (cfg.layers). Made on first use; found by index (no key built per token).
+   */
+  private recording(output: GraphOutput, S: number, segment?: number) {
+    const L = this.graph.cfg.layers;
+    const part = segment === undefined ? 0 : segment + 1;
+    const index = (OUTPUTS.indexOf(output) * (GRAPH_MAX_TOKENS + 1) + S) * (L + 2) + part;
     let r = this.recorded[index];
     if (!r) {
       const cb = this.commands.allocate().begin();
-      if (this.queries) cb.resetQueries(this.queries).timestamp(this.queries, 0);
-      const dispatches = this.graph.recordToken(cb, this.state, output, S);
-      if (this.queries) cb.timestamp(this.queries, 1);
+      // GPU time is measured on whole tokens only
+      const timed = segment === undefined ? this.queries : undefined;
+      if (timed) cb.resetQueries(timed).timestamp(timed, 0);
+      const dispatches = segment === undefined ? this.graph.recordToken(cb, this.state, output, S) : this.graph.recordSplit(cb, this.state, S, segment, output);
+      if (timed) cb.timestamp(timed, 1);
       cb.end();
       const submission = this.owned.use(new Submission(this.graph.device, [cb], { fence: this.fence }));
       this.recorded[index] = r = { submission, dispatches };
@@ -544,8 +624,24 @@ export class HybridSequence implements Disposable {
     return r;
   }
 
+  /** Dispatches a run of one token records (split: its layers' and head's together). */
   dispatchesOf(output: GraphOutput): number {
-    return this.recording(output, 1).dispatches;
+    if (this.graph.stage) return this.recording(output, 1).dispatches;
+    const L = this.graph.cfg.layers;
+    let n = output === "none" ? 0 : this.recording(output, 1, L).dispatches;
+    for (let l = 0; l < L; l++) n += this.recording("none", 1, l).dispatches;
+    return n;
+  }
+
+  private submitAndWait(submission: Submission): void {
+    submission.submit();
+    const done = this.fence.wait();
+    this.fence.reset();
+    if (!done) throw new Error("hybrid graph: the GPU did not finish a token within the timeout");
+    if (this.graph.injectDeviceLost) {
+      this.graph.injectDeviceLost = false;
+      throw new DeviceLostError("vkWaitForFences (injected)");
+    }
   }
 
   run(id: number, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
@@ -557,21 +653,43 @@ export class HybridSequence implements Disposable {
     const S = ids.length;
     if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
     this.graph.writeInput(ids, position);
+    if (!this.graph.stage) return this.runSplit(S, output);
     const r = this.recording(output, S);
-    r.submission.submit();
-    const done = this.fence.wait();
-    this.fence.reset();
-    if (!done) throw new Error("hybrid graph: the GPU did not finish a token within the timeout");
-    if (this.graph.injectDeviceLost) {
-      this.graph.injectDeviceLost = false;
-      throw new DeviceLostError("vkWaitForFences (injected)");
-    }
+    this.submitAndWait(r.submission);
     this.counts.replays++;
     this.counts.dispatches += r.dispatches;
     if (this.queries) {
       const [a, b] = this.queries.results(0, 2);
       this.lastGpuUs = (Number(b! - a!) * this.tick) / 1000;
     }
+    return this.result(output);
+  }
+
+  /**
+   * A split run (the experts not all resident): each layer's dense part on the GPU (one submit),
+   * then its routed experts on the host (`hostExperts`), their sum written where the next
+   * recording adds it with the shared expert; then the head, unless the output is "none".
+   */
+  private runSplit(S: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
+    const experts = this.hostExperts!;
+    const v = this.graph.views, D = this.graph.cfg.hidden, E = this.graph.cfg.experts, L = this.graph.cfg.layers;
+    const xn = v.xn.subarray(0, S * D), logits = v.router.subarray(0, S * E), y = v.ffn.subarray(0, S * D);
+    for (let l = 0; l < L; l++) {
+      const r = this.recording("none", S, l);
+      this.submitAndWait(r.submission);
+      this.counts.dispatches += r.dispatches;
+      experts(l, xn, logits, S, y);
+    }
+    this.counts.replays++;
+    if (output === "none") return {};
+    const h = this.recording(output, S, L);
+    this.submitAndWait(h.submission);
+    this.counts.dispatches += h.dispatches;
+    return this.result(output);
+  }
+
+  /** What a run returns for `output`, read from the host-visible outputs. */
+  private result(output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
     const v = this.graph.views;
     if (output === "logits") return { logits: v.logits };
     if (output === "none") return {};
@@ -582,6 +700,7 @@ export class HybridSequence implements Disposable {
   /** As GraphSequence.profile: each op's GPU µs for S tokens through a recording with a timestamp after every op. */
   profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[] {
     this.check();
+    if (!this.graph.stage) throw new GraphUnsupportedError("a profile records the whole token in one submit: this sequence runs split (not every expert is resident)");
     const S = ids.length;
     if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a profile runs 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
     if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);

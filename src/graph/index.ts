@@ -147,14 +147,18 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
 }
 
 class HybridDecoder implements DeviceDecoder {
-  readonly mode = "resident" as const;
-  constructor(private readonly graph: HybridGraph, readonly why: string) {}
+  readonly mode: "resident" | "split";
+  constructor(private readonly graph: HybridGraph, readonly why: string) {
+    this.mode = graph.stage ? "resident" : "split";
+  }
 
-  sequence(ctx: number, options: { timing?: boolean } = {}): DeviceSequence {
+  sequence(ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}): DeviceSequence {
     return this.graph.sequence(ctx, options);
   }
 
   batch(slots: number, ctx: number): DeviceBatch {
+    // a batch replays every op of its tokens in one submit, the experts' too
+    if (!this.graph.stage) throw new GraphUnsupportedError("a device batch needs every expert resident: this model runs split (a session per slot instead)");
     return new HybridBatch(this.graph, slots, ctx);
   }
 
@@ -164,32 +168,42 @@ class HybridDecoder implements DeviceDecoder {
 
   [Symbol.dispose](): void {
     this.graph[Symbol.dispose]();
-    this.graph.stage[Symbol.dispose]();
+    this.graph.stage?.[Symbol.dispose]();
   }
 }
 
 /**
- * The hybrid graph of a Qwen3.5 MoE model (src/graph/hybrid-graph.ts) over `backend`'s device;
- * every routed expert must be resident (there is no split mode for this family: the CPU decoder
- * runs per-layer instead). Throws GraphUnsupportedError with the reason when the model cannot run so.
+ * The hybrid graph of a Qwen3.5 MoE model (src/graph/hybrid-graph.ts) over `backend`'s device:
+ * resident where every routed expert is, else split (the dense ops and the shared expert on the
+ * GPU a layer a submit, the routed experts through the host's per-layer MoE call), as
+ * openDeviceDecoder. Throws GraphUnsupportedError with the reason when the model cannot run so.
  */
 export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, backend: MoeStageSource, policy: "auto" | "on" = "auto"): DeviceDecoder {
   const ctx = backend.context;
   if (!ctx || backend.mode !== "gpu") throw new GraphUnsupportedError(`the MoE layer runs on the CPU (${backend.why})`);
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
-  let stage: MoeGraphStage;
+  let stage: MoeGraphStage | undefined, notResident = "";
   try {
     stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS);
   } catch (e) {
-    if (e instanceof VkmoeError) throw new GraphUnsupportedError(e instanceof ExpertsNotResidentError ? `not every expert is resident (${e.message})` : e.message);
-    throw e;
+    if (e instanceof ExpertsNotResidentError) notResident = e.message;
+    else if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
+    else throw e;
   }
   try {
     const graph = new HybridGraph(ctx.device, cfg, weights, stage);
-    return new HybridDecoder(graph, `${ctx.device.info.name}: every op of the token in one submit (Gated DeltaNet and gated attention layers, shared expert), ${stage.mode} MoE call`);
+    // split runs submit between the MoE calls: a pre-launched kernel would hold their barriers
+    if (!stage) {
+      backend.stopPrelaunch("the hybrid graph's split runs share the queue");
+      backend.sharedDevice = true; // on a lost device the session says it, and frees the graph first
+    }
+    const why = stage
+      ? `${ctx.device.info.name}: every op of the token in one submit (Gated DeltaNet and gated attention layers, shared expert), ${stage.mode} MoE call`
+      : `${ctx.device.info.name}: the dense ops on the GPU a layer a submit (Gated DeltaNet and gated attention layers, shared expert), the experts through the per-layer MoE call (${notResident})`;
+    return new HybridDecoder(graph, why);
   } catch (e) {
-    stage[Symbol.dispose]();
+    stage?.[Symbol.dispose]();
     throw e;
   }
 }

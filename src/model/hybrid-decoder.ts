@@ -171,17 +171,26 @@ export class HybridDecoder implements CpuDecoder {
     w.o.apply(out, S, y);
   }
 
+  /**
+   * Layer l's routed experts over xn [S, D] into y [S, D] from the router logits [S, E] (top-k,
+   * renormalised): the host's half of the hybrid graph's split runs, and of moe() here.
+   */
+  routeAndRun(l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array, observer?: DecoderObserver): void {
+    const cfg = this.cfg, s = this.s, E = cfg.experts, k = cfg.topK;
+    const ids = s.ids.subarray(0, S * k), weights = s.weights.subarray(0, S * k);
+    for (let t = 0; t < S; t++) routeTopK(logits.subarray(t * E, (t + 1) * E), E, k, true, s.probs, ids, weights, t * k);
+    observer?.routing?.(l, ids, S, k);
+    const routing: Routing = { S, k, ids, weights };
+    this.experts.forward(l, xn, routing, y);
+  }
+
   /** The MoE block over xn [S, D] into y [S, D]: routed experts plus the gated shared expert. */
   private moe(l: number, layer: HybridLayerWeights, xn: Float32Array, S: number, y: Float32Array, observer?: DecoderObserver): void {
     const cfg = this.cfg, s = this.s;
     const D = cfg.hidden, E = cfg.experts, k = cfg.topK, F = cfg.sharedIntermediate;
     const logits = s.router.subarray(0, S * E);
     layer.router.apply(xn, S, logits);
-    const ids = s.ids.subarray(0, S * k), weights = s.weights.subarray(0, S * k);
-    for (let t = 0; t < S; t++) routeTopK(logits.subarray(t * E, (t + 1) * E), E, k, true, s.probs, ids, weights, t * k);
-    observer?.routing?.(l, ids, S, k);
-    const routing: Routing = { S, k, ids, weights };
-    this.experts.forward(l, xn, routing, y);
+    this.routeAndRun(l, xn, logits, S, y, observer);
     const sh = layer.shared;
     const g = s.sg.subarray(0, S * F), u = s.su.subarray(0, S * F), out = s.so.subarray(0, S * D), scale = s.scale.subarray(0, S);
     sh.gate.apply(xn, S, g);

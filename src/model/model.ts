@@ -48,8 +48,9 @@ export interface LoadOptions {
 
 /**
  * Where a model's tokens run: "resident", every op of a token on the GPU in one submit (every
- * expert resident); "per-layer", the CPU decoder with the experts on the GPU layer by layer (the
- * expert cache and the hybrid CPU share); "cpu", everything on the CPU.
+ * expert resident); "per-layer", the experts on the GPU layer by layer (the expert cache and the
+ * hybrid CPU share) with the dense ops on the GPU a layer a submit (the graph split) or on the CPU
+ * decoder; "cpu", everything on the CPU.
  */
 export type RunMode = "resident" | "per-layer" | "cpu";
 
@@ -117,8 +118,9 @@ export class Model implements Disposable {
       progress("weights", 0);
       const env = options.env ?? readConfig();
       if (config.architecture === "qwen3_5_moe") {
-        // The hybrid graph where every expert is resident (src/graph/hybrid-graph.ts); else the CPU
-        // decoder runs the token, the routed experts where openExperts puts them (the GPU's MoE layer for q4/q8).
+        // The hybrid graph (src/graph/hybrid-graph.ts): resident where every expert is, else split
+        // (the dense ops on the GPU a layer a submit, the routed experts through the per-layer MoE
+        // call); without it the CPU decoder runs the token, the routed experts where openExperts puts them.
         const weights = loadQwen35Weights(file, config, plan, path, log, (f) => progress("weights", f));
         const reserveBytes = hybridGraphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions));
         const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
@@ -138,7 +140,8 @@ export class Model implements Disposable {
             whyNot = e.message;
           }
         }
-        if (deviceDecoder) log(`vkmoe: resident mode: ${deviceDecoder.why}`);
+        if (deviceDecoder?.mode === "resident") log(`vkmoe: resident mode: ${deviceDecoder.why}`);
+        else if (deviceDecoder) log(`vkmoe: per-layer mode: ${deviceDecoder.why}`);
         else log(`vkmoe: ${experts.mode === "gpu" ? "per-layer mode (the experts on the GPU, the rest of the token on the CPU decoder)" : "cpu mode"}: the whole-token GPU graph is not used: ${whyNot}`);
         progress("ready", 1);
         return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, deviceDecoder, whyNot, log);

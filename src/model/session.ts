@@ -11,6 +11,7 @@ import type { DeviceDecoder, DeviceSequence } from "../graph/index.ts";
 import { deviceLostError, GRAPH_MAX_TOKENS, isDeviceLost } from "../graph/index.ts";
 import type { CpuDecoder, DecoderState } from "./cpu-decoder.ts";
 import { Decoder, MAX_CHUNK, type DecoderObserver } from "./decoder.ts";
+import { HybridDecoder } from "./hybrid-decoder.ts";
 import type { ModelConfig } from "./model-config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { ContextLengthError } from "./errors.ts";
@@ -62,14 +63,14 @@ export class Session implements Disposable {
     this.ctx = ctx;
     this.cpuCache = options.cpuCache ?? "f32";
     if (deviceDecoder) {
-      // split runs (Qwen3-MoE only) route through its CPU decoder; Qwen3.5's graph is resident only
-      const qwen3 = decoder instanceof Decoder ? decoder : undefined;
-      if (deviceDecoder.mode === "split" && !qwen3) throw new InvalidArgumentError(`the split GPU graph does not run ${config.architecture}`);
+      // split runs route through the CPU decoder's routeAndRun (Qwen3-MoE's, Qwen3.5's)
+      const router = decoder instanceof Decoder || decoder instanceof HybridDecoder ? decoder : undefined;
+      if (deviceDecoder.mode === "split" && !router) throw new InvalidArgumentError(`the split GPU graph does not run ${config.architecture}`);
       try {
         // split runs (experts not all resident): the host routes and runs each layer's experts
         const hostExperts = deviceDecoder.mode === "split"
           ? (l: number, xn: Float32Array, logits: Float32Array, S: number, y: Float32Array) => {
-            qwen3!.routeAndRun(l, xn, logits, S, y, this.observer);
+            router!.routeAndRun(l, xn, logits, S, y, this.observer);
             // the MoE layer met a lost device (and went on on the CPU, silently): so did the graph
             if (this.decoder.experts.mode === "cpu") throw deviceLostError("the MoE layer's wait");
           }

@@ -80,7 +80,17 @@ using queries = new QueryPool(device, 2);
 using commands = new CommandPool(device);
 using fence = new Fence(device);
 using kernels = new GemvKernels(device, config);
-using descriptors = new DescriptorPool(device, 64, 256);
+// One set per (pipeline, bindings) reused by every case that binds them (setFor): the cases outnumber
+// any fixed pool (--ggml ran out of it: VK_ERROR_OUT_OF_POOL_MEMORY); the distinct pipelines are few.
+using descriptors = new DescriptorPool(device, 128, 768);
+const cachedSets = new Map<ComputePipeline, Map<string, bigint>>();
+function setFor(p: ComputePipeline, tag: string, bindings: Parameters<DescriptorPool["allocate"]>[1]): bigint {
+  let byTag = cachedSets.get(p);
+  if (!byTag) cachedSets.set(p, (byTag = new Map()));
+  let set = byTag.get(tag);
+  if (set === undefined) byTag.set(tag, (set = descriptors.allocate(p, bindings)));
+  return set;
+}
 const period = info.limits.timestampPeriod;
 
 /** Records `body` between two timestamps, runs it `reps` times; best GPU ns and best host ns. */
@@ -177,8 +187,8 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
     // Per GEMV: quantize x in groups of 16, a barrier, the integer-dot GEMV (all counted), as GgmlGemvIdpKernel.record.
     const q = kernels.pipeline(QUANTIZE_ACT, false, GGML_IDP_GROUP);
     const p = gk.pipeline;
-    const qset = descriptors.allocate(q, [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
-    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
+    const qset = setFor(q, "quantize", [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
+    const set = setFor(p, "ggml idp", [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
     const groups16 = c.I / GGML_IDP_GROUP;
     const [qx, qy] = kernels.grid(Math.ceil((c.S * groups16 * (GGML_IDP_GROUP / 4)) / config.workgroupSize));
     const qpc = new Uint32Array([c.I, c.S, groups16, 0, c.I / 4]);
@@ -186,20 +196,20 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
     one = (cb, m) => cb.bind(q, qset).pushConstants(q, qpc).dispatch(qx, qy).barrier("computeToCompute").bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy).barrier("computeToCompute");
   } else if (gk) {
     const p = gk.pipeline;
-    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: x }, { buffer: y }]);
+    const set = setFor(p, "ggml", [{ buffer: pool }, { buffer: x }, { buffer: y }]);
     const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, m * stride, 0, 0]);
     one = (cb, m) => cb.bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy);
   } else if (!c.idp) {
     const p = kernels.pipeline(GEMV[c.format as QuantFormat], true, GROUP);
-    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: x }, { buffer: y }]);
+    const set = setFor(p, "gemv", [{ buffer: pool }, { buffer: pool }, { buffer: x }, { buffer: y }]);
     const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, gpr, (m * stride) / 16, (m * stride + weightBytes) / 4, 0, 0]);
     one = (cb, m) => cb.bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy);
   } else {
     // Per GEMV: quantize the activations, a barrier, the integer-dot GEMV (all counted).
     const q = kernels.pipeline(QUANTIZE_ACT, false, GROUP);
     const p = kernels.pipeline(GEMV_IDP[c.format as QuantFormat], true, GROUP);
-    const qset = descriptors.allocate(q, [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
-    const set = descriptors.allocate(p, [{ buffer: pool }, { buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
+    const qset = setFor(q, "quantize", [{ buffer: x }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }]);
+    const set = setFor(p, "gemv idp", [{ buffer: pool }, { buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]);
     const [qx, qy] = kernels.grid(Math.ceil((c.S * gpr * (GROUP / 4)) / config.workgroupSize));
     const qpc = new Uint32Array([c.I, c.S, gpr, 0, xqRowWords]);
     const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, rowWords, gpr, (m * stride) / 16, (m * stride + weightBytes) / 4, xqRowWords, 0]);

@@ -11,23 +11,39 @@
 // WorkList; dec_route / dec_group_experts write the same layout in the decode graph, with the expert
 // id as the handle's first word). Workgroup (x, y) = (block of ROWS_PER_WG rows, work item y): an
 // expert's blocks are read once per chunk of TOKENS slots, not once per slot.
+//
+// Laid out for bandwidth (as dec_gemv_ggml): work is by 32-weight slices (ggml_blocks.glsl: 16
+// consecutive quant bytes, scales decoded once a slice). The R rows x (cols / 32) slices of a
+// workgroup are one flat list that its lanes take in turn, lane t the slices t, t + WG, ...: every
+// lane has work whatever the row length (down's cols = I = 768 is 24 slices: 8 rows of it are 3
+// slices for each of 64 lanes), consecutive lanes read consecutive 16-byte words (rows are
+// contiguous), and no byte is read twice. A lane's slices may fall in several rows: each row keeps
+// its own sum in the lane (a select, not a dynamic register index). Then subgroupAdd and shared
+// memory across subgroups, one barrier (or a shared-memory tree where there is no subgroup
+// arithmetic). x is read from global memory (L1-resident: every workgroup of a token reads it).
+//
 // Addressing: every expert of the layer lives in one storage buffer (binding 5); the expert table
 // (binding 6, uvec4 per expert) gives the byte offsets of its (gate, up, down) matrices in it. Plain
 // descriptors, no buffer device address: no device feature needed (Lavapipe included), one
 // descriptor set per layer; the cost is a 4 GiB cap on a layer's experts (32-bit byte offsets).
 // Offsets: multiples of 16 (Q4_K/Q5_K read by uvec4), 4 readable bytes past the last block
-// (ggml_blocks.glsl). Inputs x / h are read as vec4 (cols a multiple of 32).
+// (ggml_blocks.glsl). Inputs x / h are read as vec4 (cols a multiple of 32). Rows past O read row
+// O-1 (not stored).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 layout(local_size_x = 64, local_size_x_id = 0) in;  // a power of two (tree reduction)
 layout(constant_id = 1) const uint ROWS_PER_WG = 2u;
 layout(constant_id = 2) const uint FORMAT = 3u;      // GGML_FMT_* of this mode's matrices
 layout(constant_id = 3) const uint TOKENS = 4u;      // slots per register chunk, 1..8
 layout(constant_id = 4) const bool GATEUP = true;
+layout(constant_id = 5) const bool USE_SUBGROUP = true;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
+const uint NMAT = GATEUP ? 2u : 1u;
 
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };   // x [S][D] or h [slots][I]
 layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
@@ -48,15 +64,15 @@ layout(push_constant, std430) uniform PC {
 #include "ggml_blocks.glsl"
 
 const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
-const uint UNITS_PER_BLOCK = GGML_BLOCK_ELEMENTS(FORMAT) / 32u;
+const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
+const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
+const uint GAP = GGML_SLICE_GAP(FORMAT) / 4u;  // vec4s from a slice's first run to its second
 
-// Matrices of this mode: gate and up (GATEUP), or down; sized for two either way (m < 1 folds away).
-shared float red[WG * 2u * R * TOKENS];
-float acc[2][R][TOKENS];
-vec4 xr[TOKENS][8];
+// Sized for the tree (every lane's sums); the subgroup path uses the first gl_NumSubgroups lanes' worth.
+shared float red[WG * NMAT * R * TOKENS];
+float acc[NMAT][R][TOKENS];
 
 void main() {
-    const uint nmat = GATEUP ? 2u : 1u;
     const uint rowBase = gl_WorkGroupID.x * R;
     if (rowBase >= pc.O) return;  // whole workgroup: uniform
     const uint t = gl_LocalInvocationIndex;
@@ -68,74 +84,103 @@ void main() {
     // No expert (dec_route's NONE for NaN logits): nothing to read; moe_sum skips its slot by weight.
     if (item.x >= uint(expertTable.length())) return;  // uniform
     const uvec4 offs = expertTable[item.x];
-    const uint units = pc.cols >> 5u;
-    const uint rowBytes = (units / UNITS_PER_BLOCK) * BLOCK_BYTES;
-
-    uint rowAddr[2][R];
-    [[unroll]] for (uint m = 0u; m < 2u; ++m) {
-        const uint base = m == 1u ? offs.y : (GATEUP ? offs.x : offs.z);
-        [[unroll]] for (uint r = 0u; r < R; ++r) rowAddr[m][r] = base + min(rowBase + r, pc.O - 1u) * rowBytes;  // past O: row O-1, not stored
-    }
+    const uint slices = pc.cols >> 5u;
+    const uint rowBytes = (pc.cols / BLOCK_ELEMENTS) * BLOCK_BYTES;
+    const uint work_ = R * slices;  // this workgroup's (row, slice) list
+    uint base[NMAT];
+    base[0] = GATEUP ? offs.x : offs.z;
+    if (GATEUP) base[NMAT - 1u] = offs.y;
 
     for (uint p0 = 0u; p0 < item.w; p0 += TOKENS) {
         const uint nt = min(TOKENS, item.w - p0);
-        uint xrow[TOKENS];  // vec4 index of each slot's input row
+        uint xrow[TOKENS];  // float index of each slot's input row
         [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
             const uint slot = pairs[item.z + p0 + min(k, nt - 1u)];
-            xrow[k] = (GATEUP ? slot / K : slot) * (pc.cols >> 2u);
+            xrow[k] = (GATEUP ? slot / K : slot) * pc.cols;
         }
-        [[unroll]] for (uint m = 0u; m < 2u; ++m)
+        [[unroll]] for (uint m = 0u; m < NMAT; ++m)
             [[unroll]] for (uint r = 0u; r < R; ++r)
                 [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[m][r][k] = 0.0;
 
-        for (uint u = t; u < units; u += WG) {
-            [[unroll]] for (uint k = 0u; k < TOKENS; ++k)
-                if (k < nt) [[unroll]] for (uint q = 0u; q < 8u; ++q) xr[k][q] = xv[xrow[k] + 8u * u + q];
-            const uint blk = u / UNITS_PER_BLOCK, j = u % UNITS_PER_BLOCK;
-            [[unroll]] for (uint m = 0u; m < 2u; ++m) {
-                if (m < nmat) {
-                    [[unroll]] for (uint r = 0u; r < R; ++r) {
-                        float w[32];
-                        ggml_dequant32(FORMAT, rowAddr[m][r] + blk * BLOCK_BYTES, j, w);
-                        [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
-                            if (k < nt) {  // uniform
-                                float a = acc[m][r][k];
-                                [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-                                    a = fma(w[4u * q], xr[k][q].x, a);
-                                    a = fma(w[4u * q + 1u], xr[k][q].y, a);
-                                    a = fma(w[4u * q + 2u], xr[k][q].z, a);
-                                    a = fma(w[4u * q + 3u], xr[k][q].w, a);
-                                }
-                                acc[m][r][k] = a;
-                            }
+        // (row r, slice u) of the flat index f = r * slices + u, stepped without a division
+        uint r = t / slices, u = t - r * slices;
+        for (uint f = t; f < work_; f += WG) {
+            const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+            const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+            const uint rowOff = min(rowBase + r, pc.O - 1u) * rowBytes + blk * BLOCK_BYTES;
+            float w[NMAT][32];
+            [[unroll]] for (uint m = 0u; m < NMAT; ++m) {
+                uvec4 q0, q1;
+                vec2 d, mn;
+                ggml_slice(FORMAT, base[m] + rowOff, s, q0, q1, d, mn);
+                ggml_slice_weights(FORMAT, q0, q1, d, mn, w[m]);
+            }
+            [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                if (k < nt) {  // uniform
+                    const uint xa = (xrow[k] + col) >> 2u;
+                    vec4 xr[8];
+                    [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                        xr[q] = xv[xa + q];
+                        xr[4u + q] = xv[xa + GAP + q];
+                    }
+                    [[unroll]] for (uint m = 0u; m < NMAT; ++m) {
+                        float a = 0.0;
+                        [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+                            a = fma(w[m][4u * q], xr[q].x, a);
+                            a = fma(w[m][4u * q + 1u], xr[q].y, a);
+                            a = fma(w[m][4u * q + 2u], xr[q].z, a);
+                            a = fma(w[m][4u * q + 3u], xr[q].w, a);
                         }
+                        [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[m][rr][k] += rr == r ? a : 0.0;
                     }
                 }
             }
+            u += WG;
+            while (u >= slices) { u -= slices; ++r; }
         }
 
-        // Shared-memory tree over the workgroup: portable (no subgroup operations needed).
-        const uint n = 2u * R * TOKENS;
-        [[unroll]] for (uint m = 0u; m < 2u; ++m)
-            [[unroll]] for (uint r = 0u; r < R; ++r)
-                [[unroll]] for (uint k = 0u; k < TOKENS; ++k) red[t * n + (m * R + r) * TOKENS + k] = acc[m][r][k];
-        barrier();
-        for (uint h = WG / 2u; h > 0u; h >>= 1u) {
-            if (t < h) {
-                for (uint i = 0u; i < n; ++i) red[t * n + i] += red[(t + h) * n + i];
-            }
+        // ---- the chunk's NMAT * R * nt sums over the workgroup ----
+        const uint n = NMAT * R * TOKENS;
+        if (USE_SUBGROUP) {
+            [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+                [[unroll]] for (uint rr = 0u; rr < R; ++rr)
+                    [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                        if (k < nt) {  // uniform: a decode item has one slot, not TOKENS
+                            const float v = subgroupAdd(acc[m][rr][k]);
+                            if (subgroupElect()) red[gl_SubgroupID * n + (m * R + rr) * TOKENS + k] = v;
+                        }
+                    }
             barrier();
+            if (gl_NumSubgroups > 1u) {
+                for (uint i = t; i < n; i += WG) {
+                    float v = red[i];
+                    for (uint g = 1u; g < gl_NumSubgroups; ++g) v += red[g * n + i];
+                    red[i] = v;  // only lane i reads and writes column i
+                }
+                barrier();
+            }
+        } else {
+            [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+                [[unroll]] for (uint rr = 0u; rr < R; ++rr)
+                    [[unroll]] for (uint k = 0u; k < TOKENS; ++k) red[t * n + (m * R + rr) * TOKENS + k] = acc[m][rr][k];
+            barrier();
+            for (uint h = WG / 2u; h > 0u; h >>= 1u) {
+                if (t < h) {
+                    for (uint i = 0u; i < n; ++i) red[t * n + i] += red[(t + h) * n + i];
+                }
+                barrier();
+            }
         }
         for (uint i = t; i < R * TOKENS; i += WG) {
-            const uint r = i / TOKENS, k = i % TOKENS;
-            if (k < nt && rowBase + r < pc.O) {
+            const uint rr = i / TOKENS, k = i % TOKENS;
+            if (k < nt && rowBase + rr < pc.O) {
                 const uint slot = pairs[item.z + p0 + k];
-                const float v = red[r * TOKENS + k];
+                const float v = red[rr * TOKENS + k];
                 if (GATEUP) {
-                    const float up = red[(R + r) * TOKENS + k];
-                    yb[slot * pc.O + rowBase + r] = v / (1.0 + exp(-v)) * up;
+                    const float up = red[(R + rr) * TOKENS + k];
+                    yb[slot * pc.O + rowBase + rr] = v / (1.0 + exp(-v)) * up;
                 } else {
-                    yb[slot * pc.O + rowBase + r] = slotWeight[slot] * v;
+                    yb[slot * pc.O + rowBase + rr] = slotWeight[slot] * v;
                 }
             }
         }

@@ -11,7 +11,7 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
-import { GgmlExpertKernels, GgmlExpertLayer, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
+import { GgmlExpertKernels, GgmlExpertLayer, moeRowsPerWorkgroup, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
 import { WorkList, checkRouting, type Routing } from "../src/moe/routing.ts";
 import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
@@ -91,7 +91,7 @@ function cpuMoe(experts: GgmlExpertTensors[], x: Float32Array, r: Routing, D: nu
 }
 
 /** One GPU call of the grouped kernels on `layer` for routing r; returns y [S][D]. */
-function gpuMoe(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x: Float32Array, r: Routing): Float32Array {
+function gpuMoe(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x: Float32Array, r: Routing, singleSlotItems?: boolean): Float32Array {
   const { D, I } = layer;
   checkRouting(r, layer.experts);
   const list = new WorkList(layer.experts, r.S * r.k);
@@ -107,7 +107,7 @@ function gpuMoe(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x: Float32Ar
   using done = hostBuffer(device, 1);
   f32(xb, r.S * D).set(x);
   writeWorkList(list, r.S, 7, u32(work, 4 * (1 + list.items)), u32(pairs, slots), f32(sw, slots));
-  submitAndWait(device, (cb) => kernels.record(cb, { layer, S: r.S, items: list.items, slotsPerToken: list.slotsPerToken, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done }));
+  submitAndWait(device, (cb) => kernels.record(cb, { layer, S: r.S, items: list.items, slotsPerToken: list.slotsPerToken, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done, singleSlotItems }));
   for (const [b, n, what] of [[h, slots * I, "h"], [ypair, slots * D, "ypair"], [y, r.S * D, "y"], [done, 1, "done"]] as const) expectTail(b, n, what);
   expect(u32(done, 1)[0]).toBe(7);
   return f32(y, r.S * D).slice();
@@ -155,6 +155,43 @@ describe("other kernel shapes", () => {
       }
     }
   }, 60_000);
+});
+
+describe("slice kernel: lanes over a flat (row, slice) list", () => {
+  // Rows per workgroup follow the row length (moeRowsPerWorkgroup); each case below is a shape or
+  // reduction the defaults of the other tests do not reach.
+  const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: ConstructorParameters<typeof GgmlExpertKernels>[2] }[] = [
+    // 3 and 7 slices a row: a lane's slices fall in several rows
+    { what: "Q5_0 D 96, I 224 (3 and 7 slices a row), default lanes", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
+    { what: "the same without subgroup arithmetic (shared-memory tree)", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { useSubgroup: false } },
+    // 64 lanes: several subgroups on Lavapipe (8 lanes each), the shared step across them; D 768 = 24 slices
+    { what: "Q4_K/Q6_K D 768, I 256, 64 lanes (several subgroups)", gu: "Q4_K", dn: "Q6_K", D: 768, I: 256, options: { workgroupSize: 64 } },
+    { what: "the first kernel (tree), kept for the benchmark", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { kernel: "tree" } },
+  ];
+  for (const c of cases) {
+    test(c.what, () => {
+      using kernels = new GgmlExpertKernels(device, { gateUp: c.gu, down: c.dn }, c.options);
+      let seed = 1300 + cases.indexOf(c) * 10;
+      const experts = randomExperts(E, c.D, c.I, c.gu, c.dn, seed++);
+      using layer = new GgmlExpertLayer(device, experts);
+      for (const [S, k] of [[1, 8], [4, 8], [17, 2]] as const) {
+        const r = randomRouting(S, k, E, seed++);
+        const x = randomGaussianF32(S * c.D, seed++);
+        const want = cpuMoe(experts, x, r, c.D);
+        const e = nmse(want, gpuMoe(kernels, layer, x, r));
+        if (!(e <= 1e-9)) throw new Error(`${c.what}: S=${S} k=${k}: NMSE ${e}`);
+        // The 1-slot pipelines (chosen for per-slot lists) on items of several slots: chunks of one
+        if (S === 17 && c.options?.kernel !== "tree") expect(nmse(want, gpuMoe(kernels, layer, x, r, true))).toBeLessThanOrEqual(1e-9);
+      }
+    }, 60_000);
+  }
+  test("rows per workgroup: no idle lane where a row length allows it", () => {
+    expect(moeRowsPerWorkgroup(64, 64)).toBe(1);  // D 2048
+    expect(moeRowsPerWorkgroup(24, 64)).toBe(8);  // I 768: 192 slices, 3 a lane
+    expect(moeRowsPerWorkgroup(16, 64)).toBe(4);  // I 512
+    expect(moeRowsPerWorkgroup(7, 8)).toBe(8);
+    expect(moeRowsPerWorkgroup(3, 64)).toBe(8);   // 24 of 64 lanes: the best there is
+  });
 });
 
 describe("the decode graph's work lists", () => {

@@ -436,6 +436,7 @@ export class GgmlGraphStage implements MoeGraphStage {
     }
     this.kernels.get(pairKey(L.gateUpType, L.downType))!.record(cb, {
       layer: L, S, items, slotsPerToken: K, x, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight, h: this.h, ypair: this.ypair, y, done: this.done,
+      singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot
     });
   }
 

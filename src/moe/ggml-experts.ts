@@ -5,9 +5,15 @@
  *
  * GgmlExpertLayer: one device buffer with every expert's gate, up and down blocks, and the expert
  * table (uvec4 per expert: byte offsets of gate, up, down). GgmlExpertKernels: one pipeline per
- * mode and format (gate/up share a format in real files; down may differ), recording the three
- * dispatches of a call on buffers the caller provides. The work list is routing.ts's WorkList in
- * moe.glsl's layout (writeWorkList).
+ * mode, format and rows per workgroup (gate/up share a format in real files; down may differ),
+ * recording the three dispatches of a call on buffers the caller provides. The work list is
+ * routing.ts's WorkList in moe.glsl's layout (writeWorkList).
+ *
+ * The kernel works by 32-weight slices (ggml_blocks.glsl): a workgroup's R rows x cols/32 slices
+ * are one list its lanes share, so rows shorter than the workgroup (down: I 768 is 24 slices)
+ * leave no lane idle; R follows the row length (moeRowsPerWorkgroup). The first kernel
+ * (moe_ggml_tree: 32-column units read twice a nibble, a shared-memory tree of 6 barriers, 2 rows
+ * a workgroup) stays behind `kernel: "tree"` for scripts/bench-moe-ggml.ts --old.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -21,6 +27,8 @@ import type { WorkList } from "./routing.ts";
 
 /** x/h, work, pairs, out, slot weights, expert bytes, expert table; push O, cols. */
 export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
+/** The first kernel, same interface (GgmlExpertKernelOptions.kernel "tree"). */
+const MOE_GGML_TREE: ShaderInterface = { ...MOE_GGML, name: "moe_ggml_tree" };
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -123,13 +131,27 @@ export function writeWorkList(list: WorkList, S: number, sequence: number, work:
 }
 
 class MoeGgmlKernel extends DecoderKernel {
-  constructor(device: Device, format: GgmlBlockType, gateUp: boolean, wg: number, rows: number, tokens: number, options: DecoderKernelOptions) {
-    super(device, MOE_GGML, { 0: wg, 1: rows, 2: FORMAT_ID[format], 3: tokens, 4: gateUp ? 1 : 0 }, options);
+  constructor(device: Device, shader: ShaderInterface, specialization: Record<number, number>, options: DecoderKernelOptions) {
+    super(device, shader, specialization, options);
   }
 
   record(cb: CommandBuffer, buffers: Buffer[], O: number, cols: number, rowBlocks: number, items: number): void {
     cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, pushWords([O, cols])).dispatch(rowBlocks, items);
   }
+}
+
+/**
+ * Rows per workgroup (1..8) for rows of `slices` 32-weight slices shared out over `wg` lanes: the
+ * fewest idle lane-steps (ceil(R * slices / wg) * wg against R * slices), the smaller R on a tie.
+ * D 2048 (64 slices) on 64 lanes: 1 row; I 768 (24 slices): 8 rows, 3 slices a lane; I 512: 4 rows.
+ */
+export function moeRowsPerWorkgroup(slices: number, wg: number): number {
+  let best = 1, bestCost = Infinity;
+  for (let R = 1; R <= 8; R++) {
+    const cost = (Math.ceil((R * slices) / wg) * wg) / (R * slices);
+    if (cost < bestCost - 1e-12) { best = R; bestCost = cost; }
+  }
+  return best;
 }
 
 class MoeSumKernel extends DecoderKernel {
@@ -143,12 +165,16 @@ class MoeSumKernel extends DecoderKernel {
 }
 
 export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
-  /** Threads per workgroup, a power of two (default 64). */
+  /** Threads per workgroup, a power of two (default 64; 8 on a CPU device, one Lavapipe subgroup: its barriers are context switches). */
   workgroupSize?: number;
-  /** Rows per workgroup, 1..8 (default 2). */
+  /** Rows per workgroup, 1..8 (default: per mode, from the row length, moeRowsPerWorkgroup; "tree": 2). */
   rowsPerWorkgroup?: number;
-  /** Slots per register chunk, 1..8 (default 4): an expert's blocks are dequantized once per chunk. */
+  /** Slots per register chunk, 1..8 (default 4): an expert's blocks are dequantized once per chunk. A call whose items hold one slot each runs a 1-slot pipeline. */
   tokensPerChunk?: number;
+  /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
+  useSubgroup?: boolean;
+  /** "slices" (default, moe_ggml.comp) or "tree": the first kernel (moe_ggml_tree.comp, 32-column units, a shared tree), kept to compare. */
+  kernel?: "slices" | "tree";
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -174,41 +200,73 @@ export interface GgmlExpertCall {
   y: Buffer;
   /** One uint: the work header's sequence number, written when y is complete. */
   done: Buffer;
+  /**
+   * Every item holds one slot (a per-slot list): the call runs 1-slot pipelines. Default: items ===
+   * S * slotsPerToken, exact for a list built on the host; a grid sized for the most items a call
+   * can have (the decode graph's) says which list it is.
+   */
+  singleSlotItems?: boolean;
 }
 
-/** The grouped MoE call over GGML block experts of one (gate/up format, down format) pair. */
+/**
+ * The grouped MoE call over GGML block experts of one (gate/up format, down format) pair. The
+ * gate+up and down pipelines are made on first use per rows-per-workgroup (which follows the
+ * layer's D and I unless given), so one object serves every shape.
+ */
 export class GgmlExpertKernels implements Disposable {
   readonly gateUpType: GgmlBlockType;
   readonly downType: GgmlBlockType;
-  readonly rowsPerWorkgroup: number;
-  private readonly gateUp: MoeGgmlKernel;
-  private readonly down: MoeGgmlKernel;
+  readonly workgroupSize: number;
+  readonly tokensPerChunk: number;
+  readonly kernel: "slices" | "tree";
+  private readonly rowsOption: number | undefined;
+  private readonly useSubgroup: boolean;
+  private readonly options: GgmlExpertKernelOptions;
+  private readonly modes = new Map<string, MoeGgmlKernel>();
   private readonly sum: MoeSumKernel;
 
-  constructor(device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
+  constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
       if (!GGML_BLOCK_TYPES.includes(t)) throw new InvalidArgumentError(`no GPU MoE kernel for GGML type ${String(t)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
     }
-    const wg = options.workgroupSize ?? 64;
+    const kernel = options.kernel ?? "slices";
+    if (kernel !== "slices" && kernel !== "tree") throw new InvalidArgumentError(`kernel must be "slices" or "tree", got ${String(kernel)}`);
+    const wg = options.workgroupSize ?? (kernel === "slices" && device.info.type === 4 ? 8 : 64);
     if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
-    const rows = options.rowsPerWorkgroup ?? 2;
-    if (!Number.isInteger(rows) || rows < 1 || rows > 8) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..8, got ${rows}`);
+    const rows = options.rowsPerWorkgroup ?? (kernel === "tree" ? 2 : undefined);
+    if (rows !== undefined && (!Number.isInteger(rows) || rows < 1 || rows > 8)) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..8, got ${rows}`);
     const tokens = options.tokensPerChunk ?? 4;
     if (!Number.isInteger(tokens) || tokens < 1 || tokens > 8) throw new InvalidArgumentError(`tokensPerChunk must be an integer in 1..8, got ${tokens}`);
-    const shared = wg * 2 * rows * tokens * 4;
+    const shared = wg * 2 * (rows ?? 8) * tokens * 4;
     if (shared > device.info.limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`the reduction needs ${shared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
     this.gateUpType = types.gateUp;
     this.downType = types.down;
-    this.rowsPerWorkgroup = rows;
-    const made: Disposable[] = [];
-    try {
-      made.push((this.gateUp = new MoeGgmlKernel(device, types.gateUp, true, wg, rows, tokens, options)));
-      made.push((this.down = new MoeGgmlKernel(device, types.down, false, wg, rows, tokens, options)));
-      made.push((this.sum = new MoeSumKernel(device, options)));
-    } catch (e) {
-      for (const k of made) k[Symbol.dispose]();
-      throw e;
+    this.workgroupSize = wg;
+    this.tokensPerChunk = tokens;
+    this.kernel = kernel;
+    this.rowsOption = rows;
+    this.useSubgroup = options.useSubgroup ?? device.info.subgroup.arithmetic;
+    this.options = options;
+    this.sum = new MoeSumKernel(device, options);
+  }
+
+  /** Rows per workgroup of a mode for rows of `cols` columns. */
+  rowsPerWorkgroup(cols: number): number {
+    return this.rowsOption ?? moeRowsPerWorkgroup(cols / 32, this.workgroupSize);
+  }
+
+  private mode(gateUp: boolean, rows: number, tokens: number): MoeGgmlKernel {
+    const key = `${gateUp ? "gu" : "down"}:${rows}:${tokens}`;
+    let k = this.modes.get(key);
+    if (k === undefined) {
+      const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
+      const spec = { 0: this.workgroupSize, 1: rows, 2: format, 3: tokens, 4: gateUp ? 1 : 0 };
+      k = this.kernel === "tree"
+        ? new MoeGgmlKernel(this.device, MOE_GGML_TREE, spec, this.options)
+        : new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0 }, this.options);
+      this.modes.set(key, k);
     }
+    return k;
   }
 
   /** Records gate+up, down and the sum with compute barriers between them (the caller places the ones around the call). */
@@ -228,19 +286,22 @@ export class GgmlExpertKernels implements Disposable {
     checkRange("moe ggml ypair", c.ypair, 0, slots * D);
     checkRange("moe ggml y", c.y, 0, c.S * D);
     checkRange("moe ggml done", c.done, 0, 1);
-    const R = this.rowsPerWorkgroup;
     const common = [c.work, c.pairs];
-    this.gateUp.record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / R), c.items);
+    const Rg = this.rowsPerWorkgroup(D), Rd = this.rowsPerWorkgroup(I);
+    // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
+    // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
+    const tokens = this.kernel === "slices" && (c.singleSlotItems ?? c.items === slots) ? 1 : this.tokensPerChunk;
+    this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
     cb.barrier("computeToCompute");
-    this.down.record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / R), c.items);
+    this.mode(false, Rd, tokens).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rd), c.items);
     cb.barrier("computeToCompute");
     this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
     return cb;
   }
 
   [Symbol.dispose](): void {
-    this.gateUp[Symbol.dispose]();
-    this.down[Symbol.dispose]();
+    for (const k of this.modes.values()) k[Symbol.dispose]();
+    this.modes.clear();
     this.sum[Symbol.dispose]();
   }
 }

@@ -1,0 +1,184 @@
+// GGML-block MoE call benchmark (GgmlExpertKernels: moe_ggml gate+up, down, moe_sum) against the
+// read bandwidth measured in the same run and the q4 MoE call of the same shape (MoeBackend's GPU
+// layer, its own command buffer between timestamps: LayerTimer).
+//
+// Per model shape (Qwen3-30B-A3B: D 2048, I 768, E 128, top-8; Qwen3.6-35B-A3B-like: D 2048,
+// I 512, E 256, top-8), format pair (gate/up, down: Q4_K/Q6_K, Q4_K/Q4_K, Q5_0/Q5_0, Q6_K/Q6_K)
+// and S (1, 4, 64), one table row:
+//   µs/call    GPU time of one call: a batch of calls in one command buffer (a compute barrier
+//              between calls, as in the graph) between two timestamps, best of 3, divided by the
+//              calls. The calls rotate over 16 random routings, each with its own work list, so an
+//              expert read by a call was last read 15 calls (hundreds of MB) earlier: from DRAM.
+//   GB/s       expert bytes the call reads (distinct experts x an expert's bytes) / µs, and its share
+//              of the device read bandwidth (stream_read, same run)
+//   q4 µs      the q4 MoE call of the same shape (MoeBackend, one layer, GPU timestamps, median)
+//   old µs     with --old: the first kernel (moe_ggml_tree.comp) on the same calls
+//   bun scripts/bench-moe-ggml.ts [--quick] [--old] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
+//     --quick    S=1 and 4, the first pair and shape (a CPU Vulkan device: also a small E)
+//     --calls N  calls per timed batch (default 64; 4 on a CPU device)
+//     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
+//                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
+import { readConfig } from "../src/config.ts";
+import { MoeBackend } from "../src/moe/backend.ts";
+import { GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
+import { WorkList, type Routing } from "../src/moe/routing.ts";
+import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { f32ToF16Bits } from "../src/quant/half.ts";
+import { describeDevice } from "../src/vk/banner.ts";
+import { VulkanContext } from "../src/vk/context.ts";
+import { Buffer, uploadBytes, type Device } from "../src/vk/index.ts";
+import { Args } from "./lib/cli.ts";
+import { LayerTimer, readBandwidth, timeOnGpu } from "./lib/gpu-time.ts";
+import { preloadExperts } from "./lib/moe-setup.ts";
+import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B_A3B, QWEN36_35B_A3B, randomActivations, randomExpert, RoutingGenerator, type ModelShape } from "./lib/synthetic.ts";
+import { fmt, formatTable, median } from "./lib/table.ts";
+
+const SCRIPT = "bench-moe-ggml";
+const opts = new Args(SCRIPT, { flags: ["--quick", "--old", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows"] });
+const quick = opts.flag("--quick");
+const withOld = opts.flag("--old");
+const withQ4 = !opts.flag("--no-q4");
+const wgArg = opts.int("--wg", 1, 1024);
+const tokensArg = opts.int("--tokens", 1, 8);
+const rowsArg = opts.int("--rows", 1, 8);
+
+const env = readConfig();
+using ctx = new VulkanContext({}, env);
+const device = ctx.device;
+const cpuDevice = device.info.type === 4;
+const calls = opts.int("--calls", 1, 4096) ?? (cpuDevice ? 4 : 64);
+const ROUTINGS = 16;
+const SIZES = quick ? [1, 4] : [1, 4, 64];
+const PAIRS: [GgmlBlockType, GgmlBlockType][] = quick ? [["Q4_K", "Q6_K"]] : [["Q4_K", "Q6_K"], ["Q4_K", "Q4_K"], ["Q5_0", "Q5_0"], ["Q6_K", "Q6_K"]];
+const SHAPES: ModelShape[] = quick ? [QWEN3_30B_A3B] : [QWEN3_30B_A3B, QWEN36_35B_A3B];
+// Routed experts only here (the GGML call has no shared expert): the Qwen3.6 shape without it.
+const routedOnly = (m: ModelShape): ModelShape => ({ ...m, shared: false, ...(cpuDevice && quick ? { experts: 16 } : {}) });
+
+console.log(describeDevice(device.info).slice(0, 2).join("\n"));
+if (!cpuDevice) readBandwidth(device, 1024 * 2 ** 20, 150); // ~0.5 s of reads: clocks up
+const bw = readBandwidth(device, cpuDevice ? 64 * 2 ** 20 : 1024 * 2 ** 20, cpuDevice ? 2 : 7);
+console.log(`read bandwidth ${fmt(bw.gbs)} GB/s (stream_read over ${(bw.bytes / 2 ** 20).toFixed(0)} MiB x${bw.passes})`);
+
+/** One expert's tensors, random quants with finite f16 scales (every expert of the layer shares them: the device copies are distinct). */
+function randomTensors(D: number, I: number, gu: GgmlBlockType, dn: GgmlBlockType, seed: number): GgmlExpertTensors {
+  const make = (type: GgmlBlockType, rows: number, cols: number, s: number) => {
+    const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
+    const bytes = new Uint8Array(Math.ceil((rows * (cols / blockElements) * blockBytes) / 4) * 4);
+    fillRandomWords(new Uint32Array(bytes.buffer), s);
+    const half = f32ToF16Bits(2 ** -8);
+    for (let p = 0; p + blockBytes <= bytes.length; p += blockBytes) for (const h of halfOffsets) { bytes[p + h] = half & 0xff; bytes[p + h + 1] = half >> 8; }
+    return ggmlBlockTensor(type, bytes.subarray(0, rows * (cols / blockElements) * blockBytes), rows, cols);
+  };
+  return { gate: make(gu, I, D, seed), up: make(gu, I, D, seed + 1), down: make(dn, D, I, seed + 2) };
+}
+
+interface CallSet extends Disposable {
+  items: number[];
+  bytes: number;
+  record(k: GgmlExpertKernels, cb: Parameters<GgmlExpertKernels["record"]>[0], i: number): void;
+}
+
+/** ROUTINGS work lists of S tokens on `layer`, each in its own device buffers; x, h, ypair, y shared. */
+function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: number): CallSet {
+  const k = model.topK, D = layer.D, I = layer.I, slots = S * k;
+  const owned = new DisposableStack();
+  const buf = (bytes: number) => owned.use(new Buffer(dev, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
+  const upload = (b: Buffer, a: ArrayBufferView) => uploadBytes(dev, b, 0n, new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
+  const x = buf(4 * S * D), h = buf(4 * slots * I), ypair = buf(4 * slots * D), y = buf(4 * S * D), done = buf(16);
+  upload(x, randomActivations(S, D, 7 + S));
+  const router = new RoutingGenerator(model, 0x6e11 + S);
+  const lists: { work: Buffer; pairs: Buffer; slotWeight: Buffer; items: number; r: Routing }[] = [];
+  for (let i = 0; i < ROUTINGS; i++) {
+    const r = router.next(S);
+    const list = new WorkList(model.experts, slots);
+    list.build(r, model.experts, false);
+    const work = new Uint32Array(4 * (1 + list.items)), pairs = new Uint32Array(slots), sw = new Float32Array(slots);
+    writeWorkList(list, S, i, work, pairs, sw);
+    const l = { work: buf(work.byteLength), pairs: buf(pairs.byteLength), slotWeight: buf(sw.byteLength), items: list.items, r };
+    upload(l.work, work);
+    upload(l.pairs, pairs);
+    upload(l.slotWeight, sw);
+    lists.push(l);
+  }
+  const per = ggmlExpertBytes(D, I, layer.gateUpType, layer.downType);
+  return {
+    items: lists.map((l) => l.items),
+    bytes: (lists.reduce((n, l) => n + distinctExperts(l.r, false), 0) / lists.length) * per,
+    record(kernels, cb, i) {
+      const l = lists[i % lists.length]!;
+      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done });
+    },
+    [Symbol.dispose]: () => owned.dispose(),
+  };
+}
+
+function timeCalls(kernels: GgmlExpertKernels, set: CallSet): number {
+  const body = (cb: Parameters<GgmlExpertKernels["record"]>[0]) => {
+    for (let i = 0; i < calls; i++) {
+      set.record(kernels, cb, i);
+      cb.barrier("computeToCompute");
+    }
+  };
+  timeOnGpu(device, body, 1); // pipelines, first touch
+  return timeOnGpu(device, body, cpuDevice ? 1 : 3) / calls / 1e3;
+}
+
+/** The q4 MoE call (MoeBackend's GPU layer) of the model's routed shape: GPU µs per S, median. */
+function q4Us(model: ModelShape): Map<number, number> {
+  const out = new Map<number, number>();
+  const shape = expertShapeOf(model);
+  const host = randomExpert(shape, 1);
+  using gpu = MoeBackend.open({ shape, experts: model.experts, topK: model.topK, layers: 1, shared: false, weights: () => host, log: () => {} }, env);
+  if (!gpu.context) return out;
+  preloadExperts(gpu, 1, model.experts, () => host);
+  using timer = new LayerTimer(gpu);
+  const router = new RoutingGenerator(model, 0x4444);
+  for (const S of SIZES) {
+    const x = randomActivations(S, model.hidden, 3), y = new Float32Array(S * model.hidden);
+    for (let i = 0; i < 4; i++) gpu.forward(0, x, router.next(S), y);
+    timer.on();
+    const us: number[] = [];
+    for (let i = 0; i < (cpuDevice ? 2 : 32); i++) {
+      gpu.forward(0, x, router.next(S), y);
+      us.push(timer.lastNs() / 1e3);
+    }
+    timer.off();
+    out.set(S, median(us));
+  }
+  console.log(`q4 call: ${model.name}, ${(expertBytes(model) / 1e6).toFixed(2)} MB an expert`);
+  return out;
+}
+
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", ...(withQ4 ? ["q4 µs", "ggml/q4"] : []), ...(withOld ? ["old µs", "speedup"] : [])]];
+const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }) };
+let shapeLine = "";
+for (const full of SHAPES) {
+  const model = routedOnly(full);
+  const q4 = withQ4 ? q4Us(model) : new Map<number, number>();
+  for (const [gu, dn] of PAIRS) {
+    const t = randomTensors(model.hidden, model.intermediate, gu, dn, 11);
+    using layer = new GgmlExpertLayer(device, Array.from({ length: model.experts }, () => t));
+    using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
+    using old = withOld ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { maxSets: 256, kernel: "tree" }) : undefined;
+    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)} (${model.name})`;
+    console.log(shapeLine);
+    for (const S of SIZES) {
+      using set = callSet(device, layer, model, S);
+      const us = timeCalls(kernels, set);
+      const gbs = set.bytes / us / 1e3;
+      const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`];
+      if (withQ4) {
+        const q = q4.get(S);
+        row.push(q === undefined ? "-" : fmt(q), q === undefined ? "-" : `${(us / q).toFixed(2)}x`);
+      }
+      if (old) {
+        const o = timeCalls(old, set);
+        row.push(fmt(o), `${(o / us).toFixed(2)}x`);
+      }
+      table.push(row);
+      console.log(`  ${row.join(" | ")}`);
+    }
+  }
+}
+console.log(`\n${new Date().toISOString().slice(0, 10)}; ${calls} calls a batch over ${ROUTINGS} routings; µs/call from GPU timestamps (best of batches); MB read = distinct experts x an expert's bytes; ggml/q4 = ggml µs / q4 µs`);
+console.log(formatTable(table));

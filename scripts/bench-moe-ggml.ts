@@ -12,8 +12,7 @@
 //   GB/s       expert bytes the call reads (distinct experts x an expert's bytes) / µs, and its share
 //              of the device read bandwidth (stream_read, same run)
 //   q4 µs      the q4 MoE call of the same shape (MoeBackend, one layer, GPU timestamps, median)
-//   old µs     with --old: the first kernel (moe_ggml_tree.comp) on the same calls
-//   bun scripts/bench-moe-ggml.ts [--quick] [--old] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
+//   bun scripts/bench-moe-ggml.ts [--quick] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
 //     --quick    S=1 and 4, the first pair and shape (a CPU Vulkan device: also a small E)
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
@@ -34,9 +33,8 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--old", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows"] });
 const quick = opts.flag("--quick");
-const withOld = opts.flag("--old");
 const withQ4 = !opts.flag("--no-q4");
 const wgArg = opts.int("--wg", 1, 1024);
 const tokensArg = opts.int("--tokens", 1, 8);
@@ -149,7 +147,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", ...(withQ4 ? ["q4 µs", "ggml/q4"] : []), ...(withOld ? ["old µs", "speedup"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -159,7 +157,6 @@ for (const full of SHAPES) {
     const t = randomTensors(model.hidden, model.intermediate, gu, dn, 11);
     using layer = new GgmlExpertLayer(device, Array.from({ length: model.experts }, () => t));
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
-    using old = withOld ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { maxSets: 256, kernel: "tree" }) : undefined;
     shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
@@ -170,10 +167,6 @@ for (const full of SHAPES) {
       if (withQ4) {
         const q = q4.get(S);
         row.push(q === undefined ? "-" : fmt(q), q === undefined ? "-" : `${(us / q).toFixed(2)}x`);
-      }
-      if (old) {
-        const o = timeCalls(old, set);
-        row.push(fmt(o), `${(o / us).toFixed(2)}x`);
       }
       table.push(row);
       console.log(`  ${row.join(" | ")}`);

@@ -11,9 +11,7 @@
  *
  * The kernel works by 32-weight slices (ggml_blocks.glsl): a workgroup's R rows x cols/32 slices
  * are one list its lanes share, so rows shorter than the workgroup (down: I 768 is 24 slices)
- * leave no lane idle; R follows the row length (moeRowsPerWorkgroup). The first kernel
- * (moe_ggml_tree: 32-column units read twice a nibble, a shared-memory tree of 6 barriers, 2 rows
- * a workgroup) stays behind `kernel: "tree"` for scripts/bench-moe-ggml.ts --old.
+ * leave no lane idle; R follows the row length (moeRowsPerWorkgroup).
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -27,8 +25,6 @@ import type { WorkList } from "./routing.ts";
 
 /** x/h, work, pairs, out, slot weights, expert bytes, expert table; push O, cols. */
 export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
-/** The first kernel, same interface (GgmlExpertKernelOptions.kernel "tree"). */
-const MOE_GGML_TREE: ShaderInterface = { ...MOE_GGML, name: "moe_ggml_tree" };
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -167,14 +163,12 @@ class MoeSumKernel extends DecoderKernel {
 export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   /** Threads per workgroup, a power of two (default 64; 8 on a CPU device, one Lavapipe subgroup: its barriers are context switches). */
   workgroupSize?: number;
-  /** Rows per workgroup, 1..8 (default: per mode, from the row length, moeRowsPerWorkgroup; "tree": 2). */
+  /** Rows per workgroup, 1..8 (default: per mode, from the row length, moeRowsPerWorkgroup). */
   rowsPerWorkgroup?: number;
   /** Slots per register chunk, 1..8 (default 4): an expert's blocks are dequantized once per chunk. A call whose items hold one slot each runs a 1-slot pipeline. */
   tokensPerChunk?: number;
   /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
-  /** "slices" (default, moe_ggml.comp) or "tree": the first kernel (moe_ggml_tree.comp, 32-column units, a shared tree), kept to compare. */
-  kernel?: "slices" | "tree";
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -218,7 +212,6 @@ export class GgmlExpertKernels implements Disposable {
   readonly downType: GgmlBlockType;
   readonly workgroupSize: number;
   readonly tokensPerChunk: number;
-  readonly kernel: "slices" | "tree";
   private readonly rowsOption: number | undefined;
   private readonly useSubgroup: boolean;
   private readonly options: GgmlExpertKernelOptions;
@@ -229,11 +222,9 @@ export class GgmlExpertKernels implements Disposable {
     for (const t of [types.gateUp, types.down]) {
       if (!GGML_BLOCK_TYPES.includes(t)) throw new InvalidArgumentError(`no GPU MoE kernel for GGML type ${String(t)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
     }
-    const kernel = options.kernel ?? "slices";
-    if (kernel !== "slices" && kernel !== "tree") throw new InvalidArgumentError(`kernel must be "slices" or "tree", got ${String(kernel)}`);
-    const wg = options.workgroupSize ?? (kernel === "slices" && device.info.type === 4 ? 8 : 64);
+    const wg = options.workgroupSize ?? (device.info.type === 4 ? 8 : 64);
     if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
-    const rows = options.rowsPerWorkgroup ?? (kernel === "tree" ? 2 : undefined);
+    const rows = options.rowsPerWorkgroup;
     if (rows !== undefined && (!Number.isInteger(rows) || rows < 1 || rows > 8)) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..8, got ${rows}`);
     const tokens = options.tokensPerChunk ?? 4;
     if (!Number.isInteger(tokens) || tokens < 1 || tokens > 8) throw new InvalidArgumentError(`tokensPerChunk must be an integer in 1..8, got ${tokens}`);
@@ -243,7 +234,6 @@ export class GgmlExpertKernels implements Disposable {
     this.downType = types.down;
     this.workgroupSize = wg;
     this.tokensPerChunk = tokens;
-    this.kernel = kernel;
     this.rowsOption = rows;
     this.useSubgroup = options.useSubgroup ?? device.info.subgroup.arithmetic;
     this.options = options;
@@ -261,9 +251,7 @@ export class GgmlExpertKernels implements Disposable {
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
       const spec = { 0: this.workgroupSize, 1: rows, 2: format, 3: tokens, 4: gateUp ? 1 : 0 };
-      k = this.kernel === "tree"
-        ? new MoeGgmlKernel(this.device, MOE_GGML_TREE, spec, this.options)
-        : new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0 }, this.options);
+      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0 }, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -290,7 +278,7 @@ export class GgmlExpertKernels implements Disposable {
     const Rg = this.rowsPerWorkgroup(D), Rd = this.rowsPerWorkgroup(I);
     // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
-    const tokens = this.kernel === "slices" && (c.singleSlotItems ?? c.items === slots) ? 1 : this.tokensPerChunk;
+    const tokens = (c.singleSlotItems ?? c.items === slots) ? 1 : this.tokensPerChunk;
     this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
     cb.barrier("computeToCompute");
     this.mode(false, Rd, tokens).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rd), c.items);

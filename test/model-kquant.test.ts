@@ -154,6 +154,22 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
       expect(model.takeValidationMessages()).toEqual([]);
       console.log(`${mix} GPU resident: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's; NMSE vs CPU ${worstNmse.toExponential(2)}`);
     }, 90_000);
+
+    // The integer-dot path (what GPUs with fast 8-bit dots take at decode): the dense GGML matrices
+    // read an 8-bit x, q, k, v (and lm_head) the input norm's quantized rows (NormFeed)
+    test.if(mix === "Q4_K_M")(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
+      // the graph's matrices take the integer-dot decision from the process env (device-linear.ts)
+      const saved = process.env.VKMOE_IDP;
+      process.env.VKMOE_IDP = "on";
+      using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_IDP : (process.env.VKMOE_IDP = saved)) };
+      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "on" }), log: () => {} });
+      using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
+      expect(model.device.mode, model.device.why).toBe("resident");
+      const { compared, logitDistance, worstNmse } = checkAgainstLlamaCpp(model, ref, { model: cpu, bound: 5e-3, cache: "f16" });
+      expect(worstNmse).toBeGreaterThan(1e-7); // it did take the 8-bit path
+      expect(model.takeValidationMessages()).toEqual([]);
+      console.log(`${mix} GPU resident, integer-dot: argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's; NMSE vs CPU ${worstNmse.toExponential(2)}`);
+    }, 90_000);
   }
 
   test("Q4_K_M, GPU enabled, a budget the experts do not fit: the CPU path, one line saying how much did not fit", async () => {

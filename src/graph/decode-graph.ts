@@ -15,7 +15,6 @@
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
-import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
@@ -29,6 +28,7 @@ import { DeviceLostError } from "../vk/errors.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
+import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
 /** What a replay ends with: nothing (a prompt chunk), the last token's logits in host memory, or its greedy id. */
@@ -60,7 +60,8 @@ export class DecodeGraph implements Disposable {
   private readonly norms: Buffer;
   private readonly finalNorm: number;
   private readonly invFreq: Buffer;
-  readonly rmsnorm: RmsNormKernel;
+  /** The RMSNorms, and the quantized rows they write for integer-dot readers. */
+  private readonly norm: NormFeed;
   readonly route: RouteKernel;
   readonly argmax: ArgmaxKernel;
   /** Everything the graph allocated, disposed in reverse. */
@@ -119,7 +120,7 @@ export class DecodeGraph implements Disposable {
       const inv = ropeInverseFrequencies(hd, cfg.ropeTheta, cfg.ropeFrequencies);
       this.invFreq = this.buffer(4 * inv.length, "device");
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
-      this.rmsnorm = this.own(new RmsNormKernel(device, { maxSets: 64 }));
+      this.norm = this.own(new NormFeed(this.linears, D));
       this.route = this.own(new RouteKernel(device));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
       const K = cfg.topK, T = GRAPH_MAX_TOKENS;
@@ -219,13 +220,11 @@ export class DecodeGraph implements Disposable {
     cb.barrier("computeToCompute");
     for (let l = r.first; l < r.end; l++) {
       const L = this.layers[l]!;
-      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
+      // q, k and v read the norm's quantized rows where they take the integer-dot path
+      const xq = this.norm.record(cb, { x: s.h, add: l > 0 ? ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps }, [L.q, L.k, L.v]);
       op("input norm");
       cb.barrier("computeToCompute");
-      L.q.record(cb, s.xn, s.q, S);
-      L.k.record(cb, s.xn, s.k, S);
-      L.v.record(cb, s.xn, s.v, S);
-      op("q, k, v", L.q.dispatches(S) + L.k.dispatches(S) + L.v.dispatches(S));
+      op("q, k, v", L.q.recordFrom(cb, s.xn, xq, s.q, S) + L.k.recordFrom(cb, s.xn, xq, s.k, S) + L.v.recordFrom(cb, s.xn, xq, s.v, S));
       cb.barrier("computeToCompute");
       // the per-head q/k RMSNorm runs inside the RoPE kernel (one head of one token per workgroup)
       // a batch: each token at its own position and cache row, in a cache of kv.rows rows
@@ -242,11 +241,10 @@ export class DecodeGraph implements Disposable {
       L.o.record(cb, s.attn, s.o, S);
       op("o", L.o.dispatches(S));
       cb.barrier("computeToCompute");
-      this.rmsnorm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps });
+      const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
       op("post norm");
       cb.barrier("computeToCompute");
-      L.router.record(cb, s.xn, s.routerLogits, S);
-      op("router", L.router.dispatches(S));
+      op("router", L.router.recordFrom(cb, s.xn, xqPost, s.routerLogits, S));
       if (r.split) {
         cb.barrier("computeToTransfer")
           .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
@@ -267,11 +265,10 @@ export class DecodeGraph implements Disposable {
     }
     if (r.batch) {
       // every token's logits: each row is another sequence's next token
-      this.rmsnorm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps });
+      const xq = this.norm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps }, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
-      this.lmHead.record(cb, s.xn, r.batch.logits, S);
-      op("lm_head", this.lmHead.dispatches(S));
+      op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, r.batch.logits, S));
       cb.barrier("computeToTransfer").copyBuffer(r.batch.logits, r.batch.logitsHost, BigInt(4 * S * cfg.vocab)).barrier("transferToHost");
       cb.barrier("computeToHost");
       return n;
@@ -279,11 +276,10 @@ export class DecodeGraph implements Disposable {
     const output = r.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
-      this.rmsnorm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
+      const xq = this.norm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D }, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
-      this.lmHead.record(cb, s.xn, s.logits);
-      op("lm_head");
+      op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, s.logits));
       if (output === "logits") {
         cb.barrier("computeToTransfer").copyBuffer(s.logits, s.logitsHost, BigInt(4 * cfg.vocab)).barrier("transferToHost");
       } else {

@@ -156,6 +156,25 @@ export class DeviceLinear implements Disposable {
     return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : this.blocks ? Math.ceil(S / GGML_GEMV_MAX_S) : 1;
   }
 
+  /** Whether a call of S tokens reads x quantized (the integer-dot path): then it can take a norm's quantized output. */
+  takesQuantized(S: number): boolean {
+    return this.idpScratch !== undefined && S <= GGML_IDP_MAX_TOKENS;
+  }
+
+  /**
+   * As record, where `quantized` (when given) already holds x quantized for the integer-dot path
+   * (RmsNormQuantKernel's output, written before the barrier that precedes this): a matrix that
+   * takes it runs its GEMV alone. Returns the dispatches recorded.
+   */
+  recordFrom(cb: CommandBuffer, x: Buffer, quantized: GgmlIdpScratch | undefined, y: Buffer, S = 1): number {
+    if (quantized && this.blocks && this.takesQuantized(S)) {
+      this.kernels.ggmlIdpKernel(this.blocks.type).recordQuantized(cb, { matrix: this.blocks, y, S, scratch: quantized });
+      return 1;
+    }
+    this.record(cb, x, y, S);
+    return this.dispatches(S);
+  }
+
   /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, xOffset = 0, yOffset = 0): void {
     if (this.float) {

@@ -35,7 +35,6 @@ import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBin
 import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
 import { DeltaRuleKernel } from "../kernels/decoder/delta-rule.ts";
 import { GatingKernel } from "../kernels/decoder/gating.ts";
-import { RmsNormKernel } from "../kernels/decoder/rmsnorm.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import { RUN_WORDS, writeRuns, type RunsBinding } from "../kernels/decoder/runs.ts";
@@ -52,6 +51,7 @@ import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput, type HostExperts } from "./decode-graph.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
+import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { selectRows } from "./linear-rows.ts";
 
@@ -124,7 +124,8 @@ export class HybridGraph implements Disposable {
   private readonly params: Buffer;
   private readonly finalNorm: number;
   readonly invFreq: Buffer;
-  private readonly rmsnorm: RmsNormKernel;
+  /** The RMSNorms, and the quantized rows they write for integer-dot readers. */
+  private readonly norm: NormFeed;
   private readonly conv1d: Conv1dKernel;
   private readonly deltaRule: DeltaRuleKernel;
   private readonly gating: GatingKernel;
@@ -225,7 +226,7 @@ export class HybridGraph implements Disposable {
       const inv = ropeInverseFrequencies(cfg.rotaryDim, cfg.ropeTheta, cfg.ropeFrequencies);
       this.invFreq = this.buffer(4 * inv.length);
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
-      this.rmsnorm = this.own(new RmsNormKernel(device, { maxSets: 64 }));
+      this.norm = this.own(new NormFeed(this.linears, cfg.hidden));
       this.conv1d = this.own(new Conv1dKernel(device, convKernel));
       this.deltaRule = this.own(new DeltaRuleKernel(device, { keyDim: kd, valueDim: vd }));
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
@@ -369,11 +370,14 @@ export class HybridGraph implements Disposable {
     if (end.split && end.first > 0) addHostExperts();
     for (let l = end.first; l < end.end; l++) {
       const L = this.layers[l]!, m = L.mixer;
-      this.rmsnorm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps });
+      // the matrices that read xn take the norm's quantized rows where they run the integer-dot path
+      const readers = m.kind === "linear" ? [m.qkv, m.z, m.a, m.b] : [m.q, m.gate, m.k, m.v];
+      const xq = this.norm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps }, readers);
+      const linq = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xq, y, S);
       op("input norm");
       cb.barrier("computeToCompute");
       if (m.kind === "linear") {
-        op("qkv, z, a, b", lin(m.qkv, s.xn, s.mixed) + lin(m.z, s.xn, s.z) + lin(m.a, s.xn, s.a) + lin(m.b, s.xn, s.b));
+        op("qkv, z, a, b", linq(m.qkv, s.mixed) + linq(m.z, s.z) + linq(m.a, s.a) + linq(m.b, s.b));
         cb.barrier("computeToCompute");
         this.conv1d.record(cb, { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, out: s.conv, S, channels: C, runs: convRuns });
         op("conv1d");
@@ -395,7 +399,7 @@ export class HybridGraph implements Disposable {
         cb.barrier("computeToCompute");
         op("out_proj", lin(m.out, s.core, s.o));
       } else {
-        op("q, gate, k, v", lin(m.q, s.xn, s.q) + lin(m.gate, s.xn, s.gate) + lin(m.k, s.xn, s.k) + lin(m.v, s.xn, s.v));
+        op("q, gate, k, v", linq(m.q, s.q) + linq(m.gate, s.gate) + linq(m.k, s.k) + linq(m.v, s.v));
         cb.barrier("computeToCompute");
         state.rope.record(cb, {
           q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: state.keys[m.slot]!, vCache: state.values[m.slot]!,
@@ -413,10 +417,11 @@ export class HybridGraph implements Disposable {
         op("o_proj", lin(m.o, s.attn, s.o));
       }
       cb.barrier("computeToCompute");
-      this.rmsnorm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps });
+      const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
+      const linp = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xqPost, y, S);
       op("post norm");
       cb.barrier("computeToCompute");
-      op("router, shared gate/up/scale", lin(L.router, s.xn, s.routerLogits) + lin(L.sharedGate, s.xn, s.sharedG) + lin(L.sharedUp, s.xn, s.sharedU) + lin(L.sharedScale, s.xn, s.sharedScale));
+      op("router, shared gate/up/scale", linp(L.router, s.routerLogits) + linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale));
       cb.barrier("computeToCompute");
       if (end.split) {
         // the shared expert here (its add waits for the host's experts: the next recording's start)
@@ -448,11 +453,10 @@ export class HybridGraph implements Disposable {
     }
     if (end.batch) {
       // every token's logits: each row is another sequence's next token (or a prompt's)
-      this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps });
+      const xq = this.norm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps }, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
-      this.lmHead.record(cb, s.xn, end.batch.logits, S);
-      op("lm_head", this.lmHead.dispatches(S));
+      op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, end.batch.logits, S));
       cb.barrier("computeToTransfer").copyBuffer(end.batch.logits, end.batch.logitsHost, BigInt(4 * S * cfg.vocab)).barrier("transferToHost");
       cb.barrier("computeToHost");
       return n;
@@ -460,11 +464,10 @@ export class HybridGraph implements Disposable {
     const output = end.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
-      this.rmsnorm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
+      const xq = this.norm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D }, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
-      this.lmHead.record(cb, s.xn, s.logits);
-      op("lm_head");
+      op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, s.logits));
       if (output === "logits") {
         cb.barrier("computeToTransfer").copyBuffer(s.logits, s.logitsHost, BigInt(4 * cfg.vocab)).barrier("transferToHost");
       } else {

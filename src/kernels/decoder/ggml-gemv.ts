@@ -217,17 +217,33 @@ export class GgmlGemvIdpKernel extends DecoderKernel {
 
   /** Records quantize, a compute-to-compute barrier, and the GEMV. The caller places barriers around the whole. */
   record(cb: CommandBuffer, a: GgmlGemvIdpArgs): CommandBuffer {
+    const m = a.matrix, sc = a.scratch, xOffset = a.xOffset ?? 0;
+    this.checkArgs(a);
+    checkRange("ggml idp gemv x", a.x, xOffset, a.S * m.cols);
+    this.quantize.record(cb, a.x, xOffset, sc, m.cols, a.S).barrier("computeToCompute");
+    return this.recordQuantized(cb, a);
+  }
+
+  /**
+   * Records the GEMV alone, over x as the scratch already holds it quantized (by another matrix's
+   * record of the same x, or by RmsNormQuantKernel); `a.x` is not read. The caller places the
+   * barrier after whatever wrote the scratch.
+   */
+  recordQuantized(cb: CommandBuffer, a: Omit<GgmlGemvIdpArgs, "x" | "xOffset">): CommandBuffer {
     const m = a.matrix, S = a.S, sc = a.scratch;
-    checkGemvArgs(this.type, m, S);
-    if (sc.cols !== m.cols || sc.maxTokens < S) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);
-    const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
-    checkRange("ggml idp gemv x", a.x, xOffset, S * m.cols);
+    this.checkArgs(a);
+    const yOffset = a.yOffset ?? 0;
     checkRange("ggml idp gemv y", a.y, yOffset, S * m.rows);
-    this.quantize.record(cb, a.x, xOffset, sc, m.cols, S).barrier("computeToCompute");
     const set = this.setFor([m.buffer, sc.xq, sc.xscale, sc.xsum, a.y]);
     const [gx, gy] = this.grid(Math.ceil(m.rows / this.rowsPerWorkgroup));
     const pc = pushWords([m.rows, m.cols, S, 0, yOffset]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+
+  private checkArgs(a: Omit<GgmlGemvIdpArgs, "x" | "xOffset">): void {
+    const m = a.matrix, S = a.S, sc = a.scratch;
+    checkGemvArgs(this.type, m, S);
+    if (sc.cols !== m.cols || sc.maxTokens < S) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);
   }
 
   override [Symbol.dispose](): void {

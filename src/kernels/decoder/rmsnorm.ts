@@ -67,3 +67,59 @@ export class RmsNormKernel extends DecoderKernel {
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }
+
+/** dec_rmsnorm_quant: dec_rmsnorm's four buffers, then xq, xscale, xsum; the same push constants. */
+export const DEC_RMSNORM_QUANT: ShaderInterface = { name: "dec_rmsnorm_quant", storageBuffers: 7, pushConstantBytes: 40 };
+
+/** Where dec_rmsnorm_quant writes its quantized output (GgmlIdpScratch's buffers and shape). */
+export interface QuantizedRows {
+  xq: Buffer;
+  xscale: Buffer;
+  xsum: Buffer;
+  /** Row length the buffers were sized for (must equal the norm's n). */
+  cols: number;
+  /** Rows they hold at most. */
+  maxTokens: number;
+}
+
+/**
+ * RMSNorm that also writes its rows quantized for the integer-dot GGML GEMVs (groups of 16, as
+ * quantize_act): the GEMVs reading the norm then skip their own quantize dispatch and its barrier.
+ */
+export class RmsNormQuantKernel extends DecoderKernel {
+  static readonly GROUP = 16;
+  readonly workgroupSize: number;
+
+  constructor(device: Device, options: RmsNormKernelOptions = {}) {
+    const wg = options.workgroupSize ?? 128;
+    if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
+    const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
+    super(device, DEC_RMSNORM_QUANT, { 0: wg, 2: sub ? 1 : 0 }, options);
+    this.workgroupSize = wg;
+  }
+
+  /** Records one dispatch (one workgroup per row). The caller places barriers around it. */
+  record(cb: CommandBuffer, a: RmsNormArgs, out: QuantizedRows): CommandBuffer {
+    const { rows: R, n } = a;
+    if (!Number.isInteger(R) || R < 1) throw new InvalidArgumentError(`rows must be a positive integer, got ${R}`);
+    if (!Number.isInteger(n) || n < 1 || n > RMSNORM_MAX_N || n % RmsNormQuantKernel.GROUP !== 0) {
+      throw new InvalidArgumentError(`n must be a multiple of ${RmsNormQuantKernel.GROUP} in 1..${RMSNORM_MAX_N}, got ${n}`);
+    }
+    if (out.cols !== n || out.maxTokens < R) throw new InvalidArgumentError(`quantized rows of ${out.maxTokens} x ${out.cols} for ${R} rows of ${n}`);
+    if (!(a.eps >= 0 && Number.isFinite(a.eps))) throw new InvalidArgumentError(`eps must be finite and >= 0, got ${a.eps}`);
+    const xOffset = a.xOffset ?? 0, xStride = a.xStride ?? n, addOffset = a.addOffset ?? 0;
+    const wOffset = a.wOffset ?? 0, yOffset = a.yOffset ?? 0, yStride = a.yStride ?? n;
+    checkRange("rmsnorm x", a.x, xOffset, (R - 1) * xStride + n);
+    if (a.add) checkRange("rmsnorm add", a.add, addOffset, (R - 1) * xStride + n);
+    checkRange("rmsnorm w", a.w, wOffset, n);
+    checkRange("rmsnorm y", a.y, yOffset, (R - 1) * yStride + n);
+    const groups = (R * n) / RmsNormQuantKernel.GROUP;
+    checkRange("rmsnorm xq", out.xq, 0, 4 * groups);
+    checkRange("rmsnorm xscale", out.xscale, 0, groups);
+    checkRange("rmsnorm xsum", out.xsum, 0, groups);
+    const set = this.setFor([a.x, a.add ?? a.x, a.w, a.y, out.xq, out.xscale, out.xsum]);
+    const [gx, gy] = this.grid(R);
+    const pc = pushWords([R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, a.eps, a.add ? 1 : 0], [8]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}

@@ -1,0 +1,116 @@
+#version 450
+// dec_rmsnorm_quant: dec_rmsnorm (one workgroup per row, the residual add with flags bit 0) that
+// also writes its output quantized for the integer-dot GGML GEMVs, exactly as quantize_act with
+// groups of 16 would from y: the GEMVs that read the norm (q, k, v; the shared expert) then need
+// no quantize dispatch and barrier of their own. Per group of 16 columns of a row:
+//   amax = max |y|;  amax == 0 -> scale 0, q 0;  else amax = m * 2^e (frexp), scale = 2^(e-7),
+//   q = clamp(roundEven(y * 2^(7-e)), -127, 127)
+// xq: row r's group g at uvec4 r * n/16 + g (byte j of word k is column 4k + j), xscale and xsum
+// (int, the sum of q) at r * n/16 + g. n is a multiple of 16. Each invocation owns whole groups in
+// both passes, so it reads back only what it wrote itself (y may alias x, as in dec_rmsnorm).
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 128, local_size_x_id = 0) in;
+layout(constant_id = 2) const bool USE_SUBGROUP = true;
+
+layout(set = 0, binding = 0) buffer X { float x[]; };
+layout(set = 0, binding = 1) readonly buffer Add { float add[]; };
+layout(set = 0, binding = 2) readonly buffer W { float w[]; };
+layout(set = 0, binding = 3) buffer Y { float y[]; };
+layout(set = 0, binding = 4) writeonly buffer XQ { uvec4 xq[]; };
+layout(set = 0, binding = 5) writeonly buffer XS { float xscale[]; };
+layout(set = 0, binding = 6) writeonly buffer XU { int xsum[]; };
+
+layout(push_constant) uniform Params {
+    uint R;          // rows
+    uint n;          // row length, a multiple of 16
+    uint xOffset;    // floats
+    uint xStride;    // floats between rows of x (and of add)
+    uint addOffset;  // floats
+    uint wOffset;    // floats
+    uint yOffset;    // floats
+    uint yStride;    // floats between rows of y
+    float eps;
+    uint flags;      // bit 0: add the residual first
+} pc;
+
+const uint WG = gl_WorkGroupSize.x;
+const uint GROUP = 16u;
+shared float partial[WG];
+
+float workgroupSum(float v) {
+    if (USE_SUBGROUP) {
+        v = subgroupAdd(v);
+        const uint nsg = gl_NumSubgroups;
+        if (nsg == 1u) return v;
+        if (subgroupElect()) partial[gl_SubgroupID] = v;
+        barrier();
+        float t = 0.0;
+        for (uint s = gl_SubgroupInvocationID; s < nsg; s += gl_SubgroupSize) t += partial[s];
+        return subgroupAdd(t);
+    } else {
+        partial[gl_LocalInvocationIndex] = v;
+        barrier();
+        for (uint s = WG / 2u; s > 0u; s >>= 1u) {
+            if (gl_LocalInvocationIndex < s) partial[gl_LocalInvocationIndex] += partial[gl_LocalInvocationIndex + s];
+            barrier();
+        }
+    }
+    return partial[0];
+}
+
+void main() {
+    const uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (r >= pc.R) return;  // uniform per workgroup
+    const uint xo = pc.xOffset + r * pc.xStride;
+    const uint yo = pc.yOffset + r * pc.yStride;
+    const bool residual = (pc.flags & 1u) != 0u;
+    const uint ao = pc.addOffset + r * pc.xStride;
+    const uint groups = pc.n / GROUP;
+    float ss = 0.0;
+    for (uint g = gl_LocalInvocationIndex; g < groups; g += WG) {
+        [[unroll]] for (uint j = 0u; j < GROUP; ++j) {
+            const uint i = g * GROUP + j;
+            precise float v = x[xo + i];
+            if (residual) {
+                v = v + add[ao + i];
+                x[xo + i] = v;
+            }
+            ss += v * v;
+        }
+    }
+    const float total = workgroupSum(ss);
+    const float inv = 1.0 / sqrt(total / float(pc.n) + pc.eps);
+    for (uint g = gl_LocalInvocationIndex; g < groups; g += WG) {
+        float o[GROUP];
+        float amax = 0.0;
+        [[unroll]] for (uint j = 0u; j < GROUP; ++j) {
+            const uint i = g * GROUP + j;
+            precise float t = x[xo + i] * inv;
+            precise float v = w[pc.wOffset + i] * t;
+            o[j] = v;
+            y[yo + i] = v;
+            amax = max(amax, abs(v));
+        }
+        int e = 0;
+        float scale = 0.0;
+        uint words[4] = uint[4](0u, 0u, 0u, 0u);
+        int qsum = 0;
+        if (amax > 0.0) {
+            frexp(amax, e);
+            scale = ldexp(1.0, e - 7);
+            [[unroll]] for (uint j = 0u; j < GROUP; ++j) {
+                // ldexp(v, 7-e) == v * 2^(7-e) exactly, without forming 2^(7-e) (which can overflow)
+                const int q = int(clamp(roundEven(ldexp(o[j], 7 - e)), -127.0, 127.0));
+                qsum += q;
+                words[j / 4u] |= (uint(q) & 0xFFu) << (8u * (j % 4u));
+            }
+        }
+        const uint at = r * groups + g;
+        xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+        xscale[at] = scale;
+        xsum[at] = qsum;
+    }
+}

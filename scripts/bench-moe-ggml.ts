@@ -11,6 +11,8 @@
 //              expert read by a call was last read 15 calls (hundreds of MB) earlier: from DRAM.
 //   GB/s       expert bytes the call reads (distinct experts x an expert's bytes) / µs, and its share
 //              of the device read bandwidth (stream_read, same run)
+//   graph µs   S <= 4: the decode graph's call (dec_route's list, item u = slot u: down sums each
+//              token's slots, two dispatches instead of three)
 //   q4 µs      the q4 MoE call of the same shape (MoeBackend, one layer, GPU timestamps, median)
 //   bun scripts/bench-moe-ggml.ts [--quick] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
 //     --quick    S=1 and 4, the first pair and shape (a CPU Vulkan device: also a small E)
@@ -77,7 +79,7 @@ interface CallSet extends Disposable {
 }
 
 /** ROUTINGS work lists of S tokens on `layer`, each in its own device buffers; x, h, ypair, y shared. */
-function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: number): CallSet {
+function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: number, slotOrder = false): CallSet {
   const k = model.topK, D = layer.D, I = layer.I, slots = S * k;
   const owned = new DisposableStack();
   const buf = (bytes: number) => owned.use(new Buffer(dev, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
@@ -90,9 +92,18 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
     const r = router.next(S);
     const list = new WorkList(model.experts, slots);
     list.build(r, model.experts, false);
-    const work = new Uint32Array(4 * (1 + list.items)), pairs = new Uint32Array(slots), sw = new Float32Array(slots);
+    const work = new Uint32Array(4 * (1 + (slotOrder ? slots : list.items))), pairs = new Uint32Array(slots), sw = new Float32Array(slots);
     writeWorkList(list, S, i, work, pairs, sw);
-    const l = { work: buf(work.byteLength), pairs: buf(pairs.byteLength), slotWeight: buf(sw.byteLength), items: list.items, r };
+    if (slotOrder) {
+      // dec_route's list in the decode graph: item u = slot u, one slot each
+      work.set([S, k, slots, i]);
+      for (let u = 0; u < slots; u++) {
+        work.set([r.ids[u]!, u, u, 1], 4 * (1 + u));
+        pairs[u] = u;
+        sw[u] = r.weights[u]!;
+      }
+    }
+    const l = { work: buf(work.byteLength), pairs: buf(pairs.byteLength), slotWeight: buf(sw.byteLength), items: slotOrder ? slots : list.items, r };
     upload(l.work, work);
     upload(l.pairs, pairs);
     upload(l.slotWeight, sw);
@@ -104,7 +115,7 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
     bytes: (lists.reduce((n, l) => n + distinctExperts(l.r, false), 0) / lists.length) * per,
     record(kernels, cb, i) {
       const l = lists[i % lists.length]!;
-      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done });
+      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done, ...(slotOrder && { singleSlotItems: true, itemPerSlot: true }) });
     },
     [Symbol.dispose]: () => owned.dispose(),
   };
@@ -118,6 +129,9 @@ function timeCalls(kernels: GgmlExpertKernels, set: CallSet): number {
     }
   };
   timeOnGpu(device, body, 1); // pipelines, first touch
+  // The layer's upload and the pipelines leave the GPU idle long enough for its clocks to drop
+  // (an H200 idles at ~345 MHz).
+  if (!cpuDevice) readBandwidth(device, 256 * 2 ** 20, 60);
   return timeOnGpu(device, body, cpuDevice ? 1 : 3) / calls / 1e3;
 }
 
@@ -147,7 +161,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -163,7 +177,13 @@ for (const full of SHAPES) {
       using set = callSet(device, layer, model, S);
       const us = timeCalls(kernels, set);
       const gbs = set.bytes / us / 1e3;
-      const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`];
+      // the decode graph's call (S <= 4: dec_route's list, down summing each token's slots)
+      let graphUs = "-";
+      if (S <= 4) {
+        using bySlot = callSet(device, layer, model, S, true);
+        graphUs = fmt(timeCalls(kernels, bySlot));
+      }
+      const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`, graphUs];
       if (withQ4) {
         const q = q4.get(S);
         row.push(q === undefined ? "-" : fmt(q), q === undefined ? "-" : `${(us / q).toFixed(2)}x`);

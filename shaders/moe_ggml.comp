@@ -40,6 +40,11 @@ layout(constant_id = 2) const uint FORMAT = 3u;      // GGML_FMT_* of this mode'
 layout(constant_id = 3) const uint TOKENS = 4u;      // slots per register chunk, 1..8
 layout(constant_id = 4) const bool GATEUP = true;
 layout(constant_id = 5) const bool USE_SUBGROUP = true;
+// Down with the slots' sum (decode: dec_route's list, item u = slot u, one slot each): workgroup
+// (x, y) = (ROWS_PER_WG rows, token y); its lanes share the flat (slot k, row, slice) list of the
+// token's K slots and weigh each slice's sum by its slot's weight, so y[token] is written here
+// whole: no ypair, no moe_sum dispatch, no barrier before it (the done word is not written).
+layout(constant_id = 6) const bool DOWN_SUM = false;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
@@ -72,7 +77,93 @@ const uint GAP = GGML_SLICE_GAP(FORMAT) / 4u;  // vec4s from a slice's first run
 shared float red[WG * NMAT * R * TOKENS];
 float acc[NMAT][R][TOKENS];
 
+const uint MAX_K = 8u;  // slots a token, as dec_route
+
+void mainDownSum() {
+    const uint rowBase = gl_WorkGroupID.x * R;
+    if (rowBase >= pc.O) return;  // uniform
+    const uint t = gl_LocalInvocationIndex;
+    const uint K = min(work[0].y, MAX_K);
+    const uint token = gl_WorkGroupID.y;
+    if (token >= work[0].x) return;  // uniform
+    const uint slices = pc.cols >> 5u;
+    const uint rowBytes = (pc.cols / BLOCK_ELEMENTS) * BLOCK_BYTES;
+    uint base[MAX_K];
+    float weight[MAX_K];
+    [[unroll]] for (uint k = 0u; k < MAX_K; ++k) {
+        const uint slot = token * K + min(k, K - 1u);
+        const uint e = work[1u + slot].x;
+        // no expert (dec_route's NONE for NaN logits; gate+up left its h row as it was) or past K:
+        // its slices are skipped (weight 0 marks them)
+        const bool ok = k < K && e < uint(expertTable.length());
+        base[k] = ok ? expertTable[e].z : 0u;
+        weight[k] = ok ? slotWeight[slot] : 0.0;
+    }
+    [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[0][rr][0] = 0.0;
+    const uint work_ = K * R * slices;  // (slot, row, slice), slot-major
+    // (k, r, u) of the flat index f = (k * R + r) * slices + u, stepped without a division
+    uint kr = t / slices, u = t - kr * slices;
+    uint k = kr / R, r = kr - k * R;
+    for (uint f = t; f < work_; f += WG) {
+        uint b = base[0];
+        float sw = weight[0];
+        [[unroll]] for (uint j = 1u; j < MAX_K; ++j) if (j == k) { b = base[j]; sw = weight[j]; }
+        if (sw != 0.0) {
+            const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+            const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+            const uint rowOff = min(rowBase + r, pc.O - 1u) * rowBytes + blk * BLOCK_BYTES;
+            float w[32];
+            uvec4 q0, q1;
+            vec2 d, mn;
+            ggml_slice(FORMAT, b + rowOff, s, q0, q1, d, mn);
+            ggml_slice_weights(FORMAT, q0, q1, d, mn, w);
+            const uint xa = ((token * K + k) * pc.cols + col) >> 2u;
+            vec4 xr[8];
+            [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                xr[q] = xv[xa + q];
+                xr[4u + q] = xv[xa + GAP + q];
+            }
+            float a = 0.0;
+            [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+                a = fma(w[4u * q], xr[q].x, a);
+                a = fma(w[4u * q + 1u], xr[q].y, a);
+                a = fma(w[4u * q + 2u], xr[q].z, a);
+                a = fma(w[4u * q + 3u], xr[q].w, a);
+            }
+            [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[0][rr][0] += rr == r ? sw * a : 0.0;
+        }
+        u += WG;
+        while (u >= slices) { u -= slices; if (++r == R) { r = 0u; ++k; } }
+    }
+    if (USE_SUBGROUP) {
+        [[unroll]] for (uint rr = 0u; rr < R; ++rr) {
+            const float v = subgroupAdd(acc[0][rr][0]);
+            if (subgroupElect()) red[gl_SubgroupID * R + rr] = v;
+        }
+        barrier();
+        for (uint i = t; i < R; i += WG) {
+            float v = red[i];
+            for (uint g = 1u; g < gl_NumSubgroups; ++g) v += red[g * R + i];
+            if (rowBase + i < pc.O) yb[token * pc.O + rowBase + i] = v;
+        }
+    } else {
+        [[unroll]] for (uint rr = 0u; rr < R; ++rr) red[t * R + rr] = acc[0][rr][0];
+        barrier();
+        for (uint h = WG / 2u; h > 0u; h >>= 1u) {
+            if (t < h) {
+                for (uint i = 0u; i < R; ++i) red[t * R + i] += red[(t + h) * R + i];
+            }
+            barrier();
+        }
+        for (uint i = t; i < R; i += WG) if (rowBase + i < pc.O) yb[token * pc.O + rowBase + i] = red[i];
+    }
+}
+
 void main() {
+    if (DOWN_SUM) {
+        mainDownSum();
+        return;
+    }
     const uint rowBase = gl_WorkGroupID.x * R;
     if (rowBase >= pc.O) return;  // whole workgroup: uniform
     const uint t = gl_LocalInvocationIndex;

@@ -157,7 +157,7 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
 
     // The integer-dot path (what GPUs with fast 8-bit dots take at decode): the dense GGML matrices
     // read an 8-bit x, q, k, v (and lm_head) the input norm's quantized rows (NormFeed)
-    test.if(mix === "Q4_K_M")(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
+    if (mix === "Q4_K_M") test(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
       // the graph's matrices take the integer-dot decision from the process env (device-linear.ts)
       const saved = process.env.VKMOE_IDP;
       process.env.VKMOE_IDP = "on";

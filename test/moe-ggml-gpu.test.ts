@@ -236,6 +236,69 @@ describe("the decode graph's work lists", () => {
   }, 60_000);
 });
 
+/** The call on dec_route's list (item u = slot u, one slot each; `none`: slots given no expert), down summing each token's slots (itemPerSlot). */
+function gpuMoeItemPerSlot(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x: Float32Array, r: Routing, none: number[] = []): Float32Array {
+  const { D, I } = layer, slots = r.S * r.k;
+  using xb = hostBuffer(device, r.S * D, "upload");
+  using work = hostBuffer(device, 4 * (1 + slots), "upload");
+  using pairs = hostBuffer(device, slots, "upload");
+  using sw = hostBuffer(device, slots, "upload");
+  using h = hostBuffer(device, slots * I);
+  using ypair = hostBuffer(device, slots * D);
+  using y = hostBuffer(device, r.S * D);
+  using done = hostBuffer(device, 1);
+  f32(xb, r.S * D).set(x);
+  const w = u32(work, 4 * (1 + slots));
+  w.set([r.S, r.k, slots, 9]);
+  for (let u = 0; u < slots; u++) {
+    w.set([none.includes(u) ? 0xffffffff : r.ids[u]!, u, u, 1], 4 * (1 + u));
+    u32(pairs, slots)[u] = u;
+    f32(sw, slots)[u] = r.weights[u]!;
+  }
+  submitAndWait(device, (cb) => kernels.record(cb, { layer, S: r.S, items: slots, slotsPerToken: r.k, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done, singleSlotItems: true, itemPerSlot: true }));
+  expectTail(y, r.S * D, "y");
+  // down wrote y itself: ypair and the done word untouched
+  expect([...u32(ypair, slots * D)].every((v) => v === SENTINEL)).toBe(true);
+  expect(u32(done, 1)[0]).toBe(SENTINEL);
+  return f32(y, r.S * D).slice();
+}
+
+describe("down with the slots' sum (the decode graph: dec_route's list, item u = slot u)", () => {
+  const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: ConstructorParameters<typeof GgmlExpertKernels>[2] }[] = [
+    { what: "Q4_K/Q6_K D 256, I 512, default lanes", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: {} },
+    { what: "Q5_0 D 96, I 224 (7 slices a row), 16 lanes, 3 rows a workgroup (a partial last block), no subgroup arithmetic", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { workgroupSize: 16, rowsPerWorkgroup: 3, useSubgroup: false } },
+    { what: "Q4_K/Q6_K D 768, I 256, 64 lanes (several subgroups)", gu: "Q4_K", dn: "Q6_K", D: 768, I: 256, options: { workgroupSize: 64 } },
+  ];
+  for (const c of cases) {
+    test(`${c.what}: k 1, 3, 8; S 1, 4; NMSE <= 1e-9 of the CPU GEMVs`, () => {
+      using kernels = new GgmlExpertKernels(device, { gateUp: c.gu, down: c.dn }, c.options);
+      let seed = 2100 + cases.indexOf(c) * 10;
+      const experts = randomExperts(E, c.D, c.I, c.gu, c.dn, seed++);
+      using layer = new GgmlExpertLayer(device, experts);
+      for (const [S, k] of [[1, 1], [1, 8], [4, 3], [4, 8]] as const) {
+        const r = randomRouting(S, k, E, seed++);
+        const x = randomGaussianF32(S * c.D, seed++);
+        const e = nmse(cpuMoe(experts, x, r, c.D), gpuMoeItemPerSlot(kernels, layer, x, r));
+        if (!(e <= 1e-9)) throw new Error(`${c.what}: S=${S} k=${k}: NMSE ${e}`);
+      }
+    }, 60_000);
+  }
+
+  test("a slot with no expert (dec_route's NONE) adds nothing; more than 8 slots a token or a list of another length: one clear error", () => {
+    using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" });
+    const experts = randomExperts(E, 256, 512, "Q4_K", "Q6_K", 2500);
+    using layer = new GgmlExpertLayer(device, experts);
+    const r = randomRouting(2, 3, E, 2501);
+    const x = randomGaussianF32(2 * 256, 2502);
+    const skipped: Routing = { ...r, weights: r.weights.map((w, i) => (i === 1 || i === 5 ? 0 : w)) };
+    expect(nmse(cpuMoe(experts, x, skipped, 256), gpuMoeItemPerSlot(kernels, layer, x, r, [1, 5]))).toBeLessThanOrEqual(1e-9);
+    using b = hostBuffer(device, 64 * 1024, "upload");
+    const call = { layer, x: b, work: b, pairs: b, slotWeight: b, h: b, ypair: b, y: b, done: b, itemPerSlot: true };
+    expect(() => submitAndWait(device, (cb) => kernels.record(cb, { ...call, S: 1, items: 9, slotsPerToken: 9 }))).toThrow(/up to 8 slots a token/);
+    expect(() => submitAndWait(device, (cb) => kernels.record(cb, { ...call, S: 2, items: 3, slotsPerToken: 2 }))).toThrow(/an item per slot has 4 items, got 3/);
+  }, 60_000);
+});
+
 describe("argument checks", () => {
   test("experts of mixed shapes or types, a layer on kernels of other formats", () => {
     const rand = mulberry32(3);

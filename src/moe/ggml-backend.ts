@@ -24,7 +24,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import type { MoeStats } from "./backend.ts";
-import { ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
+import { ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type StageRouting } from "./graph-stage.ts";
 import { checkRouting, MAX_TOKENS, WorkList, type Routing } from "./routing.ts";
 
@@ -436,12 +436,18 @@ export class GgmlGraphStage implements MoeGraphStage {
     }
     this.kernels.get(pairKey(L.gateUpType, L.downType))!.record(cb, {
       layer: L, S, items, slotsPerToken: K, x, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight, h: this.h, ypair: this.ypair, y, done: this.done,
-      singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot
+      singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot, item u slot u
+      itemPerSlot: this.downSums(S),
     });
   }
 
+  /** dec_route's list (item u = slot u) with at most MOE_GGML_MAX_SLOTS slots a token: down sums them itself. */
+  private downSums(S: number): boolean {
+    return !this.byExpert(S) && this.opts.topK <= MOE_GGML_MAX_SLOTS;
+  }
+
   dispatches(S = 1): number {
-    return 3 + (this.byExpert(S) ? 1 : 0);
+    return this.downSums(S) ? 2 : 3 + (this.byExpert(S) ? 1 : 0);
   }
 
   [Symbol.dispose](): void {

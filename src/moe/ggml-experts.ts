@@ -29,6 +29,9 @@ export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, 
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
 
+/** Slots a token moe_ggml's down-with-sum mode takes at most (its MAX_K, dec_route's). */
+export const MOE_GGML_MAX_SLOTS = 8;
+
 /** ggml_blocks.glsl's GGML_FMT_*. */
 const FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q5_1: 2, Q4_K: 3, Q5_K: 4, Q6_K: 5 };
 
@@ -200,6 +203,11 @@ export interface GgmlExpertCall {
    * can have (the decode graph's) says which list it is.
    */
   singleSlotItems?: boolean;
+  /**
+   * Item u is slot u, one slot each (dec_route's list in the decode graph): down then sums each
+   * token's slots itself and writes y (two dispatches, no moe_sum; `done` is not written).
+   */
+  itemPerSlot?: boolean;
 }
 
 /**
@@ -245,13 +253,13 @@ export class GgmlExpertKernels implements Disposable {
     return this.rowsOption ?? moeRowsPerWorkgroup(cols / 32, this.workgroupSize);
   }
 
-  private mode(gateUp: boolean, rows: number, tokens: number): MoeGgmlKernel {
-    const key = `${gateUp ? "gu" : "down"}:${rows}:${tokens}`;
+  private mode(gateUp: boolean, rows: number, tokens: number, downSum = false): MoeGgmlKernel {
+    const key = `${gateUp ? "gu" : downSum ? "down-sum" : "down"}:${rows}:${tokens}`;
     let k = this.modes.get(key);
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
       const spec = { 0: this.workgroupSize, 1: rows, 2: format, 3: tokens, 4: gateUp ? 1 : 0 };
-      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0 }, this.options);
+      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0, 6: downSum ? 1 : 0 }, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -281,6 +289,14 @@ export class GgmlExpertKernels implements Disposable {
     const tokens = (c.singleSlotItems ?? c.items === slots) ? 1 : this.tokensPerChunk;
     this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
     cb.barrier("computeToCompute");
+    if (c.itemPerSlot) {
+      if (c.items !== slots) throw new InvalidArgumentError(`a list of an item per slot has ${slots} items, got ${c.items}`);
+      if (c.slotsPerToken > MOE_GGML_MAX_SLOTS) throw new InvalidArgumentError(`down sums up to ${MOE_GGML_MAX_SLOTS} slots a token, got ${c.slotsPerToken}`);
+      // the token's K slots x I / 32 slices a row shared out over the lanes
+      const Rs = this.rowsOption ?? moeRowsPerWorkgroup((c.slotsPerToken * I) / 32, this.workgroupSize);
+      this.mode(false, Rs, 1, true).record(cb, [c.h, ...common, c.y, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rs), c.S);
+      return cb;
+    }
     this.mode(false, Rd, tokens).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rd), c.items);
     cb.barrier("computeToCompute");
     this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);

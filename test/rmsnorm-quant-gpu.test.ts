@@ -150,13 +150,14 @@ describe("dec_rmsnorm_quant: y as the CPU rmsNorm, the quantized rows as quantiz
     expect([...r.xq.subarray(16, 32)].every((w) => w === 0)).toBe(true);
   });
 
-  test("bad arguments: n not a multiple of 16, a scratch of another width or too few rows", () => {
+  test("bad arguments: n not a multiple of 16, a scratch of another width or too few rows, an offset not a multiple of 4", () => {
     using b = hostBuffer(device, 4096, "upload");
     using s64 = new GgmlIdpScratch(device, 64, 2);
     const args = { x: b, w: b, y: b, rows: 2, n: 64, eps: 1e-6 };
     expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, n: 40 }, s64))).toThrow(/multiple of 16/);
     expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, n: 32 }, s64))).toThrow(/quantized rows of 2 x 64 for 2 rows of 32/);
     expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, rows: 3 }, s64))).toThrow(/quantized rows of 2 x 64/);
+    expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, xOffset: 2 }, s64))).toThrow(/multiples of 4 floats/);
   });
 });
 

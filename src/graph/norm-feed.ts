@@ -34,7 +34,7 @@ export class NormFeed implements Disposable {
    * the quantized rows too. Returns what to pass to each reader's recordFrom (undefined: plain x).
    */
   record(cb: CommandBuffer, a: RmsNormArgs, readers: readonly DeviceLinear[]): GgmlIdpScratch | undefined {
-    const quantized = this.scratch && a.n === this.cols && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
+    const quantized = this.scratch && a.n === this.cols && RmsNormQuantKernel.aligned(a) && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
     if (quantized) this.quantKernel!.record(cb, a, quantized);
     else this.rmsnorm.record(cb, a);
     return quantized;

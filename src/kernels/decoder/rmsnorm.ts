@@ -98,6 +98,11 @@ export class RmsNormQuantKernel extends DecoderKernel {
     this.workgroupSize = wg;
   }
 
+  /** Whether `a`'s offsets and strides are multiples of 4 floats (the kernel reads vec4s). */
+  static aligned(a: RmsNormArgs): boolean {
+    return [a.xOffset ?? 0, a.xStride ?? a.n, a.addOffset ?? 0, a.wOffset ?? 0, a.yOffset ?? 0, a.yStride ?? a.n].every((v) => v % 4 === 0);
+  }
+
   /** Records one dispatch (one workgroup per row). The caller places barriers around it. */
   record(cb: CommandBuffer, a: RmsNormArgs, out: QuantizedRows): CommandBuffer {
     const { rows: R, n } = a;
@@ -109,6 +114,7 @@ export class RmsNormQuantKernel extends DecoderKernel {
     if (!(a.eps >= 0 && Number.isFinite(a.eps))) throw new InvalidArgumentError(`eps must be finite and >= 0, got ${a.eps}`);
     const xOffset = a.xOffset ?? 0, xStride = a.xStride ?? n, addOffset = a.addOffset ?? 0;
     const wOffset = a.wOffset ?? 0, yOffset = a.yOffset ?? 0, yStride = a.yStride ?? n;
+    if (!RmsNormQuantKernel.aligned(a)) throw new InvalidArgumentError("the quantizing RMSNorm reads vec4s: offsets and strides must be multiples of 4 floats");
     checkRange("rmsnorm x", a.x, xOffset, (R - 1) * xStride + n);
     if (a.add) checkRange("rmsnorm add", a.add, addOffset, (R - 1) * xStride + n);
     checkRange("rmsnorm w", a.w, wOffset, n);

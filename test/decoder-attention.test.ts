@@ -18,7 +18,8 @@
  * relative error of order 1e-6 at worst, so squared errors of order 1e-12 and below.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
-import { DecoderAttention } from "../src/kernels/decoder/attention.ts";
+import { DecoderAttention, type DecoderAttentionOptions } from "../src/kernels/decoder/attention.ts";
+import { GatingKernel } from "../src/kernels/decoder/gating.ts";
 import { attendCpu } from "../src/model/ops.ts";
 import { f16BitsToF32, f32ToF16Bits } from "../src/quant/half.ts";
 import { nmse, randomGaussianF32 } from "../src/quant/index.ts";
@@ -238,6 +239,8 @@ interface ReplayCase {
   words: number[];
   posIndex?: number;
   chunk?: number;
+  /** Kernel options beyond the shape (threads, unroll, the decode kernel and its grid). */
+  kernel?: Pick<DecoderAttentionOptions, "workgroupSize" | "unroll" | "decodeKernel" | "maxDecodeGroups">;
 }
 
 interface Replay {
@@ -262,9 +265,9 @@ function replayCase(c: ReplayCase): { replays: Replay[]; reference: (q: Float32A
   const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen } = c;
   const S = c.S ?? 1, n = c.n ?? 1, posIndex = c.posIndex ?? 0;
   const H = KV * G;
-  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}`;
+  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}/${JSON.stringify(c.kernel ?? {})}`;
   let op = replayOps.get(key);
-  if (!op) replayOps.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 8 })));
+  if (!op) replayOps.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 8, ...c.kernel })));
   const perLayer = ctxLen * KV * hd;
   const k = halves(perLayer, seed++);
   const v = halves(perLayer, seed++);
@@ -315,7 +318,7 @@ function replayCase(c: ReplayCase): { replays: Replay[]; reference: (q: Float32A
 
 let replayWorst = 0;
 const replayLabel = (c: ReplayCase, r: Replay) =>
-  `hd ${c.headDim} G ${c.group} KV ${c.kvHeads} ctx ${c.ctx} S ${c.S ?? 1} n ${c.n ?? 1} word ${r.word}${c.chunk ? ` C ${c.chunk}` : ""}`;
+  `hd ${c.headDim} G ${c.group} KV ${c.kvHeads} ctx ${c.ctx} S ${c.S ?? 1} n ${c.n ?? 1} word ${r.word}${c.chunk ? ` C ${c.chunk}` : ""}${c.kernel ? ` ${JSON.stringify(c.kernel)}` : ""}`;
 
 function expectReplays(c: ReplayCase): Replay[] {
   const { replays } = replayCase(c);
@@ -478,6 +481,158 @@ describe("dec_attention batched: tokens of different sequences sharing one cache
     const withPos = op.bind({ q: small, keys: small, values: small, partials: small, out: small, positions: small });
     expect(() => op.record(cb, without, { n: 1, S: 2, maxPositions: 8, batched: true })).toThrow(/positions buffer/);
     expect(() => op.record(cb, withPos, { n: 1, S: 65, maxPositions: 8, batched: true })).toThrow(/S must be|at most 64/);
+    cb.end();
+  });
+});
+
+/**
+ * dec_attention_decode (decode calls' pass 1) in the shapes the graphs give it: GPUs take chunk 32
+ * and 128 threads (decode-graph.ts), so the kernel runs 64..256 threads with 2..8 lanes per
+ * position; CPU devices chunk 64 and 64 threads. Decode at positions 0 (word 0: one position), 30,
+ * 31, 32 (a chunk's last, a chunk's first), 576 (the profile's), a multiple of the chunk, and the
+ * cache's last position; the grid capped below the chunks (workgroups walking several chunks);
+ * the unrolled variant (value loads before the barrier) on fewer cases (llvmpipe compiles it
+ * slowly); against the general pass 1 (decodeKernel: false) through the same CPU reference.
+ */
+describe("dec_attention_decode (decode's pass 1) vs attendCpu (NMSE <= 1e-10)", () => {
+  const gpuShape = { workgroupSize: 128 } as const;
+  for (const headDim of [32, 64, 128, 256]) {
+    test(`head_dim ${headDim}: GQA 1/2/4/8, chunk 32 and 128 threads, decode at positions 0, 30, 31, 32, 576, 640, ctx-1`, () => {
+      const ctx = 700;
+      for (const group of [1, 2, 4, 8]) {
+        expectReplays({ headDim, kvHeads: 2, group, ctx, chunk: 32, kernel: gpuShape, words: [31, 0, 576, 30, ctx - 1, 32, 640] });
+      }
+    }, 120_000);
+  }
+
+  test("the kernel's default shape (chunk 64), chunks other than a power of two (20, 100), S = 2..4 at a base n (one token per workgroup)", () => {
+    expectReplays({ headDim: 128, kvHeads: 4, group: 8, ctx: 300, words: [299, 64, 63, 1] });
+    expectReplays({ headDim: 64, kvHeads: 2, group: 4, ctx: 333, chunk: 20, kernel: gpuShape, words: [39, 40, 332, 5] });
+    expectReplays({ headDim: 256, kvHeads: 1, group: 2, ctx: 450, chunk: 100, words: [99, 100, 449] });
+    expectReplays({ headDim: 128, kvHeads: 2, group: 8, ctx: 200, S: 4, n: 2, chunk: 32, kernel: gpuShape, words: [0, 30, 194] });
+    expectReplays({ headDim: 256, kvHeads: 2, group: 8, ctx: 100, S: 2, chunk: 32, kernel: gpuShape, words: [31, 98] });
+  }, 120_000);
+
+  test("a grid capped below the chunks (maxDecodeGroups 1, 3, 128): workgroups walk every grid-th chunk; 8192 and 32768 caches at 576 and 4096", () => {
+    expectReplays({ headDim: 128, kvHeads: 2, group: 8, ctx: 700, chunk: 32, kernel: { ...gpuShape, maxDecodeGroups: 3 }, words: [576, 95, 96, 699, 0] });
+    expectReplays({ headDim: 64, kvHeads: 1, group: 4, ctx: 300, chunk: 32, kernel: { ...gpuShape, maxDecodeGroups: 1 }, words: [299, 31, 32] });
+    expectReplays({ headDim: 128, kvHeads: 1, group: 8, ctx: 8192, chunk: 32, kernel: gpuShape, words: [4096, 576, 8191] });
+    expectReplays({ headDim: 256, kvHeads: 1, group: 8, ctx: 32768, chunk: 32, kernel: gpuShape, words: [576, 4095] });
+  }, 300_000);
+
+  test("unrolled (the variant GPUs run: value loads held across the barrier): head_dim 64 and 128, GQA 1 and 8, chunk 16 and 32", () => {
+    for (const [headDim, group, chunk] of [[64, 8, 32], [128, 1, 32], [128, 8, 16]] as const) {
+      expectReplays({ headDim, kvHeads: 2, group, ctx: 150, chunk, kernel: { ...gpuShape, unroll: true }, words: [0, chunk - 1, chunk, 149] });
+    }
+  }, 120_000);
+
+  test("the general pass 1 (decodeKernel: false) still serves decode; a bad maxDecodeGroups is refused", () => {
+    const replays = expectReplays({ headDim: 128, kvHeads: 2, group: 8, ctx: 700, chunk: 32, kernel: { ...gpuShape, decodeKernel: false }, words: [576, 0, 699] });
+    expect(replays.length).toBe(3);
+    expect(() => new DecoderAttention(device, { heads: 8, kvHeads: 1, headDim: 128, maxDecodeGroups: 0 })).toThrow(/maxDecodeGroups/);
+  }, 60_000);
+
+  test("worst NMSE of the replays (decode kernel included)", () => {
+    console.log(`dec_attention_decode: worst replay NMSE ${replayWorst.toExponential(2)} (bound ${BOUND})`);
+    expect(replayWorst).toBeLessThanOrEqual(BOUND);
+  });
+});
+
+/**
+ * The output gate folded into the combine (a binding with a gate buffer): out * sigmoid(gate)
+ * against the same attention followed by GatingKernel's "sigmoid-gate" (the dispatch it
+ * replaces, same f32 expression: expected bit for bit) and against attendCpu times
+ * fround(sigmoid(gate)) as hybrid-decoder.ts computes it. Decode (S 1, the decode kernel), S 3,
+ * a prompt chunk of 17 (the general pass 1), batched, a gate offset. Negative control: the
+ * ungated reference fails the bound.
+ */
+describe("dec_attention with the output gate folded into the combine", () => {
+  function gateCase(c: { headDim: number; kvHeads: number; group: number; ctx: number; S: number; word: number; gateOffset?: number; batched?: boolean }): { fold: number; cpu: number; ungated: number } {
+    const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen, S } = c;
+    const H = KV * G, gateOffset = c.gateOffset ?? 0, floats = S * H * hd;
+    using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: 2 });
+    using gating = new GatingKernel(device, { maxSets: 2 });
+    const k = halves(ctxLen * KV * hd, seed++), v = halves(ctxLen * KV * hd, seed++);
+    const q = randomGaussianF32(floats, seed++, 2), gate = randomGaussianF32(floats, seed++, 2);
+    using qBuf = new Buffer(device, { size: BigInt(4 * floats), memory: "upload" });
+    new Float32Array(qBuf.host()).set(q);
+    using kBuf = new Buffer(device, { size: BigInt(k.bits.byteLength), memory: "device" });
+    using vBuf = new Buffer(device, { size: BigInt(v.bits.byteLength), memory: "device" });
+    uploadBytes(device, kBuf, 0n, bytesOf(k.bits));
+    uploadBytes(device, vBuf, 0n, bytesOf(v.bits));
+    using gBuf = new Buffer(device, { size: BigInt(4 * (gateOffset + floats)), memory: "upload" });
+    new Float32Array(gBuf.host()).set(gate, gateOffset);
+    using gBuf0 = new Buffer(device, { size: BigInt(4 * floats), memory: "upload" });
+    new Float32Array(gBuf0.host()).set(gate);
+    using partials = new Buffer(device, { size: BigInt(op.partialBytes(ctxLen, S)), memory: "device" });
+    using folded = hostBuffer(device, floats);
+    using separate = hostBuffer(device, floats);
+    using pos = hostBuffer(device, 128, "upload");
+    const words = u32(pos, 128);
+    // batched: token t at position word - t of its own copy... here one sequence, rows from 0
+    for (let t = 0; t < S; t++) {
+      words[t] = c.batched ? c.word - t : c.word;
+      words[64 + t] = words[t]!;
+    }
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    const withGate = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out: folded, positions: pos, gate: gBuf });
+    const plain = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out: separate, positions: pos });
+    const call = { n: 1, S, maxPositions: ctxLen, batched: c.batched ?? false };
+    op.record(cb, withGate, { ...call, gateOffset });
+    cb.barrier("computeToCompute");
+    op.record(cb, plain, call);
+    cb.barrier("computeToCompute");
+    gating.record(cb, { mode: "sigmoid-gate", x: separate, g: gBuf0, y: separate, S, n: H * hd });
+    cb.barrier("computeToHost").end();
+    using fence = new Fence(device);
+    using submission = new Submission(device, [cb], { fence });
+    submission.submit();
+    expect(fence.wait()).toBe(true);
+    expectTail(folded, floats, "folded out");
+    const got = f32(folded, floats), want = f32(separate, floats);
+    const ref = new Float32Array(floats), one = new Float32Array(H * hd);
+    for (let t = 0; t < S; t++) {
+      // token t sees words[t] + 1 positions (batched) or word + 1 + t (capped at ctx)
+      const p0 = c.batched ? words[t]! : Math.min(1 + c.word, ctxLen - (S - 1)) - 1 + t;
+      attendCpu(q.subarray(t * H * hd, (t + 1) * H * hd), k.values, v.values, 1, p0, H, KV, hd, one);
+      ref.set(one, t * H * hd);
+    }
+    const ungated = nmse(ref, got);
+    for (let i = 0; i < floats; i++) ref[i] = ref[i]! * Math.fround(1 / (1 + Math.exp(-gate[i]!)));
+    return { fold: nmse(want, got), cpu: nmse(ref, got), ungated };
+  }
+
+  test("decode (S 1, 3), a prompt chunk (S 17), batched (S 2), a gate offset: the fold equals attention then the gating dispatch", () => {
+    let worstFold = 0, worstCpu = 0, leastUngated = Infinity;
+    for (const c of [
+      { headDim: 128, kvHeads: 2, group: 8, ctx: 700, S: 1, word: 576 },
+      { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 1, word: 31, gateOffset: 12 },
+      { headDim: 64, kvHeads: 2, group: 4, ctx: 200, S: 3, word: 100 },
+      { headDim: 128, kvHeads: 1, group: 2, ctx: 200, S: 17, word: 150 },
+      { headDim: 128, kvHeads: 2, group: 8, ctx: 200, S: 2, word: 99, batched: true },
+    ]) {
+      const r = gateCase(c);
+      worstFold = Math.max(worstFold, r.fold);
+      worstCpu = Math.max(worstCpu, r.cpu);
+      leastUngated = Math.min(leastUngated, r.ungated);
+    }
+    console.log(`  output gate fold: NMSE vs attention + gating ${worstFold.toExponential(2)}, vs CPU ${worstCpu.toExponential(2)}, ungated reference ${leastUngated.toExponential(2)}`);
+    expect(worstFold).toBeLessThanOrEqual(1e-14);
+    expect(worstCpu).toBeLessThanOrEqual(BOUND);
+    expect(leastUngated).toBeGreaterThan(1e-3); // negative control: the gate is applied
+  }, 120_000);
+
+  test("gate calls that do not fit are refused before anything is recorded", () => {
+    using op = new DecoderAttention(device, { heads: 4, kvHeads: 2, headDim: 64, maxBindings: 2 });
+    using small = new Buffer(device, { size: 1024n, memory: "device" });
+    using pool = new CommandPool(device);
+    const cb = pool.allocate().begin();
+    const withGate = op.bind({ q: small, keys: small, values: small, partials: small, out: small, gate: small });
+    const without = op.bind({ q: small, keys: small, values: small, partials: small, out: small });
+    expect(() => op.record(cb, without, { n: 1, S: 1, gateOffset: 4 })).toThrow(/gateOffset needs/);
+    expect(() => op.record(cb, withGate, { n: 1, S: 1, gateOffset: 1000 })).toThrow(/gate buffer/);
+    expect(() => op.record(cb, withGate, { n: 1, S: 1, gateOffset: -1 })).toThrow(/gateOffset must/);
     cb.end();
   });
 });

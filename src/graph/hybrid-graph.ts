@@ -408,11 +408,9 @@ export class HybridGraph implements Disposable {
         });
         op("q/k norms + partial rope + kv append");
         cb.barrier("computeToCompute");
+        // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass (the binding's gate)
         state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0, batched });
-        op("attention", 2);
-        cb.barrier("computeToCompute");
-        this.gating.record(cb, { mode: "sigmoid-gate", x: s.attn, g: s.gate, y: s.attn, S, n: H * hd });
-        op("output gate");
+        op("attention + output gate", 2);
         cb.barrier("computeToCompute");
         op("o_proj", lin(m.o, s.attn, s.o));
       }
@@ -546,7 +544,7 @@ export function openSequenceState(graph: HybridGraph, ctx: number, owned: Dispos
   const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
-  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, gate: s.gate }));
   const conv = buffer(4 * slots * slotConvFloats);
   const delta = buffer(deltaBytes);
   const bytes = 2 * graph.fullLayers * Math.ceil(layerBytes / 16) * 16 + Number(conv.size) + Number(delta.size);

@@ -9,6 +9,17 @@
  * spans several chunks (walked with the online-softmax rule), so its partials stay at most
  * PREFILL_SPANS records per row however long the context.
  *
+ * Decode calls (S <= DECODE_ATTENTION_TOKENS, spans of one chunk) run pass 1 as
+ * dec_attention_decode instead where the device allows it (`decodeKernel`): one token per
+ * workgroup, the chunk's scores spread over LANES threads per position and its values over one
+ * thread per (row, 8 dims), one barrier; its grid along x is capped at `maxDecodeGroups` (each
+ * workgroup walks chunks x, x + grid, ...), so a long cache's surplus workgroups stay few. Same
+ * partial records, same combine.
+ *
+ * Output gate (Qwen3.5): a binding made with a `gate` buffer (laid out as out, at the call's
+ * gateOffset) has the combine write out * sigmoid(gate), as GatingKernel's "sigmoid-gate" computes
+ * it, so the gate needs no dispatch and barrier of its own.
+ *
  * The combine is a second dispatch (not a last-workgroup-with-atomic-counter tail): it needs no
  * counter to zero between calls, no coherent/volatile reads of other workgroups' partials and no
  * memory-model fences, is deterministic, and costs one barrier plus a dispatch of S x heads small
@@ -43,8 +54,13 @@ import { BATCH_WORDS } from "./rope-kv.ts";
  * positions[posIndex]), limit (n capped at limit - (S - 1)), iters (chunks per span): 56 B.
  */
 export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushConstantBytes: 56 } as const;
-/** Pass 2: partials, out, positions; push n, S, heads, numChunks, outOffset (floats), posIndex, flags, limit (as pass 1), span: 36 B. */
-export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 3, pushConstantBytes: 36 } as const;
+/** Decode's pass 1 (one token per workgroup, spans of one chunk): pass 1's buffers and push constants. */
+export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffers: 5, pushConstantBytes: 56 } as const;
+/**
+ * Pass 2: partials, out, positions, gate; push n, S, heads, numChunks, outOffset (floats), posIndex,
+ * flags (pass 1's, bit 2: the output gate), limit (as pass 1), span, gateOffset (floats): 40 B.
+ */
+export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 4, pushConstantBytes: 40 } as const;
 
 export const MAX_ATTENTION_TOKENS = 64;
 /** Calls of at most this many tokens span one chunk per workgroup (decode: parallel over the sequence). */
@@ -56,8 +72,10 @@ export const PREFILL_SPANS = 16;
  * Prompt chunks take fewer (their workgroups walk several chunks, and there are enough of them).
  */
 const MAX_GROUP_ROWS = 32;
-/** Partial records per row the combine pass merges at most (its shared memory). */
+/** Partial records per row the combine pass merges at most. */
 const MAX_COMBINE_RECORDS = 4096;
+/** Decode pass-1 workgroups along x at most by default (each walks every grid-th chunk). */
+export const DEFAULT_DECODE_GROUPS = 128;
 const MAX_PREFILL_GROUP_ROWS = 16;
 export const ATTENTION_HEAD_DIMS = [32, 64, 128, 256] as const;
 export const ATTENTION_GQA = [1, 2, 4, 8] as const;
@@ -75,6 +93,10 @@ export interface DecoderAttentionOptions {
   maxBindings?: number;
   /** Unroll pass 1's K and V loops (default on GPUs; a CPU device compiles them too slowly). */
   unroll?: boolean;
+  /** Decode calls (S <= DECODE_ATTENTION_TOKENS) through dec_attention_decode (default true where the device allows it). */
+  decodeKernel?: boolean;
+  /** dec_attention_decode's grid along x at most (default DEFAULT_DECODE_GROUPS): longer contexts loop. */
+  maxDecodeGroups?: number;
 }
 
 /** The buffers of one binding; see the module comment for layouts. */
@@ -90,6 +112,8 @@ export interface AttentionBuffers {
    * when the command buffer runs) to its n, and must give maxPositions.
    */
   positions?: Buffer;
+  /** f32, laid out as out at the call's gateOffset; when given, every call writes out * sigmoid(gate). */
+  gate?: Buffer;
 }
 
 /** Descriptor sets of both passes for one set of buffers (from `bind`). */
@@ -99,6 +123,8 @@ export interface AttentionBinding {
   readonly partials: Buffer;
   /** The positions buffer of `AttentionBuffers`, if any. */
   readonly positions?: Buffer;
+  /** The gate buffer of `AttentionBuffers`, if any. */
+  readonly gate?: Buffer;
 }
 
 export interface AttentionCall {
@@ -132,6 +158,14 @@ export interface AttentionCall {
    * last token sees (the keys/values must hold that many).
    */
   maxPositions?: number;
+  /** Floats: the gate of a binding with a gate buffer, laid out as out (default 0). */
+  gateOffset?: number;
+}
+
+/** dec_attention_decode's shape for one DecoderAttention (see `decodeShape`). */
+interface DecodeShape {
+  workgroupSize: number;
+  lanes: number;
 }
 
 export class DecoderAttention implements Disposable {
@@ -143,6 +177,10 @@ export class DecoderAttention implements Disposable {
   readonly chunk: number;
   readonly workgroupSize: number;
   readonly unroll: boolean;
+  /** dec_attention_decode's threads and lanes per position; undefined: decode calls run the general pass 1. */
+  readonly decode: DecodeShape | undefined;
+  readonly maxDecodeGroups: number;
+  private readonly decodePipeline: ComputePipeline | undefined;
   private readonly splitPipelines = new Map<number, ComputePipeline>();
   private readonly combinePipeline: ComputePipeline;
   private readonly pool: DescriptorPool;
@@ -172,11 +210,38 @@ export class DecoderAttention implements Disposable {
     this.chunk = chunk;
     this.workgroupSize = wg;
     this.unroll = options.unroll ?? device.info.type !== 4;
+    const maxDecodeGroups = options.maxDecodeGroups ?? DEFAULT_DECODE_GROUPS;
+    if (!Number.isInteger(maxDecodeGroups) || maxDecodeGroups < 1) throw new InvalidArgumentError(`maxDecodeGroups must be a positive integer, got ${maxDecodeGroups}`);
+    this.maxDecodeGroups = maxDecodeGroups;
+    this.decode = options.decodeKernel === false ? undefined : this.decodeShape();
+    if (options.decodeKernel === true && !this.decode) throw new InvalidArgumentError(`dec_attention_decode does not fit this device for head_dim ${headDim}, GQA ${group}, chunk ${chunk} (threads or shared memory)`);
+    if (this.decode) {
+      this.decodePipeline = new ComputePipeline(device, {
+        spirv: shaderFile(DEC_ATTENTION_DECODE.name), storageBuffers: DEC_ATTENTION_DECODE.storageBuffers, pushConstantBytes: DEC_ATTENTION_DECODE.pushConstantBytes,
+        specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes },
+      });
+    }
     this.combinePipeline = new ComputePipeline(device, {
       spirv: shaderFile(DEC_ATTENTION_COMBINE.name), storageBuffers: DEC_ATTENTION_COMBINE.storageBuffers,
       pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim },
     });
     this.pool = new DescriptorPool(device, 2 * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers) * maxBindings);
+  }
+
+  /**
+   * dec_attention_decode's shape: one thread per (row, 8 dims) for the values (at least 64), and
+   * for the scores as many lanes per position as the threads cover the chunk with (a power of two
+   * dividing headDim / 8). Undefined where the device's threads or shared memory do not allow it.
+   */
+  private decodeShape(): DecodeShape | undefined {
+    const hd8 = this.headDim / 8;
+    let wg = 64;
+    while (wg < this.group * hd8) wg *= 2;
+    if (wg > this.device.info.limits.maxComputeWorkGroupInvocations) return undefined;
+    let lanes = 1;
+    while (lanes * 2 <= hd8 && lanes * 2 * this.chunk <= wg) lanes *= 2;
+    if (4 * this.group * this.chunk * lanes > this.device.info.limits.maxComputeSharedMemorySize) return undefined;
+    return { workgroupSize: wg, lanes };
   }
 
   /** Pass 1's shared memory for `rows` query rows: q, scores, the span's running values and state. */
@@ -238,8 +303,9 @@ export class DecoderAttention implements Disposable {
     // without a positions buffer q stands in for it (never read: the flag is clear)
     const pos = b.positions ?? b.q;
     const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos }]);
-    const combine = this.pool.allocate(this.combinePipeline, [{ buffer: b.partials }, { buffer: b.out }, { buffer: pos }]);
-    return b.positions ? { split, combine, partials: b.partials, positions: b.positions } : { split, combine, partials: b.partials };
+    // without a gate the partials stand in for it (never read: the flag is clear)
+    const combine = this.pool.allocate(this.combinePipeline, [{ buffer: b.partials }, { buffer: b.out }, { buffer: pos }, { buffer: b.gate ?? b.partials }]);
+    return { split, combine, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }) };
   }
 
   /**
@@ -275,6 +341,14 @@ export class DecoderAttention implements Disposable {
     if (!Number.isInteger(cacheOffset) || cacheOffset < 0 || cacheOffset % 8 !== 0) throw new InvalidArgumentError(`cacheOffset must be a non-negative multiple of 8 halves, got ${cacheOffset}`);
     if (!Number.isInteger(qOffset) || qOffset < 0 || qOffset % 4 !== 0) throw new InvalidArgumentError(`qOffset must be a non-negative multiple of 4 floats, got ${qOffset}`);
     if (!Number.isInteger(outOffset) || outOffset < 0) throw new InvalidArgumentError(`outOffset must be a non-negative integer, got ${outOffset}`);
+    const gateOffset = call.gateOffset ?? 0;
+    if (binding.gate) {
+      if (!Number.isInteger(gateOffset) || gateOffset < 0) throw new InvalidArgumentError(`gateOffset must be a non-negative integer, got ${gateOffset}`);
+      const gateBytes = 4 * (gateOffset + S * this.heads * this.headDim);
+      if (BigInt(gateBytes) > binding.gate.size) throw new InvalidArgumentError(`the gate buffer (${binding.gate.size} B) is shorter than the ${gateBytes} B the call reads`);
+    } else if (call.gateOffset !== undefined) {
+      throw new InvalidArgumentError("gateOffset needs a binding with a gate buffer");
+    }
     const iters = this.itersPerSpan(positions, S);
     const numChunks = this.spans(positions, S);
     const need = this.partialBytes(positions, S);
@@ -282,24 +356,28 @@ export class DecoderAttention implements Disposable {
     const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
     if (numChunks > maxX) throw new InvalidArgumentError(`${numChunks} chunks exceed maxComputeWorkGroupCount[0] (${maxX}): use a larger chunk`);
     if (numChunks > MAX_COMBINE_RECORDS) throw new InvalidArgumentError(`${numChunks} partial records per row exceed the combine pass's ${MAX_COMBINE_RECORDS}: use a larger chunk`);
-    // batched: each token its own sequence, one per group
-    const T = batched ? 1 : this.tokensPerGroup(S);
-    const split = this.splitPipeline(this.group * T);
+    // decode: one token per workgroup; batched: each token its own sequence, one per group
+    const decode = this.decodePipeline !== undefined && S <= DECODE_ATTENTION_TOKENS && iters === 1;
+    const T = batched || decode ? 1 : this.tokensPerGroup(S);
+    const split = decode ? this.decodePipeline! : this.splitPipeline(this.group * T);
     const pc = this.pc;
     const flags = batched ? 2 : fromBuffer ? 1 : 0;
     const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
     words.forEach((w, i) => pc.setUint32(4 * i, w, true));
     pc.setFloat32(36, 1 / Math.sqrt(this.headDim), true);
     [posIndex, flags, positions, iters].forEach((w, i) => pc.setUint32(40 + 4 * i, w, true));
-    cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, DEC_ATTENTION.pushConstantBytes)).dispatch(numChunks, this.kvHeads, Math.ceil(S / T));
+    const gridX = decode ? Math.min(numChunks, this.maxDecodeGroups) : numChunks;
+    cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, DEC_ATTENTION.pushConstantBytes)).dispatch(gridX, this.kvHeads, Math.ceil(S / T));
     cb.barrier("computeToCompute");
-    [n, S, this.heads, numChunks, outOffset, posIndex, flags, positions, this.chunk * iters].forEach((w, i) => pc.setUint32(4 * i, w, true));
+    const combineFlags = flags | (binding.gate ? 4 : 0);
+    [n, S, this.heads, numChunks, outOffset, posIndex, combineFlags, positions, this.chunk * iters, gateOffset].forEach((w, i) => pc.setUint32(4 * i, w, true));
     cb.bind(this.combinePipeline, binding.combine).pushConstants(this.combinePipeline, new Uint8Array(pc.buffer, 0, DEC_ATTENTION_COMBINE.pushConstantBytes)).dispatch(this.heads, S);
   }
 
   [Symbol.dispose](): void {
     this.pool[Symbol.dispose]();
     for (const p of this.splitPipelines.values()) p[Symbol.dispose]();
+    this.decodePipeline?.[Symbol.dispose]();
     this.splitPipelines.clear();
     this.combinePipeline[Symbol.dispose]();
   }

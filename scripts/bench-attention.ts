@@ -1,0 +1,163 @@
+// GPU µs of one decode attention call (pass 1 + barrier + combine) as the resident graphs record
+// it: S = 1, the position read from a host-written word (one recording for the whole cache, the
+// grid sized for it), each call followed by a compute-to-compute barrier, calls cycling over
+// --layers distinct caches (their K/V not all in the L2, as in a decode over many layers). Shapes:
+// Qwen3-30B-A3B (32 query heads, 4 KV heads, head_dim 128) and Qwen3.6-like (16, 2, 256); positions
+// 576 and 4096 in a cache of 8192, and 576 in a cache of 32768; the decode kernel
+// (dec_attention_decode) against the general pass 1 (dec_attention, decodeKernel: false), for each
+// --chunk. Qwen3.6's output gate: folded into the combine against attention + GatingKernel's
+// sigmoid-gate dispatch and its barrier (the graph before the fold). Prints the KV bytes a call
+// reads and what share of the measured read bandwidth that is. Clocks warmed with a streaming read
+// before each measurement.
+//   bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls 48] [--layers 16] [--reps 7]
+import { parseArgs } from "node:util";
+import { z } from "zod";
+import { readConfig } from "../src/config.ts";
+import { DEFAULT_DECODE_GROUPS, DecoderAttention } from "../src/kernels/decoder/attention.ts";
+import { GatingKernel } from "../src/kernels/decoder/gating.ts";
+import { Buffer, CommandPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext, type CommandBuffer } from "../src/vk/index.ts";
+import { args, fail } from "./lib/cli.ts";
+import { readBandwidth } from "./lib/gpu-time.ts";
+
+const SCRIPT = "bench-attention";
+const USAGE = "usage: bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls N] [--layers N] [--reps N]";
+const SHAPES = {
+  "30b": { label: "Qwen3-30B-A3B", heads: 32, kvHeads: 4, headDim: 128, gated: false },
+  "3.6": { label: "Qwen3.6-like", heads: 16, kvHeads: 2, headDim: 256, gated: true },
+} as const;
+/** (cache positions, decode position) pairs. */
+const POINTS = [[8192, 576], [8192, 4096], [32768, 576]] as const;
+
+const chunkList = z.string().regex(/^\d+(,\d+)*$/, "a comma-separated list of integers").transform((s) => s.split(",").map(Number))
+  .refine((l) => l.every((c) => c >= 1 && c <= 1024), "chunks must be in 1..1024");
+let flags: { shape: "all" | "30b" | "3.6"; chunk: number[]; kernel: "all" | "decode" | "general"; groups: number; calls: number; layers: number; reps: number };
+try {
+  const { values } = parseArgs({
+    args: args(), strict: true, allowPositionals: false,
+    options: { shape: { type: "string" }, chunk: { type: "string" }, kernel: { type: "string" }, groups: { type: "string" }, calls: { type: "string" }, layers: { type: "string" }, reps: { type: "string" } },
+  });
+  const parsed = z.object({
+    shape: z.enum(["all", "30b", "3.6"]).default("all"),
+    chunk: chunkList.default([32]),
+    kernel: z.enum(["all", "decode", "general"]).default("all"),
+    groups: z.coerce.number().int().min(1).max(65535).default(DEFAULT_DECODE_GROUPS),
+    calls: z.coerce.number().int().min(1).max(1000).default(48),
+    layers: z.coerce.number().int().min(1).max(64).default(16),
+    reps: z.coerce.number().int().min(1).max(100).default(7),
+  }).safeParse(values);
+  if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
+  flags = parsed.data;
+} catch (e) {
+  fail(SCRIPT, `${(e as Error).message.split("\n")[0]!}; ${USAGE}`);
+}
+
+using ctx = new VulkanContext({}, readConfig());
+const device = ctx.device;
+const cpu = device.info.type === 4;
+using pool = new CommandPool(device);
+using queries = new QueryPool(device, 2);
+using fence = new Fence(device);
+const bw = cpu ? undefined : readBandwidth(device, 1 << 30, 20);
+
+/** Finite halves of magnitude < 0.25 with random signs and mantissas (two per word). */
+function randomHalves(words: number, seed: number): Uint8Array {
+  const w = new Uint32Array(words);
+  let x = seed >>> 0 || 1;
+  for (let i = 0; i < words; i++) {
+    x ^= x << 13; x ^= x >>> 17; x ^= x << 5;
+    w[i] = ((x & 0x83ff83ff) | 0x30003000) >>> 0;
+  }
+  return new Uint8Array(w.buffer);
+}
+
+/** GPU µs per call: `record` repeated flags.calls times (each then a barrier), median of reps. */
+function time(record: (cb: CommandBuffer, call: number) => void): number {
+  const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
+  for (let i = 0; i < flags.calls; i++) {
+    record(cb, i);
+    cb.barrier("computeToCompute");
+  }
+  cb.timestamp(queries, 1).end();
+  using submission = new Submission(device, [cb], { fence });
+  if (!cpu) readBandwidth(device, 1 << 30, 40); // clocks up
+  const samples: number[] = [];
+  for (let r = 0; r < flags.reps; r++) {
+    submission.submit();
+    if (!fence.wait()) throw new Error(`${SCRIPT}: the GPU did not finish`);
+    fence.reset();
+    const [a, b] = queries.results(0, 2);
+    samples.push((Number(b! - a!) * device.info.limits.timestampPeriod) / 1000 / flags.calls);
+  }
+  return samples.sort((p, q) => p - q)[samples.length >> 1]!;
+}
+
+console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}${bw ? `: read bandwidth ${bw.gbs.toFixed(0)} GB/s` : ""}`);
+console.log(`decode attention, S = 1, position from a host-written word, ${flags.calls} calls over ${flags.layers} caches, each then a barrier; median of ${flags.reps}; grid cap ${flags.groups} (decode kernel)`);
+console.log("| shape | cache | position | kernel | chunk | µs/call | KV MB read | GB/s | of read BW |");
+console.log("|---|---:|---:|---|---:|---:|---:|---:|---:|");
+
+const shapes = flags.shape === "all" ? (["30b", "3.6"] as const) : [flags.shape];
+const kernels = flags.kernel === "all" ? [true, false] : [flags.kernel === "decode"];
+const gateRows: string[] = [];
+for (const name of shapes) {
+  const shape = SHAPES[name];
+  const { heads: H, kvHeads: KV, headDim: hd } = shape;
+  for (const cacheLen of [...new Set(POINTS.map(([c]) => c))]) {
+    const layerBytes = cacheLen * KV * hd * 2;
+    const keys: Buffer[] = [], values: Buffer[] = [];
+    try {
+      for (let l = 0; l < flags.layers; l++) {
+        for (const list of [keys, values]) {
+          const b = new Buffer(device, { size: BigInt(layerBytes), memory: "device" });
+          list.push(b);
+          uploadBytes(device, b, 0n, randomHalves(layerBytes / 4, 1 + l * 2 + list.length));
+        }
+      }
+      using q = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      uploadBytes(device, q, 0n, randomHalves(H * hd, 99)); // any finite floats
+      using gate = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      uploadBytes(device, gate, 0n, randomHalves(H * hd, 98));
+      using out = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
+      const word = new Uint32Array(positions.host(), 0, 1);
+      for (const chunk of flags.chunk) {
+        for (const decodeKernel of kernels) {
+          const gated = shape.gated && decodeKernel;
+          using op = new DecoderAttention(device, {
+            heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: 2 * flags.layers, decodeKernel, maxDecodeGroups: flags.groups,
+          });
+          using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, 1)), memory: "device" });
+          const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
+          const gatedBindings = gated ? keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions, gate })) : [];
+          using gating = new GatingKernel(device, { maxSets: 4 });
+          for (const [c, position] of POINTS) {
+            if (c !== cacheLen) continue;
+            word[0] = position; // token at `position` sees position + 1 positions
+            const call = { n: 1, S: 1, maxPositions: cacheLen, posIndex: 0 };
+            const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
+            const kvBytes = 2 * (position + 1) * KV * hd * 2;
+            const gbs = kvBytes / (us * 1e3);
+            console.log(`| ${shape.label} | ${cacheLen} | ${position} | ${decodeKernel ? "decode" : "general"} | ${chunk} | ${us.toFixed(2)} | ${(kvBytes / 1e6).toFixed(2)} | ${gbs.toFixed(0)} | ${bw ? `${((100 * gbs) / bw.gbs).toFixed(1)}%` : "-"} |`);
+            if (gated) {
+              const folded = time((cb, i) => op.record(cb, gatedBindings[i % flags.layers]!, call));
+              const separate = time((cb, i) => {
+                op.record(cb, bindings[i % flags.layers]!, call);
+                cb.barrier("computeToCompute");
+                gating.record(cb, { mode: "sigmoid-gate", x: out, g: gate, y: out, S: 1, n: H * hd });
+              });
+              gateRows.push(`| ${shape.label} | ${cacheLen} | ${position} | ${chunk} | ${separate.toFixed(2)} | ${folded.toFixed(2)} | ${(separate - folded).toFixed(2)} |`);
+            }
+          }
+        }
+      }
+    } finally {
+      for (const b of [...keys, ...values]) b[Symbol.dispose]();
+    }
+  }
+}
+if (gateRows.length > 0) {
+  console.log("\noutput gate (decode kernel): attention + the sigmoid-gate dispatch and its barrier, against the gate folded into the combine");
+  console.log("| shape | cache | position | chunk | separate µs/call | folded µs/call | saved µs |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|");
+  for (const r of gateRows) console.log(r);
+}

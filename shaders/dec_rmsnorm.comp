@@ -2,7 +2,8 @@
 // dec_rmsnorm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for R rows of n, one workgroup per row
 // (also per head for the q/k norms: rows = tokens * heads, n = headDim). With ADD (flags bit 0),
 // x[r] += add[r] first (the residual), written back to x, and y is the norm of the sum: one pass
-// instead of two dispatches. As src/model/ops.ts rmsNorm: the normalised value x * inv is rounded
+// instead of two dispatches (flags bit 1: plus Qwen3.5's gated shared expert, its dec_gating step
+// folded in). As src/model/ops.ts rmsNorm: the normalised value x * inv is rounded
 // to f32 before w multiplies it (precise: no contraction). y may alias x (in place): every
 // element is read and written by the same invocation.
 #extension GL_KHR_shader_subgroup_basic : require
@@ -15,6 +16,10 @@ layout(set = 0, binding = 0) buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer Add { float add[]; };
 layout(set = 0, binding = 2) readonly buffer W { float w[]; };
 layout(set = 0, binding = 3) buffer Y { float y[]; };
+// flags bit 1 (with bit 0): Qwen3.5's shared expert too, add[r] + sigmoid(gate[gateOffset + r]) * add2[r]
+// (add2 laid out as add), summed before the residual as dec_gating's scaled add would leave it in add
+layout(set = 0, binding = 4) readonly buffer Add2 { float add2[]; };
+layout(set = 0, binding = 5) readonly buffer Gate { float gate[]; };
 
 layout(push_constant) uniform Params {
     uint R;          // rows
@@ -26,8 +31,11 @@ layout(push_constant) uniform Params {
     uint yOffset;    // floats
     uint yStride;    // floats between rows of y
     float eps;
-    uint flags;      // bit 0: add the residual first
+    uint flags;      // bit 0: add the residual first; bit 1: and the scaled add2
+    uint gateOffset; // floats: row r's gate at gateOffset + r
 } pc;
+
+float sigmoid(float v) { return 1.0 / (1.0 + exp(-v)); }
 
 const uint WG = gl_WorkGroupSize.x;
 shared float partial[WG];
@@ -62,11 +70,15 @@ void main() {
     const uint yo = pc.yOffset + r * pc.yStride;
     const bool residual = (pc.flags & 1u) != 0u;
     const uint ao = pc.addOffset + r * pc.xStride;
+    const bool scaled = (pc.flags & 2u) != 0u;
+    const float sg = scaled ? sigmoid(gate[pc.gateOffset + r]) : 0.0;
     float ss = 0.0;
     for (uint i = gl_LocalInvocationIndex; i < pc.n; i += WG) {
         precise float v = x[xo + i];
         if (residual) {
-            v = v + add[ao + i];
+            precise float a = add[ao + i];
+            if (scaled) a = a + sg * add2[ao + i];
+            v = v + a;
             x[xo + i] = v;
         }
         ss += v * v;

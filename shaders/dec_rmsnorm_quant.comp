@@ -24,6 +24,9 @@ layout(set = 0, binding = 3) buffer Y { vec4 y[]; };
 layout(set = 0, binding = 4) writeonly buffer XQ { uvec4 xq[]; };
 layout(set = 0, binding = 5) writeonly buffer XS { float xscale[]; };
 layout(set = 0, binding = 6) writeonly buffer XU { int xsum[]; };
+// flags bit 1 (with bit 0): add[r] + sigmoid(gate[gateOffset + r]) * add2[r], as dec_rmsnorm
+layout(set = 0, binding = 7) readonly buffer Add2 { vec4 add2[]; };
+layout(set = 0, binding = 8) readonly buffer Gate { float gate[]; };
 
 layout(push_constant) uniform Params {
     uint R;          // rows
@@ -35,8 +38,11 @@ layout(push_constant) uniform Params {
     uint yOffset;    // floats
     uint yStride;    // floats between rows of y
     float eps;
-    uint flags;      // bit 0: add the residual first
+    uint flags;      // bit 0: add the residual first; bit 1: and the scaled add2
+    uint gateOffset; // floats: row r's gate at gateOffset + r
 } pc;
+
+float sigmoid(float v) { return 1.0 / (1.0 + exp(-v)); }
 
 const uint WG = gl_WorkGroupSize.x;
 const uint GROUP = 16u;
@@ -72,6 +78,8 @@ void main() {
     const uint ao = (pc.addOffset + r * pc.xStride) >> 2u;
     const uint wo = pc.wOffset >> 2u;
     const bool residual = (pc.flags & 1u) != 0u;
+    const bool scaled = (pc.flags & 2u) != 0u;
+    const float sg = scaled ? sigmoid(gate[pc.gateOffset + r]) : 0.0;
     const uint groups = pc.n / GROUP;
     float ss = 0.0;
     for (uint g = gl_LocalInvocationIndex; g < groups; g += WG) {
@@ -79,7 +87,9 @@ void main() {
         [[unroll]] for (uint j = 0u; j < 4u; ++j) v[j] = x[xo + 4u * g + j];
         if (residual) {
             [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-                v[j] = v[j] + add[ao + 4u * g + j];
+                precise vec4 a = add[ao + 4u * g + j];
+                if (scaled) a = a + sg * add2[ao + 4u * g + j];
+                v[j] = v[j] + a;
                 x[xo + 4u * g + j] = v[j];
             }
         }

@@ -14,7 +14,7 @@
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeviceGgmlMatrix, GgmlGemvIdpKernel, GgmlIdpScratch } from "../src/kernels/decoder/ggml-gemv.ts";
-import { RmsNormQuantKernel } from "../src/kernels/decoder/rmsnorm.ts";
+import { RmsNormKernel, RmsNormQuantKernel } from "../src/kernels/decoder/rmsnorm.ts";
 import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { NormFeed } from "../src/graph/norm-feed.ts";
 import { FloatLinear, GgmlBlockLinear } from "../src/model/linear.ts";
@@ -158,6 +158,51 @@ describe("dec_rmsnorm_quant: y as the CPU rmsNorm, the quantized rows as quantiz
     expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, n: 32 }, s64))).toThrow(/quantized rows of 2 x 64 for 2 rows of 32/);
     expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, rows: 3 }, s64))).toThrow(/quantized rows of 2 x 64/);
     expect(() => submitAndWait(device, (cb) => norm.record(cb, { ...args, xOffset: 2 }, s64))).toThrow(/multiples of 4 floats/);
+  });
+});
+
+describe("the scaled add (Qwen3.5's gated shared expert folded into the next norm)", () => {
+  test("both kernels: x += add + sigmoid(gate[r]) * add2 as the CPU path forms it (within f32 rounding of its terms); y and the quantized rows follow", () => {
+    using plain = new RmsNormKernel(device, cpu ? { workgroupSize: 8 } : {});
+    const R = 3, n = 2048, seed = 1200;
+    const x0 = randomGaussianF32(R * n, seed), add = randomGaussianF32(R * n, seed + 1), add2 = randomGaussianF32(R * n, seed + 2);
+    const w = randomGaussianF32(n, seed + 3), gate = Float32Array.from([0.3, -2.5, 4]);
+    // the CPU path's order (hybrid-decoder.ts): ffn + sigmoid(g) * shared in f32, then the residual
+    const want = x0.map((v, i) => {
+      const r = Math.floor(i / n), sg = Math.fround(1 / (1 + Math.exp(-gate[r]!)));
+      return Math.fround(v + Math.fround(add[i]! + Math.fround(sg * add2[i]!)));
+    });
+    for (const quant of [false, true]) {
+      using xb = hostBuffer(device, R * n, "upload");
+      using ab = hostBuffer(device, R * n, "upload");
+      using a2 = hostBuffer(device, R * n, "upload");
+      using gb = hostBuffer(device, 2 + R, "upload");
+      using wb = hostBuffer(device, n, "upload");
+      using yb = hostBuffer(device, R * n);
+      using scratch = new GgmlIdpScratch(device, n, R);
+      f32(xb, R * n).set(x0);
+      f32(ab, R * n).set(add);
+      f32(a2, R * n).set(add2);
+      f32(gb, R, 2).set(gate);
+      f32(wb, n).set(w);
+      const args = { x: xb, add: ab, scaledAdd: { x: a2, gate: gb, gateOffset: 2 }, w: wb, y: yb, rows: R, n, eps: 1e-6 };
+      submitAndWait(device, (cb) => (quant ? norm.record(cb, args, scratch) : plain.record(cb, args)));
+      const got = f32(xb, R * n);
+      // f32 rounding of each term (the driver's exp may differ from Math.exp by an ulp or two): the
+      // error against the terms' magnitudes, not the sum's (which may cancel)
+      let worst = 0;
+      for (let i = 0; i < want.length; i++) {
+        const scale = Math.abs(x0[i]!) + Math.abs(add[i]!) + Math.abs(add2[i]!);
+        worst = Math.max(worst, Math.abs(want[i]! - got[i]!) / scale);
+      }
+      expect(worst).toBeLessThanOrEqual(2 ** -21);
+      const ref = new Float32Array(R * n);
+      rmsNorm(got, w, n, R, 1e-6, ref);
+      let worstY = 0;
+      for (let i = 0; i < ref.length; i++) worstY = Math.max(worstY, ulpDistance(ref[i]!, f32(yb, R * n)[i]!));
+      expect(worstY).toBeLessThanOrEqual(4);
+      expect(() => submitAndWait(device, (cb) => plain.record(cb, { ...args, add: undefined }))).toThrow(/needs the residual add/);
+    }
   });
 });
 

@@ -368,11 +368,15 @@ export class HybridGraph implements Disposable {
       cb.barrier("computeToCompute");
     };
     if (end.split && end.first > 0) addHostExperts();
+    // A resident layer leaves its shared expert (sharedOut, sharedScale) beside the routed experts'
+    // sum (ffn): the next norm adds both (its scaled add), with no dec_gating step of its own.
+    let sharedPending = false;
+    const sharedAdd = (gateOffset = 0) => (sharedPending ? { scaledAdd: { x: s.sharedOut, gate: s.sharedScale, gateOffset } } : {});
     for (let l = end.first; l < end.end; l++) {
       const L = this.layers[l]!, m = L.mixer;
       // the matrices that read xn take the norm's quantized rows where they run the integer-dot path
       const readers = m.kind === "linear" ? [m.qkv, m.z, m.a, m.b] : [m.q, m.gate, m.k, m.v];
-      const xq = this.norm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps }, readers);
+      const xq = this.norm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, ...sharedAdd(), w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps }, readers);
       const linq = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xq, y, S);
       op("input norm");
       cb.barrier("computeToCompute");
@@ -445,13 +449,11 @@ export class HybridGraph implements Disposable {
       op("experts", st.dispatches(S));
       op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
       cb.barrier("computeToCompute");
-      this.gating.record(cb, { mode: "scaled-add", x: s.sharedOut, g: s.sharedScale, y: s.ffn, S, n: D });
-      op("shared expert add");
-      cb.barrier("computeToCompute");
+      sharedPending = true;
     }
     if (end.batch) {
       // every token's logits: each row is another sequence's next token (or a prompt's)
-      const xq = this.norm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps }, [this.lmHead]);
+      const xq = this.norm.record(cb, { x: s.h, add: s.ffn, ...sharedAdd(), w: P, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps }, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
       op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, end.batch.logits, S));
@@ -462,7 +464,7 @@ export class HybridGraph implements Disposable {
     const output = end.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
-      const xq = this.norm.record(cb, { x: s.h, add: s.ffn, w: P, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D }, [this.lmHead]);
+      const xq = this.norm.record(cb, { x: s.h, add: s.ffn, ...sharedAdd(S - 1), w: P, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D }, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
       op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, s.logits));

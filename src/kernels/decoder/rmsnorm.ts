@@ -6,8 +6,8 @@ import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 
-/** x rw, add r, w r, y w; push R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, eps (f32), flags: 40 B. */
-export const DEC_RMSNORM: ShaderInterface = { name: "dec_rmsnorm", storageBuffers: 4, pushConstantBytes: 40 };
+/** x rw, add r, w r, y w, add2 r, gate r; push R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, eps (f32), flags, gateOffset: 44 B. */
+export const DEC_RMSNORM: ShaderInterface = { name: "dec_rmsnorm", storageBuffers: 6, pushConstantBytes: 44 };
 export const RMSNORM_MAX_N = 8192;
 
 export interface RmsNormArgs {
@@ -19,6 +19,11 @@ export interface RmsNormArgs {
   y: Buffer;
   /** Residual: x[r] += add[r] first (same row stride as x). */
   add?: Buffer;
+  /**
+   * With `add`: Qwen3.5's gated shared expert as well, x[r] += add[r] + sigmoid(gate[gateOffset + r]) * x2[r]
+   * (x2 laid out as add; dec_gating's scaled add folded in).
+   */
+  scaledAdd?: { x: Buffer; gate: Buffer; gateOffset?: number };
   rows: number;
   n: number;
   eps: number;
@@ -29,6 +34,20 @@ export interface RmsNormArgs {
   wOffset?: number;
   yOffset?: number;
   yStride?: number;
+}
+
+/** flags: bit 0 the residual, bit 1 the scaled second add. */
+const normFlags = (a: RmsNormArgs) => (a.add ? 1 : 0) | (a.scaledAdd ? 2 : 0);
+
+/** Checks the scaled add's buffers (laid out as add; one gate a row) and returns it with its offset. */
+function checkScaledAdd(a: RmsNormArgs, R: number, xStride: number, n: number): { x: Buffer; gate: Buffer; gateOffset: number } | undefined {
+  const sa = a.scaledAdd;
+  if (!sa) return undefined;
+  if (!a.add) throw new InvalidArgumentError("a scaled add needs the residual add");
+  const gateOffset = sa.gateOffset ?? 0;
+  checkRange("rmsnorm scaled add", sa.x, a.addOffset ?? 0, (R - 1) * xStride + n);
+  checkRange("rmsnorm gate", sa.gate, gateOffset, R);
+  return { x: sa.x, gate: sa.gate, gateOffset };
 }
 
 export interface RmsNormKernelOptions extends DecoderKernelOptions {
@@ -61,15 +80,16 @@ export class RmsNormKernel extends DecoderKernel {
     if (a.add) checkRange("rmsnorm add", a.add, addOffset, (R - 1) * xStride + n);
     checkRange("rmsnorm w", a.w, wOffset, n);
     checkRange("rmsnorm y", a.y, yOffset, (R - 1) * yStride + n);
-    const set = this.setFor([a.x, a.add ?? a.x, a.w, a.y]);
+    const sa = checkScaledAdd(a, R, xStride, n);
+    const set = this.setFor([a.x, a.add ?? a.x, a.w, a.y, sa?.x ?? a.x, sa?.gate ?? a.x]);
     const [gx, gy] = this.grid(R);
-    const pc = pushWords([R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, a.eps, a.add ? 1 : 0], [8]);
+    const pc = pushWords([R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, a.eps, normFlags(a), sa?.gateOffset ?? 0], [8]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }
 
-/** dec_rmsnorm_quant: dec_rmsnorm's four buffers, then xq, xscale, xsum; the same push constants. */
-export const DEC_RMSNORM_QUANT: ShaderInterface = { name: "dec_rmsnorm_quant", storageBuffers: 7, pushConstantBytes: 40 };
+/** dec_rmsnorm_quant: dec_rmsnorm's first four buffers, then xq, xscale, xsum, add2, gate; the same push constants. */
+export const DEC_RMSNORM_QUANT: ShaderInterface = { name: "dec_rmsnorm_quant", storageBuffers: 9, pushConstantBytes: 44 };
 
 /** Where dec_rmsnorm_quant writes its quantized output (GgmlIdpScratch's buffers and shape). */
 export interface QuantizedRows {
@@ -123,9 +143,10 @@ export class RmsNormQuantKernel extends DecoderKernel {
     checkRange("rmsnorm xq", out.xq, 0, 4 * groups);
     checkRange("rmsnorm xscale", out.xscale, 0, groups);
     checkRange("rmsnorm xsum", out.xsum, 0, groups);
-    const set = this.setFor([a.x, a.add ?? a.x, a.w, a.y, out.xq, out.xscale, out.xsum]);
+    const sa = checkScaledAdd(a, R, xStride, n);
+    const set = this.setFor([a.x, a.add ?? a.x, a.w, a.y, out.xq, out.xscale, out.xsum, sa?.x ?? a.x, sa?.gate ?? a.x]);
     const [gx, gy] = this.grid(R);
-    const pc = pushWords([R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, a.eps, a.add ? 1 : 0], [8]);
+    const pc = pushWords([R, n, xOffset, xStride, addOffset, wOffset, yOffset, yStride, a.eps, normFlags(a), sa?.gateOffset ?? 0], [8]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }

@@ -32,6 +32,12 @@ layout(set = 0, binding = 0) readonly buffer P { vec4 part4[]; };
 layout(set = 0, binding = 1) writeonly buffer O { float o[]; };
 layout(set = 0, binding = 2) readonly buffer Pos { uint positions[]; };  // any buffer when flags bit 0 is clear
 layout(set = 0, binding = 3) readonly buffer Gate { float gate[]; };     // any buffer when flags bit 2 is clear
+// flags bit 3: out also written quantized for the integer-dot GGML GEMV that reads it (o_proj), as
+// quantize_act with groups of 16 would from out: row (token t, head h)'s group j at
+// (t * heads + h) * HEAD_DIM / 16 + j; o_proj then skips its own quantize dispatch and barrier
+layout(set = 0, binding = 4) writeonly buffer XQ { uvec4 xq[]; };
+layout(set = 0, binding = 5) writeonly buffer XS { float xscale[]; };
+layout(set = 0, binding = 6) writeonly buffer XU { int xsum[]; };
 
 layout(push_constant) uniform Params {
   uint n;          // as pass 1
@@ -48,6 +54,7 @@ layout(push_constant) uniform Params {
 
 shared vec2 pairs[WG];   // (m, l) of each thread's records (more than DIRECT)
 shared vec4 sums[WG];    // each group's weighted sum of its column
+shared vec4 outRow[HD4]; // flags bit 3: the row as written, for its quantization
 
 uint contextN() {
   const uint extra = (p.flags & 1u) != 0u ? positions[p.posIndex] : 0u;
@@ -65,6 +72,7 @@ void main() {
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
   const uint row = t * p.heads + h;
   const bool gated = (p.flags & 4u) != 0u;
+  const bool quantized = (p.flags & 8u) != 0u;
   const uint d4 = tid % COLS, g = tid / COLS;
   // the gate's loads go out first: they need nothing else
   vec4 gv[(HD4 + COLS - 1u) / COLS];
@@ -139,6 +147,38 @@ void main() {
       o[oi + 1u] = y.y;
       o[oi + 2u] = y.z;
       o[oi + 3u] = y.w;
+      if (quantized) outRow[col] = y;
     }
+  }
+  if (!quantized) return;  // uniform
+  barrier();
+  // one thread a group of 16 (4 vec4s), quantize_act's rule
+  for (uint q = tid; q < HEAD_DIM / 16u; q += WG) {
+    float amax = 0.0;
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+      const vec4 v = abs(outRow[4u * q + j]);
+      amax = max(amax, max(max(v.x, v.y), max(v.z, v.w)));
+    }
+    int e = 0;
+    float scale = 0.0;
+    uint words[4] = uint[4](0u, 0u, 0u, 0u);
+    int qsum = 0;
+    if (amax > 0.0) {
+      frexp(amax, e);
+      scale = ldexp(1.0, e - 7);
+      [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        const vec4 v = outRow[4u * q + j];
+        [[unroll]] for (uint c = 0u; c < 4u; c++) {
+          // ldexp(v, 7-e) == v * 2^(7-e) exactly, without forming 2^(7-e) (which can overflow)
+          const int b = int(clamp(roundEven(ldexp(v[c], 7 - e)), -127.0, 127.0));
+          qsum += b;
+          words[j] |= (uint(b) & 0xFFu) << (8u * c);
+        }
+      }
+    }
+    const uint at = row * (HEAD_DIM / 16u) + q;
+    xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+    xscale[at] = scale;
+    xsum[at] = qsum;
   }
 }

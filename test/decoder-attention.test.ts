@@ -636,3 +636,76 @@ describe("dec_attention with the output gate folded into the combine", () => {
     cb.end();
   });
 });
+
+describe("dec_attention's combine writing its rows quantized for the integer-dot o_proj (flags bit 3)", () => {
+  /** quantize_act's rule for one group of 16 on the CPU: packed words, scale, sum of q. */
+  function quantizeGroup(y: Float32Array, at: number): { words: number[]; scale: number; sum: number } {
+    let amax = 0;
+    for (let i = 0; i < 16; i++) amax = Math.max(amax, Math.abs(y[at + i]!));
+    if (amax === 0) return { words: [0, 0, 0, 0], scale: 0, sum: 0 };
+    let e = Math.floor(Math.log2(amax)) + 1;
+    while (amax >= 2 ** e) e++;
+    while (amax < 2 ** (e - 1)) e--;
+    const words = [0, 0, 0, 0];
+    let sum = 0;
+    for (let i = 0; i < 16; i++) {
+      const x = y[at + i]! * 2 ** (7 - e), f = Math.floor(x), d = x - f;
+      const q = Math.min(127, Math.max(-127, d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f));
+      sum += q;
+      words[i >> 2] = (words[i >> 2]! | ((q & 0xff) << (8 * (i & 3)))) >>> 0;
+    }
+    return { words, scale: 2 ** (e - 7), sum };
+  }
+
+  test("decode S 1 and 3, head_dim 128 and 256, with and without the gate: the rows as quantize_act's rule from out; bad calls refused", () => {
+    for (const c of [
+      { headDim: 128, kvHeads: 4, group: 8, ctx: 700, S: 1, word: 576, gated: false },
+      { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 3, word: 40, gated: true },
+    ]) {
+      const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen, S } = c;
+      const H = KV * G, floats = S * H * hd;
+      using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: 2 });
+      const k = halves(ctxLen * KV * hd, seed++), v = halves(ctxLen * KV * hd, seed++);
+      using qBuf = new Buffer(device, { size: BigInt(4 * floats), memory: "upload" });
+      new Float32Array(qBuf.host()).set(randomGaussianF32(floats, seed++, 2));
+      using kBuf = new Buffer(device, { size: BigInt(k.bits.byteLength), memory: "device" });
+      using vBuf = new Buffer(device, { size: BigInt(v.bits.byteLength), memory: "device" });
+      uploadBytes(device, kBuf, 0n, bytesOf(k.bits));
+      uploadBytes(device, vBuf, 0n, bytesOf(v.bits));
+      using gBuf = new Buffer(device, { size: BigInt(4 * floats), memory: "upload" });
+      new Float32Array(gBuf.host()).set(randomGaussianF32(floats, seed++, 2));
+      using partials = new Buffer(device, { size: BigInt(op.partialBytes(ctxLen, S)), memory: "device" });
+      using out = hostBuffer(device, floats);
+      using pos = hostBuffer(device, 128, "upload");
+      u32(pos, 1)[0] = c.word;
+      const groups = floats / 16;
+      // host-visible quantized rows (the layout GgmlIdpScratch holds), sentinels past them
+      using xq = hostBuffer(device, 4 * groups), xscale = hostBuffer(device, groups), xsum = hostBuffer(device, groups);
+      const quantized = { xq, xscale, xsum, cols: H * hd, maxTokens: S };
+      const binding = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out, positions: pos, quantized, ...(c.gated && { gate: gBuf }) });
+      using pool = new CommandPool(device);
+      const cb = pool.allocate().begin();
+      op.record(cb, binding, { n: 1, S, maxPositions: ctxLen, quantize: true });
+      cb.barrier("computeToHost").end();
+      using fence = new Fence(device);
+      using submission = new Submission(device, [cb], { fence });
+      submission.submit();
+      expect(fence.wait()).toBe(true);
+      const y = f32(out, floats);
+      for (let g = 0; g < groups; g++) {
+        const want = quantizeGroup(y, 16 * g);
+        expect({ g, words: [...u32(xq, 4, 4 * g)] }).toEqual({ g, words: want.words });
+        expect({ g, scale: f32(xscale, 1, g)[0] }).toEqual({ g, scale: want.scale });
+        expect({ g, sum: new Int32Array(xsum.host(), 4 * g, 1)[0] }).toEqual({ g, sum: want.sum });
+      }
+      expectTail(xq, 4 * groups, "xq");
+      expectTail(xsum, groups, "xsum");
+      const cb2 = pool.allocate().begin();
+      const plain = op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out, positions: pos });
+      expect(() => op.record(cb2, plain, { n: 1, S, maxPositions: ctxLen, quantize: true })).toThrow(/needs a binding with quantized rows/);
+      expect(() => op.record(cb2, binding, { n: 1, S, maxPositions: ctxLen, quantize: true, outOffset: 4 })).toThrow(/offset 0/);
+      expect(() => op.bind({ q: qBuf, keys: kBuf, values: vBuf, partials, out, quantized: { ...quantized, cols: 64 } })).toThrow(/quantized rows of 64 columns/);
+      cb2.end();
+    }
+  }, 60_000);
+});

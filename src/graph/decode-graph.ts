@@ -27,7 +27,8 @@ import { Buffer } from "../vk/memory.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
-import { DeviceLinear, LinearKernels } from "./device-linear.ts";
+import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "./device-linear.ts";
+import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
@@ -62,6 +63,8 @@ export class DecodeGraph implements Disposable {
   private readonly invFreq: Buffer;
   /** The RMSNorms, and the quantized rows they write for integer-dot readers. */
   private readonly norm: NormFeed;
+  /** o's input quantized by the attention's combine, where the o matrices take the integer-dot path. */
+  readonly attnQuant: GgmlIdpScratch | undefined;
   readonly route: RouteKernel;
   readonly argmax: ArgmaxKernel;
   /** Everything the graph allocated, disposed in reverse. */
@@ -112,6 +115,7 @@ export class DecodeGraph implements Disposable {
       });
       this.finalNorm = place(weights.finalNorm);
       this.lmHead = up("lm_head", weights.lmHead);
+      if (this.layers.some((L) => L.o.takesQuantized(1))) this.attnQuant = this.own(new GgmlIdpScratch(device, H * hd, GGML_IDP_MAX_TOKENS));
       const normData = new Float32Array(at);
       let o = 0;
       for (const p of normParts) normData.set(p, (o += p.length) - p.length);
@@ -235,11 +239,12 @@ export class DecodeGraph implements Disposable {
       });
       op("q/k norms + rope + kv append");
       cb.barrier("computeToCompute");
-      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined });
+      // o reads the combine's quantized rows where it takes the integer-dot path
+      const oq = this.attnQuant && L.o.takesQuantized(S) ? this.attnQuant : undefined;
+      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined });
       op("attention", 2);
       cb.barrier("computeToCompute");
-      L.o.record(cb, s.attn, s.o, S);
-      op("o", L.o.dispatches(S));
+      op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
       const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
       op("post norm");
@@ -333,7 +338,7 @@ export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: nu
   const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
-  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions }));
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
   return { ctx, rows, keys, values, rope, attention, bindings, bytes: 2 * cfg.layers * Math.ceil(layerBytes / 16) * 16 };
 }
 

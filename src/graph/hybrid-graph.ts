@@ -50,7 +50,8 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput, type HostExperts } from "./decode-graph.ts";
-import { DeviceLinear, LinearKernels } from "./device-linear.ts";
+import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "./device-linear.ts";
+import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { selectRows } from "./linear-rows.ts";
@@ -126,6 +127,8 @@ export class HybridGraph implements Disposable {
   readonly invFreq: Buffer;
   /** The RMSNorms, and the quantized rows they write for integer-dot readers. */
   private readonly norm: NormFeed;
+  /** o_proj's input quantized by the attention's combine, where the o matrices take the integer-dot path. */
+  readonly attnQuant: GgmlIdpScratch | undefined;
   private readonly conv1d: Conv1dKernel;
   private readonly deltaRule: DeltaRuleKernel;
   private readonly gating: GatingKernel;
@@ -218,6 +221,9 @@ export class HybridGraph implements Disposable {
       });
       this.finalNorm = place(weights.finalNorm);
       this.lmHead = up("lm_head", weights.lmHead);
+      if (this.layers.some((L) => L.mixer.kind === "full" && L.mixer.o.takesQuantized(1))) {
+        this.attnQuant = this.own(new GgmlIdpScratch(device, cfg.heads * cfg.headDim, GGML_IDP_MAX_TOKENS));
+      }
       const data = new Float32Array(at);
       let o = 0;
       for (const p of parts) data.set(p, (o += p.length) - p.length);
@@ -413,10 +419,12 @@ export class HybridGraph implements Disposable {
         op("q/k norms + partial rope + kv append");
         cb.barrier("computeToCompute");
         // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass (the binding's gate)
-        state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0, batched });
+        // o_proj reads the combine's quantized rows where it takes the integer-dot path
+        const oq = this.attnQuant && m.o.takesQuantized(S) ? this.attnQuant : undefined;
+        state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined });
         op("attention + output gate", 2);
         cb.barrier("computeToCompute");
-        op("o_proj", lin(m.o, s.attn, s.o));
+        op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
       cb.barrier("computeToCompute");
       const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
@@ -546,7 +554,7 @@ export function openSequenceState(graph: HybridGraph, ctx: number, owned: Dispos
   const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
-  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, gate: s.gate }));
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, gate: s.gate, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
   const conv = buffer(4 * slots * slotConvFloats);
   const delta = buffer(deltaBytes);
   const bytes = 2 * graph.fullLayers * Math.ceil(layerBytes / 16) * 16 + Number(conv.size) + Number(delta.size);

@@ -46,6 +46,7 @@ import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
+import type { QuantizedRows } from "./rmsnorm.ts";
 import { BATCH_WORDS } from "./rope-kv.ts";
 
 /**
@@ -60,7 +61,7 @@ export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffe
  * Pass 2: partials, out, positions, gate; push n, S, heads, numChunks, outOffset (floats), posIndex,
  * flags (pass 1's, bit 2: the output gate), limit (as pass 1), span, gateOffset (floats): 40 B.
  */
-export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 4, pushConstantBytes: 40 } as const;
+export const DEC_ATTENTION_COMBINE = { name: "dec_attention_combine", storageBuffers: 7, pushConstantBytes: 40 } as const;
 
 export const MAX_ATTENTION_TOKENS = 64;
 /** Calls of at most this many tokens span one chunk per workgroup (decode: parallel over the sequence). */
@@ -114,6 +115,8 @@ export interface AttentionBuffers {
   positions?: Buffer;
   /** f32, laid out as out at the call's gateOffset; when given, every call writes out * sigmoid(gate). */
   gate?: Buffer;
+  /** Where a call with `quantize` also writes out quantized for the integer-dot GGML GEMV (cols = heads x head_dim). */
+  quantized?: QuantizedRows;
 }
 
 /** Descriptor sets of both passes for one set of buffers (from `bind`). */
@@ -125,6 +128,8 @@ export interface AttentionBinding {
   readonly positions?: Buffer;
   /** The gate buffer of `AttentionBuffers`, if any. */
   readonly gate?: Buffer;
+  /** The quantized rows of `AttentionBuffers`, if any. */
+  readonly quantized?: QuantizedRows;
 }
 
 export interface AttentionCall {
@@ -160,6 +165,8 @@ export interface AttentionCall {
   maxPositions?: number;
   /** Floats: the gate of a binding with a gate buffer, laid out as out (default 0). */
   gateOffset?: number;
+  /** Also write out quantized into the binding's `quantized` rows (outOffset 0, S <= their maxTokens). */
+  quantize?: boolean;
 }
 
 /** dec_attention_decode's shape for one DecoderAttention (see `decodeShape`). */
@@ -304,8 +311,13 @@ export class DecoderAttention implements Disposable {
     const pos = b.positions ?? b.q;
     const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos }]);
     // without a gate the partials stand in for it (never read: the flag is clear)
-    const combine = this.pool.allocate(this.combinePipeline, [{ buffer: b.partials }, { buffer: b.out }, { buffer: pos }, { buffer: b.gate ?? b.partials }]);
-    return { split, combine, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }) };
+    const qr = b.quantized;
+    if (qr && qr.cols !== this.heads * this.headDim) throw new InvalidArgumentError(`quantized rows of ${qr.cols} columns for an output of ${this.heads * this.headDim}`);
+    const combine = this.pool.allocate(this.combinePipeline, [
+      { buffer: b.partials }, { buffer: b.out }, { buffer: pos }, { buffer: b.gate ?? b.partials },
+      { buffer: qr?.xq ?? b.partials }, { buffer: qr?.xscale ?? b.partials }, { buffer: qr?.xsum ?? b.partials },
+    ]);
+    return { split, combine, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }), ...(qr && { quantized: qr }) };
   }
 
   /**
@@ -349,6 +361,12 @@ export class DecoderAttention implements Disposable {
     } else if (call.gateOffset !== undefined) {
       throw new InvalidArgumentError("gateOffset needs a binding with a gate buffer");
     }
+    if (call.quantize) {
+      const qr = binding.quantized;
+      if (!qr) throw new InvalidArgumentError("quantize needs a binding with quantized rows");
+      if (qr.maxTokens < S) throw new InvalidArgumentError(`quantized rows for ${qr.maxTokens} tokens, the call has ${S}`);
+      if (outOffset !== 0) throw new InvalidArgumentError("a quantizing call writes out at offset 0");
+    }
     const iters = this.itersPerSpan(positions, S);
     const numChunks = this.spans(positions, S);
     const need = this.partialBytes(positions, S);
@@ -369,7 +387,7 @@ export class DecoderAttention implements Disposable {
     const gridX = decode ? Math.min(numChunks, this.maxDecodeGroups) : numChunks;
     cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, DEC_ATTENTION.pushConstantBytes)).dispatch(gridX, this.kvHeads, Math.ceil(S / T));
     cb.barrier("computeToCompute");
-    const combineFlags = flags | (binding.gate ? 4 : 0);
+    const combineFlags = flags | (binding.gate ? 4 : 0) | (call.quantize ? 8 : 0);
     [n, S, this.heads, numChunks, outOffset, posIndex, combineFlags, positions, this.chunk * iters, gateOffset].forEach((w, i) => pc.setUint32(4 * i, w, true));
     cb.bind(this.combinePipeline, binding.combine).pushConstants(this.combinePipeline, new Uint8Array(pc.buffer, 0, DEC_ATTENTION_COMBINE.pushConstantBytes)).dispatch(this.heads, S);
   }

@@ -167,7 +167,7 @@ export class DeviceLinear implements Disposable {
    * takes it runs its GEMV alone. Returns the dispatches recorded.
    */
   recordFrom(cb: CommandBuffer, x: Buffer, quantized: GgmlIdpScratch | undefined, y: Buffer, S = 1): number {
-    if (quantized && this.blocks && this.takesQuantized(S)) {
+    if (quantized && quantized.cols === this.cols && this.blocks && this.takesQuantized(S)) {
       this.kernels.ggmlIdpKernel(this.blocks.type).recordQuantized(cb, { matrix: this.blocks, y, S, scratch: quantized });
       return 1;
     }

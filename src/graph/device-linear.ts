@@ -3,13 +3,16 @@
  * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, q4/q8 QuantMatrix
  * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
  * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
- * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel at
- * every S (64 tokens a dispatch; a GEMM for their prompt chunks is a later step), or where the
- * integer-dot decision is on, for calls of up to GGML_IDP_MAX_TOKENS tokens, GgmlGemvIdpKernel.
+ * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel (64
+ * tokens a dispatch), or where the integer-dot decision is on, for calls of up to
+ * GGML_IDP_MAX_TOKENS tokens, GgmlGemvIdpKernel; their calls of GEMM_FROM_TOKENS tokens or more
+ * not on the integer-dot path go through GgmlGemmKernel (tiles that dequantize each weight once
+ * for the whole chunk, one dispatch for any S; CPU devices too, see LinearKernels).
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { readConfig } from "../config.ts";
+import { GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
 import { QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
@@ -37,6 +40,8 @@ export const GGML_IDP_MAX_TOKENS = 8;
 export interface LinearKernelsOptions {
   /** GGML block matrices on the integer-dot path (default: the integer-dot decision, planKernels: VKMOE_IDP, blocklist, probe). */
   integerDot?: boolean;
+  /** GGML block matrices' calls of GEMM_FROM_TOKENS tokens or more (off the integer-dot path) through the tiled GEMM (default true; false: the GEMV at every S). */
+  ggmlGemm?: boolean;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -46,8 +51,11 @@ export class LinearKernels implements Disposable {
   private readonly gemm = new Map<string, QuantGemmKernel>();
   private readonly ggml = new Map<GgmlBlockType, GgmlGemvKernel>();
   private readonly ggmlIdp = new Map<GgmlBlockType, GgmlGemvIdpKernel>();
+  private readonly ggmlGemmKernels = new Map<GgmlBlockType, GgmlGemmKernel>();
   /** GGML block matrices take the integer-dot path (for calls of up to GGML_IDP_MAX_TOKENS tokens). */
   readonly integerDot: boolean;
+  /** GGML block matrices' prompt chunks (GEMM_FROM_TOKENS tokens or more, off the integer-dot path) go through GgmlGemmKernel. */
+  readonly ggmlGemm: boolean;
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -60,6 +68,9 @@ export class LinearKernels implements Disposable {
     // they are safe. Its mode comes from the process env: the graphs do not pass the model's; a model
     // loaded with VKMOE_IDP=off has the feature off on its device, so that choice holds either way.
     this.integerDot = options.integerDot ?? (device.enabled.integerDotProduct && planKernels(device, readConfig()).integerDot.on);
+    // The GEMM on a CPU device too: measured on Lavapipe at S = 64 it is as fast as the GEMV or
+    // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
+    this.ggmlGemm = options.ggmlGemm ?? true;
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
@@ -88,6 +99,12 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
+  ggmlGemmKernel(type: GgmlBlockType): GgmlGemmKernel {
+    let k = this.ggmlGemmKernels.get(type);
+    if (!k) this.ggmlGemmKernels.set(type, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256 })));
+    return k;
+  }
+
   ggmlIdpKernel(type: GgmlBlockType): GgmlGemvIdpKernel {
     let k = this.ggmlIdp.get(type);
     if (!k) this.ggmlIdp.set(type, (k = new GgmlGemvIdpKernel(this.device, type, this.ggmlOptions())));
@@ -102,6 +119,7 @@ export class LinearKernels implements Disposable {
     this.half?.[Symbol.dispose]();
     for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
+    for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
     for (const k of this.gemm.values()) k[Symbol.dispose]();
   }
@@ -153,7 +171,13 @@ export class DeviceLinear implements Disposable {
   /** Dispatches `record` makes for S tokens. */
   dispatches(S = 1): number {
     if (this.idpScratch && S <= GGML_IDP_MAX_TOKENS) return 2; // quantize x, then the GEMV
+    if (this.blocks && this.ggmlGemmFor(S)) return 1;
     return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : this.blocks ? Math.ceil(S / GGML_GEMV_MAX_S) : 1;
+  }
+
+  /** Whether a GGML block matrix's call of S tokens goes through the GEMM: a prompt chunk, not on the integer-dot path. */
+  private ggmlGemmFor(S: number): boolean {
+    return this.kernels.ggmlGemm && S >= GEMM_FROM_TOKENS && !(this.idpScratch && S <= GGML_IDP_MAX_TOKENS);
   }
 
   /** Whether a call of S tokens reads x quantized (the integer-dot path): then it can take a norm's quantized output. */
@@ -185,6 +209,8 @@ export class DeviceLinear implements Disposable {
       }
     } else if (this.blocks && this.idpScratch && S <= GGML_IDP_MAX_TOKENS) {
       this.kernels.ggmlIdpKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch });
+    } else if (this.blocks && this.ggmlGemmFor(S)) {
+      this.kernels.ggmlGemmKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S, xOffset, yOffset });
     } else if (this.blocks) {
       for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
         const n = Math.min(GGML_GEMV_MAX_S, S - t);

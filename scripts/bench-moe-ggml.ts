@@ -16,6 +16,9 @@
 //   q4 µs      the q4 MoE call of the same shape (MoeBackend, one layer, GPU timestamps, median)
 //   bun scripts/bench-moe-ggml.ts [--quick] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
 //     --quick    S=1 and 4, the first pair and shape (a CPU Vulkan device: also a small E)
+//     --slices   grouped lists (S > 4) on moe_ggml's slice kernel instead of moe_ggml_rows
+//     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8)
+//     --prefill  S=64 only (a prompt chunk), the first pair, both shapes: for sweeping the options
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
@@ -35,12 +38,15 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens"] });
 const quick = opts.flag("--quick");
+const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
 const wgArg = opts.int("--wg", 1, 1024);
 const tokensArg = opts.int("--tokens", 1, 8);
 const rowsArg = opts.int("--rows", 1, 8);
+const rowsTokensArg = opts.int("--rows-tokens", 1, 8);
+const slices = opts.flag("--slices");
 
 const env = readConfig();
 using ctx = new VulkanContext({}, env);
@@ -48,8 +54,8 @@ const device = ctx.device;
 const cpuDevice = device.info.type === 4;
 const calls = opts.int("--calls", 1, 4096) ?? (cpuDevice ? 4 : 64);
 const ROUTINGS = 16;
-const SIZES = quick ? [1, 4] : [1, 4, 64];
-const PAIRS: [GgmlBlockType, GgmlBlockType][] = quick ? [["Q4_K", "Q6_K"]] : [["Q4_K", "Q6_K"], ["Q4_K", "Q4_K"], ["Q5_0", "Q5_0"], ["Q6_K", "Q6_K"]];
+const SIZES = quick ? [1, 4] : prefillOnly ? [64] : [1, 4, 64];
+const PAIRS: [GgmlBlockType, GgmlBlockType][] = quick || prefillOnly ? [["Q4_K", "Q6_K"]] : [["Q4_K", "Q6_K"], ["Q4_K", "Q4_K"], ["Q5_0", "Q5_0"], ["Q6_K", "Q6_K"]];
 const SHAPES: ModelShape[] = quick ? [QWEN3_30B_A3B] : [QWEN3_30B_A3B, QWEN36_35B_A3B];
 // Routed experts only here (the GGML call has no shared expert): the Qwen3.6 shape without it.
 const routedOnly = (m: ModelShape): ModelShape => ({ ...m, shared: false, ...(cpuDevice && quick ? { experts: 16 } : {}) });
@@ -162,7 +168,7 @@ function q4Us(model: ModelShape): Map<number, number> {
 }
 
 const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
-const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }) };
+const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
   const model = routedOnly(full);
@@ -171,7 +177,7 @@ for (const full of SHAPES) {
     const t = randomTensors(model.hidden, model.intermediate, gu, dn, 11);
     using layer = new GgmlExpertLayer(device, Array.from({ length: model.experts }, () => t));
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
-    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)} (${model.name})`;
+    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? "moe_ggml_rows" : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
       using set = callSet(device, layer, model, S);

@@ -193,6 +193,37 @@ describe("slice kernel: lanes over a flat (row, slice) list", () => {
   });
 });
 
+describe("prompt chunks' kernel: moe_ggml_rows, a row per lane (lists grouped by expert)", () => {
+  // Grouped lists (items < slots) take moe_ggml_rows by default; rowsForGrouped: false keeps them on
+  // the slice kernel. Rows 96 and 224 leave the last 64-row workgroup partial; S 40 at k 2 over 8
+  // experts puts ~10 slots in an item (a full chunk of 8 and a partial one), S 17 at k 8 ~17.
+  const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: ConstructorParameters<typeof GgmlExpertKernels>[2] }[] = [
+    { what: "Q5_0 D 96, I 224 (partial row blocks), default chunk of 8", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
+    { what: "Q4_K/Q6_K D 256, I 512, chunks of 3 slots", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsTokensPerChunk: 3 } },
+    { what: "Q4_K/Q6_K D 256, I 512 on the slice kernel (rowsForGrouped false)", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsForGrouped: false } },
+  ];
+  for (const c of cases) {
+    test(`${c.what}: S 40 k 2, S 17 k 8; NMSE <= 1e-9 of the CPU GEMVs`, () => {
+      using kernels = new GgmlExpertKernels(device, { gateUp: c.gu, down: c.dn }, c.options);
+      let seed = 1700 + cases.indexOf(c) * 10;
+      const experts = randomExperts(E, c.D, c.I, c.gu, c.dn, seed++);
+      using layer = new GgmlExpertLayer(device, experts);
+      let worst = 0;
+      for (const [S, k] of [[40, 2], [17, 8]] as const) {
+        const r = randomRouting(S, k, E, seed++);
+        const x = randomGaussianF32(S * c.D, seed++);
+        const e = nmse(cpuMoe(experts, x, r, c.D), gpuMoe(kernels, layer, x, r));
+        if (!(e <= 1e-9)) throw new Error(`${c.what}: S=${S} k=${k}: NMSE ${e}`);
+        worst = Math.max(worst, e);
+      }
+      console.log(`  ${c.what}: worst NMSE ${worst.toExponential(2)}`);
+    }, 60_000);
+  }
+  test("rowsTokensPerChunk outside 1..8: one clear error", () => {
+    expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsTokensPerChunk: 9 })).toThrow(/rowsTokensPerChunk must be an integer in 1\.\.8, got 9/);
+  });
+});
+
 describe("the decode graph's work lists", () => {
   // The graph dispatches a grid of the most items a call can have (dec_group_experts counts them on
   // the device) and dec_route writes NONE (0xFFFFFFFF) as the expert of a slot with NaN logits.

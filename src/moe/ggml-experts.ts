@@ -11,7 +11,9 @@
  *
  * The kernel works by 32-weight slices (ggml_blocks.glsl): a workgroup's R rows x cols/32 slices
  * are one list its lanes share, so rows shorter than the workgroup (down: I 768 is 24 slices)
- * leave no lane idle; R follows the row length (moeRowsPerWorkgroup).
+ * leave no lane idle; R follows the row length (moeRowsPerWorkgroup). Lists grouped by expert (a
+ * prompt chunk's: several slots an item) go to shaders/moe_ggml_rows.comp instead, a row per lane:
+ * there the slices' reductions, not the reads, were the cost.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -25,9 +27,13 @@ import type { WorkList } from "./routing.ts";
 
 /** x/h, work, pairs, out, slot weights, expert bytes, expert table; push O, cols. */
 export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
+/** moe_ggml's bindings and push constants; a row per lane (prompt chunks' lists grouped by expert). */
+export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBuffers: 7, pushConstantBytes: 8 };
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
+/** moe_ggml_rows' lanes (= rows) a workgroup. */
+const ROWS_WORKGROUP = 64;
 
 /** Slots a token moe_ggml's down-with-sum mode takes at most (its MAX_K, dec_route's). */
 export const MOE_GGML_MAX_SLOTS = 8;
@@ -172,6 +178,10 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   tokensPerChunk?: number;
   /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
+  /** Lists grouped by expert (several slots an item) run moe_ggml_rows, a row per lane (default true); false: moe_ggml's slices. */
+  rowsForGrouped?: boolean;
+  /** moe_ggml_rows' slots per register chunk, 1..8 (default 8). */
+  rowsTokensPerChunk?: number;
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -225,6 +235,8 @@ export class GgmlExpertKernels implements Disposable {
   private readonly options: GgmlExpertKernelOptions;
   private readonly modes = new Map<string, MoeGgmlKernel>();
   private readonly sum: MoeSumKernel;
+  readonly rowsForGrouped: boolean;
+  private readonly rowsTokens: number;
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
@@ -245,7 +257,22 @@ export class GgmlExpertKernels implements Disposable {
     this.rowsOption = rows;
     this.useSubgroup = options.useSubgroup ?? device.info.subgroup.arithmetic;
     this.options = options;
+    this.rowsForGrouped = options.rowsForGrouped ?? true;
+    this.rowsTokens = options.rowsTokensPerChunk ?? 8;
+    if (!Number.isInteger(this.rowsTokens) || this.rowsTokens < 1 || this.rowsTokens > 8) throw new InvalidArgumentError(`rowsTokensPerChunk must be an integer in 1..8, got ${this.rowsTokens}`);
     this.sum = new MoeSumKernel(device, options);
+  }
+
+  /** moe_ggml_rows' pipeline of a mode (64 lanes = 64 rows a workgroup). */
+  private rowsMode(gateUp: boolean): MoeGgmlKernel {
+    const key = `rows:${gateUp ? "gu" : "down"}`;
+    let k = this.modes.get(key);
+    if (k === undefined) {
+      const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
+      k = new MoeGgmlKernel(this.device, MOE_GGML_ROWS, { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0 }, this.options);
+      this.modes.set(key, k);
+    }
+    return k;
   }
 
   /** Rows per workgroup of a mode for rows of `cols` columns. */
@@ -286,7 +313,16 @@ export class GgmlExpertKernels implements Disposable {
     const Rg = this.rowsPerWorkgroup(D), Rd = this.rowsPerWorkgroup(I);
     // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
-    const tokens = (c.singleSlotItems ?? c.items === slots) ? 1 : this.tokensPerChunk;
+    const single = c.singleSlotItems ?? c.items === slots;
+    if (!single && !c.itemPerSlot && this.rowsForGrouped) {
+      this.rowsMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / ROWS_WORKGROUP), c.items);
+      cb.barrier("computeToCompute");
+      this.rowsMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / ROWS_WORKGROUP), c.items);
+      cb.barrier("computeToCompute");
+      this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+      return cb;
+    }
+    const tokens = single ? 1 : this.tokensPerChunk;
     this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
     cb.barrier("computeToCompute");
     if (c.itemPerSlot) {

@@ -19,7 +19,7 @@ import type { DeviceSlab } from "../pool/vulkan-slabs.ts";
 import { VulkanContext } from "../vk/context.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { GpuLayer, SlabBindingsExhaustedError, type Ticket } from "./gpu-layer.ts";
-import { QuantGraphStage, type MoeGraphStage, type MoeStageSource } from "./graph-stage.ts";
+import { QuantGraphStage, type GraphStageChoices, type MoeGraphStage, type MoeStageSource } from "./graph-stage.ts";
 import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { decidePrelaunch } from "./prelaunch-policy.ts";
@@ -265,11 +265,11 @@ export class MoeBackend implements Disposable, MoeStageSource {
    * ExpertsNotResidentError unless every routed expert of those layers is resident, and
    * InvalidArgumentError on the CPU path or with a shared expert (not in the graph yet).
    */
-  graphStage(moeLayers: readonly number[], maxTokens: number): MoeGraphStage {
+  graphStage(moeLayers: readonly number[], maxTokens: number, choices: GraphStageChoices = {}): MoeGraphStage {
     const g = this.gpu;
     if (!g) throw new InvalidArgumentError(`the MoE layer runs on the CPU (${this.whyCpu})`);
     if (this.options.shared) throw new InvalidArgumentError("a shared expert is not in the decode graph yet");
-    return new QuantGraphStage(g.ctx.device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens });
+    return new QuantGraphStage(g.ctx.device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens, ...choices });
   }
 
   /** Everything about a call's input but x's values (checkValues). */

@@ -6,7 +6,9 @@
  * the graph runs). A call of few tokens (decode): the fused kernel where the device has float
  * atomics, else [quantize] + gate+up + down + sum over one work item per slot. A call of more
  * (a prompt chunk): dec_group_experts regroups the slots by expert first, and the grouped kernels
- * read each chosen expert's weights once for all the tokens that chose it.
+ * read each chosen expert's weights once for all the tokens that chose it: by default the rows
+ * kernels (shaders/moe_rows.glsl, a row per lane, float path, no quantize), else (rowsForGrouped
+ * false) the same [quantize] + gate+up + down as the per-slot path.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
@@ -18,7 +20,7 @@ import { uploadBytes } from "../vk/transfer.ts";
 import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
-import { QUANTIZE_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
+import { QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
 
 /** The experts of these layers are not all resident: the graph cannot route to them on the device. */
 export class ExpertsNotResidentError extends InvalidArgumentError {}
@@ -47,7 +49,15 @@ export interface MoeGraphStageOptions {
   moeLayers: readonly number[];
   /** Tokens per call at most (the fused kernel's grid covers S tokens). */
   maxTokens: number;
+  /**
+   * Calls regrouped by expert run the rows kernels (default true); false keeps them on the
+   * grouped gate+up / down kernels of the per-slot path (tests and benchmarks compare the two).
+   */
+  rowsForGrouped?: boolean;
 }
+
+/** What a caller may choose of a graph stage's kernels (MoeGraphStageOptions' choices). */
+export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped">;
 
 /**
  * What the whole-token graphs (decode-graph.ts, hybrid-graph.ts) record for a MoE layer, whichever
@@ -79,7 +89,7 @@ export interface MoeStageSource {
   readonly why: string;
   readonly context: VulkanContext | undefined;
   /** The graph's stage for these layers: ExpertsNotResidentError unless all their experts are resident. */
-  graphStage(moeLayers: readonly number[], maxTokens: number): MoeGraphStage;
+  graphStage(moeLayers: readonly number[], maxTokens: number, choices?: GraphStageChoices): MoeGraphStage;
   /** Another submitter shares the queue (the graph's split runs). */
   stopPrelaunch(why: string): void;
   /** On a lost device, wait for abandonGpu() before freeing (the graph frees its objects first). */
@@ -99,6 +109,8 @@ export class QuantGraphStage implements MoeGraphStage {
   readonly mode: "fused" | "grouped";
   readonly experts: number;
   readonly topK: number;
+  /** Calls regrouped by expert run the rows kernels (MoeGraphStageOptions.rowsForGrouped). */
+  readonly rowsForGrouped: boolean;
   private readonly done: Buffer;
   private readonly arrived: Buffer;
   private readonly yacc: Buffer | undefined;
@@ -114,6 +126,7 @@ export class QuantGraphStage implements MoeGraphStage {
   constructor(device: Device, pool: ExpertPool, private readonly layer: GpuLayer, opts: MoeGraphStageOptions) {
     this.device = device;
     const E = (this.experts = opts.experts), K = (this.topK = opts.topK);
+    this.rowsForGrouped = opts.rowsForGrouped ?? true;
     const S = opts.maxTokens;
     const bda = pool.addressing === "bda";
     const handles = new Uint32Array(2 * opts.layers * E);
@@ -171,13 +184,20 @@ export class QuantGraphStage implements MoeGraphStage {
     return this.layer.pipelines.maxSlabs > 0 ? [...stage, this.layer.slabArray(this.gate)] : stage;
   }
 
-  private setsFor(x: Buffer, y: Buffer, fused: boolean): bigint[] {
-    const key = `${x.handle}/${y.handle}/${fused}`;
+  private setsFor(x: Buffer, y: Buffer, kernels: "fused" | "grouped" | "rows"): bigint[] {
+    const key = `${x.handle}/${y.handle}/${kernels}`;
     let sets = this.sets.get(key);
     if (sets) return sets;
     const p = this.layer.pipelines;
     const b = (buffer: Buffer) => ({ buffer });
-    if (fused) {
+    if (kernels === "rows") {
+      // The float path's gate+up bindings (x itself, not its quantized rows), whatever the path.
+      sets = [
+        this.descriptors.allocate(p.rowsGateUp, this.slabs([x, this.work, this.pairs, this.h, this.slotWeight].map(b))),
+        this.descriptors.allocate(p.rowsDown, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b))),
+        this.descriptors.allocate(p.sum, [this.ypair, this.work, y, this.slotWeight, this.done].map(b)),
+      ];
+    } else if (kernels === "fused") {
       sets = [this.descriptors.allocate(p.fused!, this.slabs([x, this.work, this.slotExpert, y, this.slotWeight, this.done, this.arrived, this.yacc!, this.gate].map(b)))];
     } else {
       const q = this.quantized;
@@ -201,7 +221,8 @@ export class QuantGraphStage implements MoeGraphStage {
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, routing?: StageRouting): void {
     const L = this.layer, p = L.pipelines, K = this.topK;
     const path = this.pathFor(S);
-    const sets = this.setsFor(x, y, path === "fused");
+    const rows = path === "by-expert" && this.rowsForGrouped;
+    const sets = this.setsFor(x, y, path === "fused" ? "fused" : rows ? "rows" : "grouped");
     if (path === "fused") {
       cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
       return;
@@ -216,6 +237,12 @@ export class QuantGraphStage implements MoeGraphStage {
       cb.barrier("computeToCompute");
       items = Math.min(items, this.experts);
     }
+    if (rows) {
+      cb.bind(p.rowsGateUp, sets[0]!).pushConstants(p.rowsGateUp, L.pushGateUp).dispatch(Math.ceil(L.I / ROWS_WORKGROUP), items).barrier("computeToCompute");
+      cb.bind(p.rowsDown, sets[1]!).pushConstants(p.rowsDown, L.pushDown).dispatch(Math.ceil(L.D / ROWS_WORKGROUP), items).barrier("computeToCompute");
+      cb.bind(p.sum, sets[2]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+      return;
+    }
     let i = 0;
     if (p.quantize) {
       cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP)).barrier("computeToCompute");
@@ -229,6 +256,7 @@ export class QuantGraphStage implements MoeGraphStage {
   dispatches(S = 1): number {
     const path = this.pathFor(S);
     if (path === "fused") return 1;
+    if (path === "by-expert" && this.rowsForGrouped) return 4;  // group, rows gate+up, rows down, sum
     return (this.layer.pipelines.quantize ? 4 : 3) + (path === "by-expert" ? 1 : 0);
   }
 

@@ -9,6 +9,10 @@ import type { Addressing } from "../pool/expert-pool.ts";
 export const SUM_WORKGROUP = 256;
 /** quantize_act's workgroup: a multiple of GROUP_SIZE / 4 for every group size (8..32). */
 export const QUANTIZE_WORKGROUP = 64;
+/** Lanes (= rows, one each) per workgroup of the rows kernels (moe_rows.glsl). */
+export const ROWS_WORKGROUP = 64;
+/** Slots per register chunk of the rows kernels (their spec constant 7). */
+export const ROWS_TOKENS = 8;
 
 /**
  * Slabs one dispatch can see on the descriptor path: the storage-buffer limit of a stage less the
@@ -39,6 +43,14 @@ export interface MoePipelines extends Disposable {
   gateUp: ComputePipeline;
   down: ComputePipeline;
   sum: ComputePipeline;
+  /**
+   * gate+up and down for work lists grouped by expert (a prompt chunk's, several slots an item):
+   * a row per lane (shaders/moe_rows.glsl), float path whatever `path` is (gate+up reads the float
+   * x: no quantize). Bindings and push constants as `gateUp` / `down` on the float path; grid
+   * (ceil(O / ROWS_WORKGROUP), items).
+   */
+  rowsGateUp: ComputePipeline;
+  rowsDown: ComputePipeline;
   /** The one-dispatch call of few tokens; undefined without float atomics. */
   fused: ComputePipeline | undefined;
   /**
@@ -101,6 +113,9 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       : undefined;
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
     const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS, specialization({ ...config, ...DOWN_KERNEL }, shape.scaleType === "f16", shape.groupSize)));
+    const rowsSpec = { 0: ROWS_WORKGROUP, 3: shape.scaleType === "f16" ? 1 : 0, 4: shape.groupSize, 7: ROWS_TOKENS };
+    const rowsGateUp = keep(make(`moe_rows_gateup_${shape.format}`, MOE_BINDINGS, rowsSpec));
+    const rowsDown = keep(make(`moe_rows_down_${shape.format}`, MOE_BINDINGS, rowsSpec));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
     const fusedSpec = { ...specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), 9: shape.hidden };
     // The integer-dot fused kernel keeps its token's int8 x in shared memory; past the device's
@@ -112,7 +127,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       ? keep(make(fusedName, MOE_FUSED_BINDINGS, { ...fusedSpec, 10: 1, 11: prelaunchPolls }, MOE_FUSED_PUSH_BYTES))
       : undefined;
     return {
-      quantize, gateUp, down, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, downBlockRows: DOWN_KERNEL.rowsPerWorkgroup, maxSlabs, path,
+      quantize, gateUp, down, rowsGateUp, rowsDown, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, downBlockRows: DOWN_KERNEL.rowsPerWorkgroup, maxSlabs, path,
       [Symbol.dispose]() {
         for (const p of made.reverse()) p[Symbol.dispose]();
       },

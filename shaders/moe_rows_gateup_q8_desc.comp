@@ -1,0 +1,6 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// moe_rows_gateup_q8_desc: grouped MoE gate+up for lists grouped by expert (prompt chunks), a row per lane. See moe_rows.glsl.
+#define GATEUP
+#define QBITS 8
+#include "moe_rows.glsl"

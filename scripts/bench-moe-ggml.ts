@@ -17,7 +17,7 @@
 //   bun scripts/bench-moe-ggml.ts [--quick] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
 //     --quick    S=1 and 4, the first pair and shape (a CPU Vulkan device: also a small E)
 //     --slices   grouped lists (S > 4) on moe_ggml's slice kernel instead of moe_ggml_rows
-//     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8)
+//     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8); --rows-lanes N its lanes a row (1, 2, 4)
 //     --prefill  S=64 only (a prompt chunk), the first pair, both shapes: for sweeping the options
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
@@ -38,7 +38,7 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
@@ -47,6 +47,7 @@ const tokensArg = opts.int("--tokens", 1, 8);
 const rowsArg = opts.int("--rows", 1, 8);
 const rowsTokensArg = opts.int("--rows-tokens", 1, 8);
 const slices = opts.flag("--slices");
+const rowsLanesArg = opts.int("--rows-lanes", 1, 4);
 
 const env = readConfig();
 using ctx = new VulkanContext({}, env);
@@ -168,7 +169,7 @@ function q4Us(model: ModelShape): Map<number, number> {
 }
 
 const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
-const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(slices && { rowsForGrouped: false }) };
+const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
   const model = routedOnly(full);
@@ -177,7 +178,7 @@ for (const full of SHAPES) {
     const t = randomTensors(model.hidden, model.intermediate, gu, dn, 11);
     using layer = new GgmlExpertLayer(device, Array.from({ length: model.experts }, () => t));
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
-    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? "moe_ggml_rows" : "the slice kernel"} (${model.name})`;
+    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (${kernels.rowsLanes} lanes a row, ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
       using set = callSet(device, layer, model, S);

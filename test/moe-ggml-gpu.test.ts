@@ -198,8 +198,11 @@ describe("prompt chunks' kernel: moe_ggml_rows, a row per lane (lists grouped by
   // the slice kernel. Rows 96 and 224 leave the last 64-row workgroup partial; S 40 at k 2 over 8
   // experts puts ~10 slots in an item (a full chunk of 8 and a partial one), S 17 at k 8 ~17.
   const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: ConstructorParameters<typeof GgmlExpertKernels>[2] }[] = [
-    { what: "Q5_0 D 96, I 224 (partial row blocks), default chunk of 8", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
-    { what: "Q4_K/Q6_K D 256, I 512, chunks of 3 slots", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsTokensPerChunk: 3 } },
+    { what: "Q5_0 D 96, I 224 (partial row blocks), default lanes and chunk of 8", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
+    // 3 and 7 slices a row over 4 lanes: lanes with one slice fewer, still in the shuffles
+    { what: "Q5_0 D 96, I 224, 4 lanes a row", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { rowsLanes: 4 } },
+    { what: "Q4_K/Q6_K D 256, I 512, a lane a row, chunks of 3 slots", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsLanes: 1, rowsTokensPerChunk: 3 } },
+    { what: "Q4_K/Q6_K D 256, I 512, default lanes", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: {} },
     { what: "Q4_K/Q6_K D 256, I 512 on the slice kernel (rowsForGrouped false)", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsForGrouped: false } },
   ];
   for (const c of cases) {
@@ -219,8 +222,9 @@ describe("prompt chunks' kernel: moe_ggml_rows, a row per lane (lists grouped by
       console.log(`  ${c.what}: worst NMSE ${worst.toExponential(2)}`);
     }, 60_000);
   }
-  test("rowsTokensPerChunk outside 1..8: one clear error", () => {
+  test("rowsTokensPerChunk outside 1..8, rowsLanes not 1, 2 or 4: one clear error", () => {
     expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsTokensPerChunk: 9 })).toThrow(/rowsTokensPerChunk must be an integer in 1\.\.8, got 9/);
+    expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsLanes: 3 })).toThrow(/rowsLanes must be 1, 2 or 4/);
   });
 });
 

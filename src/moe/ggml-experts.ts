@@ -32,8 +32,9 @@ export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBu
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
-/** moe_ggml_rows' lanes (= rows) a workgroup. */
+/** moe_ggml_rows' lanes a workgroup, and lanes a row by default. */
 const ROWS_WORKGROUP = 64;
+const ROWS_LANES = 2;
 
 /** Slots a token moe_ggml's down-with-sum mode takes at most (its MAX_K, dec_route's). */
 export const MOE_GGML_MAX_SLOTS = 8;
@@ -178,10 +179,12 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   tokensPerChunk?: number;
   /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
-  /** Lists grouped by expert (several slots an item) run moe_ggml_rows, a row per lane (default true); false: moe_ggml's slices. */
+  /** Lists grouped by expert (several slots an item) run moe_ggml_rows (default: where the device has subgroup shuffles in compute); false: moe_ggml's slices. */
   rowsForGrouped?: boolean;
   /** moe_ggml_rows' slots per register chunk, 1..8 (default 8). */
   rowsTokensPerChunk?: number;
+  /** moe_ggml_rows' lanes a row, 1, 2 or 4 (default ROWS_LANES). */
+  rowsLanes?: number;
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -236,7 +239,8 @@ export class GgmlExpertKernels implements Disposable {
   private readonly modes = new Map<string, MoeGgmlKernel>();
   private readonly sum: MoeSumKernel;
   readonly rowsForGrouped: boolean;
-  private readonly rowsTokens: number;
+  readonly rowsTokens: number;
+  readonly rowsLanes: number;
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
@@ -257,19 +261,27 @@ export class GgmlExpertKernels implements Disposable {
     this.rowsOption = rows;
     this.useSubgroup = options.useSubgroup ?? device.info.subgroup.arithmetic;
     this.options = options;
-    this.rowsForGrouped = options.rowsForGrouped ?? true;
+    this.rowsForGrouped = options.rowsForGrouped ?? device.info.subgroup.shuffle;
+    if (this.rowsForGrouped && !device.info.subgroup.shuffle) throw new InvalidArgumentError(`moe_ggml_rows needs subgroup shuffles in compute shaders, not on ${device.info.name}`);
     this.rowsTokens = options.rowsTokensPerChunk ?? 8;
     if (!Number.isInteger(this.rowsTokens) || this.rowsTokens < 1 || this.rowsTokens > 8) throw new InvalidArgumentError(`rowsTokensPerChunk must be an integer in 1..8, got ${this.rowsTokens}`);
+    this.rowsLanes = options.rowsLanes ?? ROWS_LANES;
+    if (![1, 2, 4].includes(this.rowsLanes) || this.rowsLanes > device.info.subgroup.size) throw new InvalidArgumentError(`rowsLanes must be 1, 2 or 4 (at most the subgroup size ${device.info.subgroup.size}), got ${this.rowsLanes}`);
     this.sum = new MoeSumKernel(device, options);
   }
 
-  /** moe_ggml_rows' pipeline of a mode (64 lanes = 64 rows a workgroup). */
+  /** moe_ggml_rows' rows a workgroup. */
+  private get rowsPerRowsWorkgroup(): number {
+    return ROWS_WORKGROUP / this.rowsLanes;
+  }
+
+  /** moe_ggml_rows' pipeline of a mode. */
   private rowsMode(gateUp: boolean): MoeGgmlKernel {
     const key = `rows:${gateUp ? "gu" : "down"}`;
     let k = this.modes.get(key);
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
-      k = new MoeGgmlKernel(this.device, MOE_GGML_ROWS, { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0 }, this.options);
+      k = new MoeGgmlKernel(this.device, MOE_GGML_ROWS, { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: this.rowsLanes }, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -315,9 +327,9 @@ export class GgmlExpertKernels implements Disposable {
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
     const single = c.singleSlotItems ?? c.items === slots;
     if (!single && !c.itemPerSlot && this.rowsForGrouped) {
-      this.rowsMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / ROWS_WORKGROUP), c.items);
+      this.rowsMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
       cb.barrier("computeToCompute");
-      this.rowsMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / ROWS_WORKGROUP), c.items);
+      this.rowsMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup), c.items);
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
       return cb;

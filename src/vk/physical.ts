@@ -3,6 +3,7 @@ import { NativeArena } from "../ffi/index.ts";
 import {
   DEVICE_TYPE_NAMES, DRIVER_ID_NAMES, VENDOR_NAMES, VK_API_VERSION_1_3, VK_MEMORY_HEAP_DEVICE_LOCAL_BIT,
   VK_SUBGROUP_FEATURE_ARITHMETIC_BIT,
+  VK_SUBGROUP_FEATURE_SHUFFLE_BIT,
 } from "./constants.ts";
 import { enumerate } from "./enumerate.ts";
 import type { CoreCommands } from "./loader.ts";
@@ -66,7 +67,7 @@ export interface PhysicalDeviceInfo {
     timestampPeriod: number;
     timestampComputeAndGraphics: boolean;
   };
-  subgroup: { size: number; arithmetic: boolean; minSize: number; maxSize: number; sizeControl: boolean };
+  subgroup: { size: number; arithmetic: boolean; shuffle: boolean; minSize: number; maxSize: number; sizeControl: boolean };
   heaps: MemoryHeap[];
   types: MemoryType[];
   queueFamilies: QueueFamily[];
@@ -219,6 +220,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
     subgroup: {
       size: subgroup.subgroupSize as number,
       arithmetic: ((subgroup.supportedOperations as number) & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) !== 0 && ((subgroup.supportedStages as number) & 0x20) !== 0,
+      shuffle: ((subgroup.supportedOperations as number) & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) !== 0 && ((subgroup.supportedStages as number) & 0x20) !== 0,
       minSize: (sizeControl?.minSubgroupSize as number | undefined) ?? (subgroup.subgroupSize as number),
       maxSize: (sizeControl?.maxSubgroupSize as number | undefined) ?? (subgroup.subgroupSize as number),
       sizeControl: bool(fSsc?.subgroupSizeControl),

@@ -33,7 +33,7 @@ import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBinding } from "../kernels/decoder/attention.ts";
 import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
-import { DeltaRuleKernel } from "../kernels/decoder/delta-rule.ts";
+import { DELTA_RULE_CHUNKED_MIN_S, DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../kernels/decoder/delta-rule.ts";
 import { GatingKernel } from "../kernels/decoder/gating.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
@@ -131,6 +131,8 @@ export class HybridGraph implements Disposable {
   readonly attnQuant: GgmlIdpScratch | undefined;
   private readonly conv1d: Conv1dKernel;
   private readonly deltaRule: DeltaRuleKernel;
+  /** Prompt chunks of DELTA_RULE_CHUNKED_MIN_S tokens or more (not batches); absent where the device's shared memory is too small for it. */
+  private readonly deltaRuleChunked: DeltaRuleChunkedKernel | undefined;
   private readonly gating: GatingKernel;
   private readonly route: RouteKernel;
   private readonly argmax: ArgmaxKernel;
@@ -235,6 +237,8 @@ export class HybridGraph implements Disposable {
       this.norm = this.own(new NormFeed(this.linears, cfg.hidden));
       this.conv1d = this.own(new Conv1dKernel(device, convKernel));
       this.deltaRule = this.own(new DeltaRuleKernel(device, { keyDim: kd, valueDim: vd }));
+      const chunkedFits = DeltaRuleChunkedKernel.sharedBytes(16) <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
+      this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
       this.route = this.own(new RouteKernel(device));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -394,18 +398,26 @@ export class HybridGraph implements Disposable {
         cb.barrier("computeToCompute");
         // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
         const g = m.groups, heads = VH / g;
-        for (let j = 0; j < g; j++) {
-          this.deltaRule.record(cb, {
-            S, keyHeads: g === 1 ? KH : heads, valueHeads: heads, qkv: s.conv, qOffset: 0, kOffset: Kd, vOffset: 2 * Kd + j * heads * vd, qkvStride: C,
-            a: s.a, b: s.b, aOffset: j * heads, aStride: VH, bOffset: j * heads, bStride: VH,
-            params: P, negAOffset: m.negA + j * heads, dtBiasOffset: m.dtBias + j * heads,
-            state: state.delta, stateOffset: m.slot * this.deltaStateFloats + j * heads * kd * vd,
-            out: s.core, outOffset: j * heads * vd, outStride: Vd,
-            norm: { z: s.z, zOffset: j * heads * vd, zStride: Vd, weightOffset: m.norm, eps },
-            runs: deltaRuns,
-          });
+        // a prompt chunk of one sequence runs chunk-parallel; decode steps, short chunks and batches (runs) run recurrent
+        const chunked = !deltaRuns && S >= DELTA_RULE_CHUNKED_MIN_S ? this.deltaRuleChunked : undefined;
+        const deltaArgs = (j: number): DeltaRuleArgs => ({
+          S, keyHeads: g === 1 ? KH : heads, valueHeads: heads, qkv: s.conv, qOffset: 0, kOffset: Kd, vOffset: 2 * Kd + j * heads * vd, qkvStride: C,
+          a: s.a, b: s.b, aOffset: j * heads, aStride: VH, bOffset: j * heads, bStride: VH,
+          params: P, negAOffset: m.negA + j * heads, dtBiasOffset: m.dtBias + j * heads,
+          state: state.delta, stateOffset: m.slot * this.deltaStateFloats + j * heads * kd * vd,
+          out: s.core, outOffset: j * heads * vd, outStride: Vd,
+          norm: { z: s.z, zOffset: j * heads * vd, zStride: Vd, weightOffset: m.norm, eps },
+          runs: deltaRuns,
+        });
+        if (chunked) {
+          // every group's delta rule, one barrier, then one gated norm over all value heads (the groups' outputs tile s.core)
+          for (let j = 0; j < g; j++) chunked.recordCore(cb, deltaArgs(j));
+          cb.barrier("computeToCompute");
+          chunked.recordNorm(cb, { ...deltaArgs(0), keyHeads: KH, valueHeads: VH });
+        } else {
+          for (let j = 0; j < g; j++) this.deltaRule.record(cb, deltaArgs(j));
         }
-        op("delta rule + gated norm", g);
+        op("delta rule + gated norm", chunked ? g + 1 : g);
         cb.barrier("computeToCompute");
         op("out_proj", lin(m.out, s.core, s.o));
       } else {

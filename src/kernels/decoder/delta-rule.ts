@@ -19,7 +19,8 @@
  * S x valueHeads independent workgroups, not S dependent steps of valueHeads.
  *
  * A prompt chunk runs its tokens one after another inside each workgroup (S dependent steps of a
- * rank-1 update): right for decode, slow for long prompts, where a chunk-parallel kernel belongs.
+ * rank-1 update): right for decode, slow for long prompts. DeltaRuleChunkedKernel below takes the same
+ * arguments (no runs) and runs a chunk as small matrix products instead (the chunk-parallel form).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -27,6 +28,7 @@ import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+import { GatedNormKernel } from "./gated-norm.ts";
 import { checkRuns, RUNS_MAX_TOKENS, type RunsBinding } from "./runs.ts";
 
 /**
@@ -116,58 +118,201 @@ export class DeltaRuleKernel extends DecoderKernel {
 
   /** Records one dispatch of valueHeads workgroups (x S rows with runs). The caller places barriers around it. */
   record(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
-    const { S, keyHeads: Hk, valueHeads: Hv } = a;
-    const Dk = this.keyDim, Dv = this.valueDim;
-    if (!Number.isInteger(S) || S < 1 || S > DELTA_RULE_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${DELTA_RULE_MAX_S}, got ${S}`);
-    for (const [name, v] of [["keyHeads", Hk], ["valueHeads", Hv]] as const) {
-      if (!Number.isInteger(v) || v < 1) throw new InvalidArgumentError(`${name} must be a positive integer, got ${v}`);
-    }
-    if (Hv % Hk !== 0) throw new InvalidArgumentError(`valueHeads (${Hv}) must be a multiple of keyHeads (${Hk})`);
-    if (Hv > this.device.info.limits.maxComputeWorkGroupCount[0]!) throw new InvalidArgumentError(`valueHeads ${Hv} is more workgroups than the device dispatches in x`);
-    const Kd = Hk * Dk, Vd = Hv * Dv;
-    const qOffset = a.qOffset ?? 0, kOffset = a.kOffset ?? Kd, vOffset = a.vOffset ?? 2 * Kd, qkvStride = a.qkvStride ?? 2 * Kd + Vd;
-    const aOffset = a.aOffset ?? 0, aStride = a.aStride ?? Hv, bOffset = a.bOffset ?? 0, bStride = a.bStride ?? Hv;
-    const outOffset = a.outOffset ?? 0, outStride = a.outStride ?? Vd, stateOffset = a.stateOffset ?? 0;
-    const given = a.gatesGiven ?? false;
-    const negAOffset = a.negAOffset ?? 0, dtBiasOffset = a.dtBiasOffset ?? 0;
-    const rows = (stride: number, width: number) => (S - 1) * stride + width;
-    checkRange("delta rule q", a.qkv, qOffset, rows(qkvStride, Kd));
-    checkRange("delta rule k", a.qkv, kOffset, rows(qkvStride, Kd));
-    checkRange("delta rule v", a.qkv, vOffset, rows(qkvStride, Vd));
-    checkRange("delta rule a", a.a, aOffset, rows(aStride, Hv));
-    checkRange("delta rule b", a.b, bOffset, rows(bStride, Hv));
-    const params = a.params;
-    if (!params && (!given || a.norm)) throw new InvalidArgumentError("delta rule: the params buffer (negA, dtBias, norm weight) is needed unless the gates are given and there is no norm");
-    if (!given) {
-      checkRange("delta rule negA", params!, negAOffset, Hv);
-      checkRange("delta rule dtBias", params!, dtBiasOffset, Hv);
-    }
-    checkRange("delta rule state", a.state, stateOffset, this.stateFloats(Hv));
+    const r = resolveDeltaRuleArgs(this.device, a, this.keyDim, this.valueDim);
+    const { S, Hk, Hv, norm, given } = r;
     if (a.runs) {
       if (S > RUNS_MAX_TOKENS) throw new InvalidArgumentError(`a batched delta rule takes at most ${RUNS_MAX_TOKENS} tokens, got ${S}`);
-      checkRuns("delta rule", a.runs, a.state, stateOffset, this.stateFloats(Hv));
-    }
-    checkRange("delta rule out", a.out, outOffset, rows(outStride, Vd));
-    // token t's output is written before token t + 1's inputs are read
-    const qkvStart = Math.min(qOffset, kOffset, vOffset);
-    const qkvEnd = Math.max(qOffset + rows(qkvStride, Kd), kOffset + rows(qkvStride, Kd), vOffset + rows(qkvStride, Vd));
-    if (a.out === a.qkv && outOffset < qkvEnd && qkvStart < outOffset + rows(outStride, Vd)) throw new InvalidArgumentError("delta rule: out must not overlap q, k, v");
-    const norm = a.norm;
-    let zOffset = 0, zStride = Vd;
-    if (norm) {
-      zOffset = norm.zOffset ?? 0;
-      zStride = norm.zStride ?? Vd;
-      checkRange("delta rule z", norm.z, zOffset, rows(zStride, Vd));
-      checkRange("delta rule norm weight", params!, norm.weightOffset, Dv);
-      if (!(norm.eps >= 0 && Number.isFinite(norm.eps))) throw new InvalidArgumentError(`norm eps must be finite and >= 0, got ${norm.eps}`);
+      checkRuns("delta rule", a.runs, a.state, r.stateOffset, this.stateFloats(Hv));
     }
     const flags = (norm ? 1 : 0) | (given ? 2 : 0) | (a.runs ? 4 : 0);
     // without runs the table binding is unread: qkv stands in
-    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv]);
+    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, a.params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv]);
     const pc = pushWords(
-      [S, Hk, Hv, qOffset, kOffset, vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride, stateOffset, negAOffset, dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags, a.runs?.stateStride ?? 0],
+      [S, Hk, Hv, r.qOffset, r.kOffset, r.vOffset, r.qkvStride, r.aOffset, r.aStride, r.bOffset, r.bStride, r.zOffset, r.zStride, r.outOffset, r.outStride, r.stateOffset, r.negAOffset, r.dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags, a.runs?.stateStride ?? 0],
       [19],
     );
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(Hv, a.runs ? S : 1);
+  }
+}
+
+/** A call's arguments checked against the buffers (the checks both delta-rule kernels share), with the defaults filled in. */
+interface ResolvedDeltaRuleArgs {
+  S: number;
+  Hk: number;
+  Hv: number;
+  given: boolean;
+  norm: DeltaRuleArgs["norm"];
+  qOffset: number;
+  kOffset: number;
+  vOffset: number;
+  qkvStride: number;
+  aOffset: number;
+  aStride: number;
+  bOffset: number;
+  bStride: number;
+  zOffset: number;
+  zStride: number;
+  outOffset: number;
+  outStride: number;
+  stateOffset: number;
+  negAOffset: number;
+  dtBiasOffset: number;
+}
+
+function resolveDeltaRuleArgs(device: Device, a: DeltaRuleArgs, Dk: number, Dv: number): ResolvedDeltaRuleArgs {
+  const { S, keyHeads: Hk, valueHeads: Hv } = a;
+  if (!Number.isInteger(S) || S < 1 || S > DELTA_RULE_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${DELTA_RULE_MAX_S}, got ${S}`);
+  for (const [name, v] of [["keyHeads", Hk], ["valueHeads", Hv]] as const) {
+    if (!Number.isInteger(v) || v < 1) throw new InvalidArgumentError(`${name} must be a positive integer, got ${v}`);
+  }
+  if (Hv % Hk !== 0) throw new InvalidArgumentError(`valueHeads (${Hv}) must be a multiple of keyHeads (${Hk})`);
+  if (Hv > device.info.limits.maxComputeWorkGroupCount[0]!) throw new InvalidArgumentError(`valueHeads ${Hv} is more workgroups than the device dispatches in x`);
+  const Kd = Hk * Dk, Vd = Hv * Dv;
+  const qOffset = a.qOffset ?? 0, kOffset = a.kOffset ?? Kd, vOffset = a.vOffset ?? 2 * Kd, qkvStride = a.qkvStride ?? 2 * Kd + Vd;
+  const aOffset = a.aOffset ?? 0, aStride = a.aStride ?? Hv, bOffset = a.bOffset ?? 0, bStride = a.bStride ?? Hv;
+  const outOffset = a.outOffset ?? 0, outStride = a.outStride ?? Vd, stateOffset = a.stateOffset ?? 0;
+  const given = a.gatesGiven ?? false;
+  const negAOffset = a.negAOffset ?? 0, dtBiasOffset = a.dtBiasOffset ?? 0;
+  const rows = (stride: number, width: number) => (S - 1) * stride + width;
+  checkRange("delta rule q", a.qkv, qOffset, rows(qkvStride, Kd));
+  checkRange("delta rule k", a.qkv, kOffset, rows(qkvStride, Kd));
+  checkRange("delta rule v", a.qkv, vOffset, rows(qkvStride, Vd));
+  checkRange("delta rule a", a.a, aOffset, rows(aStride, Hv));
+  checkRange("delta rule b", a.b, bOffset, rows(bStride, Hv));
+  const params = a.params;
+  if (!params && (!given || a.norm)) throw new InvalidArgumentError("delta rule: the params buffer (negA, dtBias, norm weight) is needed unless the gates are given and there is no norm");
+  if (!given) {
+    checkRange("delta rule negA", params!, negAOffset, Hv);
+    checkRange("delta rule dtBias", params!, dtBiasOffset, Hv);
+  }
+  checkRange("delta rule state", a.state, stateOffset, Hv * Dk * Dv);
+  checkRange("delta rule out", a.out, outOffset, rows(outStride, Vd));
+  // token t's output is written before token t + 1's inputs are read (recurrent), or before other workgroups read theirs (chunked)
+  const qkvStart = Math.min(qOffset, kOffset, vOffset);
+  const qkvEnd = Math.max(qOffset + rows(qkvStride, Kd), kOffset + rows(qkvStride, Kd), vOffset + rows(qkvStride, Vd));
+  if (a.out === a.qkv && outOffset < qkvEnd && qkvStart < outOffset + rows(outStride, Vd)) throw new InvalidArgumentError("delta rule: out must not overlap q, k, v");
+  const norm = a.norm;
+  let zOffset = 0, zStride = Vd;
+  if (norm) {
+    zOffset = norm.zOffset ?? 0;
+    zStride = norm.zStride ?? Vd;
+    checkRange("delta rule z", norm.z, zOffset, rows(zStride, Vd));
+    checkRange("delta rule norm weight", params!, norm.weightOffset, Dv);
+    if (!(norm.eps >= 0 && Number.isFinite(norm.eps))) throw new InvalidArgumentError(`norm eps must be finite and >= 0, got ${norm.eps}`);
+  }
+  return { S, Hk, Hv, given, norm, qOffset, kOffset, vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride, stateOffset, negAOffset, dtBiasOffset };
+}
+
+/**
+ * qkv r, a r, b r, params r, state rw, out w; push S, keyHeads, valueHeads, qOffset, kOffset, vOffset, qkvStride,
+ * aOffset, aStride, bOffset, bStride, outOffset, outStride, stateOffset, negAOffset, dtBiasOffset, flags: 68 B.
+ */
+export const DEC_DELTA_RULE_CHUNKED: ShaderInterface = { name: "dec_delta_rule_chunked", storageBuffers: 6, pushConstantBytes: 68 };
+/**
+ * Chunks of this many tokens or more take the chunked kernel in the graph (fewer: the recurrent one,
+ * whose cost grows with S from a small start; the chunked kernel's is nearly flat in S). Not yet
+ * timed on a GPU: a first guess.
+ */
+export const DELTA_RULE_CHUNKED_MIN_S = 16;
+/** The chunked shader's fixed sizes: 256 invocations, chunks of up to 64 tokens (its shared-memory layout). */
+const CHUNKED_WORKGROUP = 256;
+const CHUNKED_CHUNK = 64;
+
+export interface DeltaRuleChunkedKernelOptions extends DecoderKernelOptions {
+  /** Value columns per workgroup (16 or 32; default 16): a call runs valueHeads x ceil(valueDim / valueSlice) workgroups. */
+  valueSlice?: 16 | 32;
+  /** The gated norm's reduction (dec_gated_norm): subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
+  useSubgroup?: boolean;
+}
+
+/**
+ * The chunk-parallel gated delta rule (shaders/dec_delta_rule_chunked.comp, as gatedDeltaRuleChunked
+ * with the call one chunk): the same arguments as DeltaRuleKernel without `runs`, for prompt chunks.
+ * Workgroup (h, y) owns value head h's columns y·valueSlice.. of the state and output and recomputes
+ * the head's 64x64 key-side matrices itself (one dispatch; the state read once and written once). A head's
+ * output row spans ceil(valueDim / valueSlice) workgroups, so the gated norm (`norm`) is a second
+ * dispatch, dec_gated_norm in place on `out`, after a barrier (record() records both; recordCore()
+ * and recordNorm() each, for callers that batch several calls between one barrier).
+ */
+export class DeltaRuleChunkedKernel extends DecoderKernel {
+  readonly keyDim: number;
+  readonly valueDim: number;
+  readonly valueSlice: number;
+  private readonly gatedNorm: GatedNormKernel;
+
+  constructor(device: Device, dims: { keyDim: number; valueDim: number }, options: DeltaRuleChunkedKernelOptions = {}) {
+    const { keyDim, valueDim } = dims;
+    for (const [name, v] of [["keyDim", keyDim], ["valueDim", valueDim]] as const) {
+      if (!Number.isInteger(v) || v < 1) throw new InvalidArgumentError(`${name} must be a positive integer, got ${v}`);
+    }
+    const slice = options.valueSlice ?? 16;
+    if (slice !== 16 && slice !== 32) throw new InvalidArgumentError(`valueSlice must be 16 or 32, got ${slice}`);
+    const limits = device.info.limits;
+    if (CHUNKED_WORKGROUP > limits.maxComputeWorkGroupInvocations) throw new InvalidArgumentError(`the chunked delta rule needs ${CHUNKED_WORKGROUP} invocations a workgroup, over the device's ${limits.maxComputeWorkGroupInvocations}`);
+    const shared = DeltaRuleChunkedKernel.sharedBytes(slice);
+    if (shared > limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`the chunked delta rule needs ${shared} B of shared memory (valueSlice ${slice}), over the device's ${limits.maxComputeSharedMemorySize}`);
+    super(device, DEC_DELTA_RULE_CHUNKED, { 0: keyDim, 1: valueDim, 2: slice }, options);
+    this.keyDim = keyDim;
+    this.valueDim = valueDim;
+    this.valueSlice = slice;
+    this.gatedNorm = new GatedNormKernel(device, { useSubgroup: options.useSubgroup, maxSets: options.maxSets });
+  }
+
+  /** The shader's shared memory: the 64x65 matrix, R/U and a block of it, seven per-token arrays, and dec_linear_attention.glsl's unused reduction array (counted in case the driver keeps it). */
+  static sharedBytes(valueSlice: number): number {
+    const C = CHUNKED_CHUNK;
+    return 4 * (C * (C + 1) + C * valueSlice + 16 * valueSlice + 7 * C + CHUNKED_WORKGROUP);
+  }
+
+  /** Floats of one layer's state: valueHeads · keyDim · valueDim. */
+  stateFloats(valueHeads: number): number {
+    return valueHeads * this.keyDim * this.valueDim;
+  }
+
+  /**
+   * Records valueHeads x ceil(valueDim / valueSlice) workgroups, then with `norm` a barrier and the
+   * gated norm over `out` (recordCore, then recordNorm). The caller places barriers around it.
+   */
+  record(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
+    this.recordCore(cb, a);
+    if (!a.norm) return cb;
+    return this.recordNorm(cb.barrier("computeToCompute"), a);
+  }
+
+  /**
+   * The delta rule alone (one dispatch), writing the un-normalised output even where `a.norm` is set:
+   * several calls' cores, one barrier, then the norm (one recordNorm() over all their heads where their
+   * outputs tile one row; norms of one buffer need barriers between them), so that the calls overlap.
+   */
+  recordCore(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
+    if (a.runs) throw new InvalidArgumentError("the chunked delta rule runs one sequence: a batch (runs) takes the recurrent kernel");
+    const r = resolveDeltaRuleArgs(this.device, a, this.keyDim, this.valueDim);
+    const slices = Math.ceil(this.valueDim / this.valueSlice);
+    if (slices > this.device.info.limits.maxComputeWorkGroupCount[1]!) throw new InvalidArgumentError(`${slices} value slices are more workgroups than the device dispatches in y`);
+    // with the gates given and no norm, params is unread: qkv stands in
+    const set = this.setFor([a.qkv, a.a, a.b, a.params ?? a.qkv, a.state, a.out]);
+    const pc = pushWords([r.S, r.Hk, r.Hv, r.qOffset, r.kOffset, r.vOffset, r.qkvStride, r.aOffset, r.aStride, r.bOffset, r.bStride, r.outOffset, r.outStride, r.stateOffset, r.negAOffset, r.dtBiasOffset, r.given ? 2 : 0]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(r.Hv, slices);
+  }
+
+  /** The gated norm of `a.norm` in place over the output recordCore(a) wrote (after a barrier the caller places). */
+  recordNorm(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
+    const r = resolveDeltaRuleArgs(this.device, a, this.keyDim, this.valueDim);
+    const norm = r.norm;
+    if (!norm) throw new InvalidArgumentError("delta rule recordNorm: the arguments have no norm");
+    return this.gatedNorm.record(cb, {
+      x: a.out, xOffset: r.outOffset, xStride: r.outStride, y: a.out, yOffset: r.outOffset, yStride: r.outStride,
+      z: norm.z, zOffset: r.zOffset, zStride: r.zStride, w: a.params!, wOffset: norm.weightOffset, S: r.S, heads: r.Hv, n: this.valueDim, eps: norm.eps,
+    });
+  }
+
+  override releaseSets(): void {
+    super.releaseSets();
+    this.gatedNorm.releaseSets();
+  }
+
+  override [Symbol.dispose](): void {
+    super[Symbol.dispose]();
+    this.gatedNorm[Symbol.dispose]();
   }
 }

@@ -25,7 +25,8 @@ const CPU_BOUND = 1e-6;
  * Against the same tokens through a HybridSequence: the same kernels, except that a batch's
  * attention takes each token as its own group (the sequence's splits a chunk's tokens otherwise),
  * so its sums round differently: measured 6e-10 at worst, bounded with 16x room. Batch against
- * batch (any packing of the same tokens) is bit for bit with float atomics off, as here.
+ * batch (any packing of the same tokens) is bit for bit with float atomics off, as here, where
+ * both runs take the same MoE path (4 tokens or fewer a run: per slot; more: by expert).
  */
 const SAME = 1e-8;
 const CTX = 96;
@@ -159,9 +160,11 @@ describe("the device batch itself", () => {
     alone.reset!(0);
     const rb = alone.run(b.map((id, position) => ({ slot: 0, id, position }))).slice();
     const row = (x: Float32Array, r: number) => x.subarray(r * V, (r + 1) * V);
-    // batch against batch: the same kernels in the same order on each row, bit for bit
+    // batch against batch: the same kernels on each row except the MoE layer's, which a run of
+    // more than 4 tokens (the mixed one) regroups by expert (moe_rows: its sums in another order
+    // than the per-slot kernels of the 3- and 2-token runs alone)
     const pairs: [number, Float32Array, number][] = [[0, ra, 0], [2, ra, 1], [4, ra, 2], [1, rb, 0], [3, rb, 1]];
-    for (const [r, ref, i] of pairs) expect({ r, same: Array.from(row(mixed, r)).every((v, j) => v === row(ref, i)[j]) }).toEqual({ r, same: true });
+    for (const [r, ref, i] of pairs) expect({ r, nmse: nmse(row(ref, i), row(mixed, r)) <= SAME }).toEqual({ r, nmse: true });
     // slot 0 holds 3 tokens: position 1 again (a rewind) or 5 (a gap) is refused, nothing run
     expect(() => batch.run([{ slot: 0, id: 1, position: 1 }])).toThrow(InvalidArgumentError);
     expect(() => batch.run([{ slot: 0, id: 1, position: 3 }, { slot: 0, id: 1, position: 5 }])).toThrow(/next token is at position 4/);

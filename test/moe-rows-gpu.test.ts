@@ -100,7 +100,7 @@ function run(c: Config): void {
     expect(h.moe.why).toContain(`${c.addressing} addressing, ${c.path} path`);
     expect(h.moe.preload([0]).complete).toEqual([0]);
     const device = h.moe.context!.device;
-    const rows = h.moe.graphStage([0], maxS) as QuantGraphStage;
+    const rows = h.moe.graphStage([0], maxS, { rowsForGrouped: true }) as QuantGraphStage;
     owned.push(rows);
     const old = h.moe.graphStage([0], maxS, { rowsForGrouped: false }) as QuantGraphStage;
     owned.push(old);

@@ -161,7 +161,7 @@ describe("the device batch itself", () => {
     const rb = alone.run(b.map((id, position) => ({ slot: 0, id, position }))).slice();
     const row = (x: Float32Array, r: number) => x.subarray(r * V, (r + 1) * V);
     // batch against batch: the same kernels on each row except the MoE layer's, which a run of
-    // more than 4 tokens (the mixed one) regroups by expert (moe_rows: its sums in another order
+    // more than 4 tokens (the mixed one) regroups by expert (with rowsForGrouped its sums run in another order
     // than the per-slot kernels of the 3- and 2-token runs alone)
     const pairs: [number, Float32Array, number][] = [[0, ra, 0], [2, ra, 1], [4, ra, 2], [1, rb, 0], [3, rb, 1]];
     for (const [r, ref, i] of pairs) expect({ r, nmse: nmse(row(ref, i), row(mixed, r)) <= SAME }).toEqual({ r, nmse: true });

@@ -21,12 +21,12 @@ import { GGML_GEMM_TOKENS, GgmlGemmKernel } from "../src/kernels/decoder/ggml-ge
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvKernel } from "../src/kernels/decoder/ggml-gemv.ts";
 import { DeviceLinear, GEMM_FROM_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
-import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
-import { f32ToF16Bits } from "../src/quant/half.ts";
+import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { nmse } from "../src/quant/metrics.ts";
-import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
+import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
+import { randomGgmlTensor as randomTensor } from "./support/ggml-blocks.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -42,23 +42,6 @@ afterAll(() => {
   for (const k of [...gemms.values(), ...gemvs.values()]) k[Symbol.dispose]();
   finish(ctx);
 });
-
-/** Random block bytes whose f16 scales are finite, of either sign, within 2^lo .. 2^(lo+11) (sub-scales and q random). */
-function randomTensor(type: GgmlBlockType, rows: number, blocks: number, seed: number, lo = -10): GgmlBlockTensor {
-  const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
-  const cols = blocks * blockElements;
-  const rand = mulberry32(seed);
-  const bytes = new Uint8Array(rows * blocks * blockBytes);
-  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
-  for (let p = 0; p < bytes.length; p += blockBytes) {
-    for (const h of halfOffsets) {
-      const bits = f32ToF16Bits((rand() < 0.5 ? -1 : 1) * 2 ** (lo + 11 * rand()));
-      bytes[p + h] = bits & 0xff;
-      bytes[p + h + 1] = bits >> 8;
-    }
-  }
-  return ggmlBlockTensor(type, bytes, rows, cols);
-}
 
 /** y = x · Wᵀ over GGML's exact weights, summed in f64. */
 function cpuReference(w: GgmlBlockTensor, x: Float32Array, S: number): Float64Array {

@@ -23,12 +23,12 @@ import { DeviceLinear, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
-import { f32ToF16Bits } from "../src/quant/half.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer as deviceHostBuffer, SENTINEL, SENTINEL_WORDS as TAIL, u32 } from "./support/host-buffers.ts";
 import { repoRoot } from "./support/paths.ts";
+import { randomGgmlBlocks } from "./support/ggml-blocks.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -49,21 +49,7 @@ afterAll(() => {
   finish(ctx);
 });
 
-/** Random block bytes whose f16 scales are finite, of either sign, within 2^lo .. 2^(lo+11) (sub-scales and q random). */
-function randomBlocks(type: GgmlBlockType, rows: number, cols: number, seed: number, lo = -10): Uint8Array {
-  const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
-  const rand = mulberry32(seed);
-  const bytes = new Uint8Array(rows * (cols / blockElements) * blockBytes);
-  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
-  for (let p = 0; p < bytes.length; p += blockBytes) {
-    for (const h of halfOffsets) {
-      const bits = f32ToF16Bits((rand() < 0.5 ? -1 : 1) * 2 ** (lo + 11 * rand()));
-      bytes[p + h] = bits & 0xff;
-      bytes[p + h + 1] = bits >> 8;
-    }
-  }
-  return bytes;
-}
+const randomBlocks = (type: GgmlBlockType, rows: number, cols: number, seed: number, lo?: number) => randomGgmlBlocks(type, rows, cols, mulberry32(seed), lo);
 
 const randomTensor = (type: GgmlBlockType, rows: number, blocks: number, seed: number, lo?: number) => {
   const cols = blocks * GGML_BLOCK_LAYOUTS[type].blockElements;

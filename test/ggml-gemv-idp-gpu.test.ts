@@ -22,12 +22,12 @@ import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/d
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
-import { f32ToF16Bits } from "../src/quant/half.ts";
 import { nmse } from "../src/quant/metrics.ts";
-import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
+import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS as TAIL, u32 } from "./support/host-buffers.ts";
 import { repoRoot } from "./support/paths.ts";
+import { randomGgmlTensor as randomTensor } from "./support/ggml-blocks.ts";
 
 const ctx = openTestContext({ integerDotProduct: "on" });
 const device = ctx.device;
@@ -48,23 +48,6 @@ afterAll(() => {
   fixture[Symbol.dispose]();
   finish(ctx);
 });
-
-/** Random block bytes whose f16 scales are finite, of either sign, within 2^lo .. 2^(lo+11). */
-function randomTensor(type: GgmlBlockType, rows: number, blocks: number, seed: number, lo = -10): GgmlBlockTensor {
-  const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
-  const cols = blocks * blockElements;
-  const rand = mulberry32(seed);
-  const bytes = new Uint8Array(rows * blocks * blockBytes);
-  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
-  for (let p = 0; p < bytes.length; p += blockBytes) {
-    for (const h of halfOffsets) {
-      const bits = f32ToF16Bits((rand() < 0.5 ? -1 : 1) * 2 ** (lo + 11 * rand()));
-      bytes[p + h] = bits & 0xff;
-      bytes[p + h + 1] = bits >> 8;
-    }
-  }
-  return ggmlBlockTensor(type, bytes, rows, cols);
-}
 
 const fixtureTensors = (type: GgmlBlockType) =>
   [...fixture.tensors.values()].filter((t) => t.dtype === type).map((v) => ggmlBlockTensor(type, v.bytes, v.shape[0]!, v.shape[1]!, v.name));

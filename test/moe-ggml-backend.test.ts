@@ -15,27 +15,12 @@ import { RoutingError, type Routing } from "../src/moe/routing.ts";
 import { openExperts, type ExpertConfig, type ExpertSource } from "../src/model/experts.ts";
 import { FloatLinear, GgmlBlockLinear } from "../src/model/linear.ts";
 import type { ExpertMatrices, LayerWeights } from "../src/model/weights.ts";
-import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
-import { f32ToF16Bits } from "../src/quant/half.ts";
+import { type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
+import { randomGgmlBlocks as randomBlocks } from "./support/ggml-blocks.ts";
 
 const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o });
-
-/** Random block bytes whose f16 scales are finite, of either sign, within 2^lo .. 2^(lo+11). */
-function randomBlocks(type: GgmlBlockType, rows: number, cols: number, rand: () => number, lo = -10): Uint8Array {
-  const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
-  const bytes = new Uint8Array(rows * (cols / blockElements) * blockBytes);
-  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
-  for (let p = 0; p < bytes.length; p += blockBytes) {
-    for (const h of halfOffsets) {
-      const bits = f32ToF16Bits((rand() < 0.5 ? -1 : 1) * 2 ** (lo + 11 * rand()));
-      bytes[p + h] = bits & 0xff;
-      bytes[p + h + 1] = bits >> 8;
-    }
-  }
-  return bytes;
-}
 
 /** Per layer: gate/up type, down type ("F32": a float down matrix, which the GPU kernels do not take). */
 type LayerTypes = [GgmlBlockType, GgmlBlockType | "F32"];

@@ -13,33 +13,18 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { GgmlExpertKernels, GgmlExpertLayer, moeRowsPerWorkgroup, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
 import { WorkList, checkRouting, type Routing } from "../src/moe/routing.ts";
-import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
-import { f32ToF16Bits } from "../src/quant/half.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer, SENTINEL, u32 } from "./support/host-buffers.ts";
+import { randomGgmlBlocks as randomBlocks } from "./support/ggml-blocks.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 afterAll(() => finish(ctx));
-
-/** Random block bytes whose f16 scales are finite, of either sign, within 2^lo .. 2^(lo+11) (sub-scales and q random). */
-function randomBlocks(type: GgmlBlockType, rows: number, cols: number, rand: () => number, lo = -10): Uint8Array {
-  const { blockElements, blockBytes, halfOffsets } = GGML_BLOCK_LAYOUTS[type];
-  const bytes = new Uint8Array(rows * (cols / blockElements) * blockBytes);
-  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
-  for (let p = 0; p < bytes.length; p += blockBytes) {
-    for (const h of halfOffsets) {
-      const bits = f32ToF16Bits((rand() < 0.5 ? -1 : 1) * 2 ** (lo + 11 * rand()));
-      bytes[p + h] = bits & 0xff;
-      bytes[p + h + 1] = bits >> 8;
-    }
-  }
-  return bytes;
-}
 
 const randomTensor = (type: GgmlBlockType, rows: number, cols: number, rand: () => number): GgmlBlockTensor =>
   ggmlBlockTensor(type, randomBlocks(type, rows, cols, rand), rows, cols);

@@ -19,26 +19,28 @@
 //     --slices   grouped lists (S > 4) on moe_ggml's slice kernel instead of moe_ggml_rows
 //     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8); --rows-lanes N its lanes a row (1, 2, 4)
 //     --prefill  S=64 only (a prompt chunk), the first pair, both shapes: for sweeping the options
+//     --idp      grouped lists (S > 4) also on the integer-dot rows kernel (moe_ggml_rows_idp, x and h
+//                quantized first), in the same run: "idp µs" and "float/idp" columns
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
 import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
-import { GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
+import { ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
 import { WorkList, type Routing } from "../src/moe/routing.ts";
 import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { f32ToF16Bits } from "../src/quant/half.ts";
 import { describeDevice } from "../src/vk/banner.ts";
 import { VulkanContext } from "../src/vk/context.ts";
 import { Buffer, uploadBytes, type Device } from "../src/vk/index.ts";
-import { Args } from "./lib/cli.ts";
+import { Args, fail } from "./lib/cli.ts";
 import { LayerTimer, readBandwidth, timeOnGpu } from "./lib/gpu-time.ts";
 import { preloadExperts } from "./lib/moe-setup.ts";
 import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B_A3B, QWEN36_35B_A3B, randomActivations, randomExpert, RoutingGenerator, type ModelShape } from "./lib/synthetic.ts";
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
@@ -48,10 +50,12 @@ const rowsArg = opts.int("--rows", 1, 8);
 const rowsTokensArg = opts.int("--rows-tokens", 1, 8);
 const slices = opts.flag("--slices");
 const rowsLanesArg = opts.int("--rows-lanes", 1, 4);
+const withIdp = opts.flag("--idp");
 
 const env = readConfig();
-using ctx = new VulkanContext({}, env);
+using ctx = new VulkanContext(withIdp ? { integerDotProduct: "on" } : {}, env);
 const device = ctx.device;
+if (withIdp && (!device.enabled.integerDotProduct || !device.info.subgroup.shuffle)) fail(SCRIPT, `--idp: ${device.info.name} lacks shaderIntegerDotProduct or subgroup shuffles`);
 const cpuDevice = device.info.type === 4;
 const calls = opts.int("--calls", 1, 4096) ?? (cpuDevice ? 4 : 64);
 const ROUTINGS = 16;
@@ -92,6 +96,7 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
   const buf = (bytes: number) => owned.use(new Buffer(dev, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
   const upload = (b: Buffer, a: ArrayBufferView) => uploadBytes(dev, b, 0n, new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
   const x = buf(4 * S * D), h = buf(4 * slots * I), ypair = buf(4 * slots * D), y = buf(4 * S * D), done = buf(16);
+  const quantized = withIdp ? owned.use(new ExpertQuantScratch(dev, D, I, S, k)) : undefined;
   upload(x, randomActivations(S, D, 7 + S));
   const router = new RoutingGenerator(model, 0x6e11 + S);
   const lists: { work: Buffer; pairs: Buffer; slotWeight: Buffer; items: number; r: Routing }[] = [];
@@ -122,7 +127,7 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
     bytes: (lists.reduce((n, l) => n + distinctExperts(l.r, false), 0) / lists.length) * per,
     record(kernels, cb, i) {
       const l = lists[i % lists.length]!;
-      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done, ...(slotOrder && { singleSlotItems: true, itemPerSlot: true }) });
+      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done, quantized, ...(slotOrder && { singleSlotItems: true, itemPerSlot: true }) });
     },
     [Symbol.dispose]: () => owned.dispose(),
   };
@@ -168,7 +173,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp"] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -178,6 +183,7 @@ for (const full of SHAPES) {
     const t = randomTensors(model.hidden, model.intermediate, gu, dn, 11);
     using layer = new GgmlExpertLayer(device, Array.from({ length: model.experts }, () => t));
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
+    using idpKernels = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true }) : undefined;
     shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (${kernels.rowsLanes} lanes a row, ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
@@ -191,6 +197,11 @@ for (const full of SHAPES) {
         graphUs = fmt(timeCalls(kernels, bySlot));
       }
       const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`, graphUs];
+      if (idpKernels) {
+        // the per-slot lists of S <= 4 stay on the float kernels: only grouped lists take the idp one
+        const idpUs = S > 4 ? timeCalls(idpKernels, set) : undefined;
+        row.push(idpUs === undefined ? "-" : fmt(idpUs), idpUs === undefined ? "-" : `${(us / idpUs).toFixed(2)}x`);
+      }
       if (withQ4) {
         const q = q4.get(S);
         row.push(q === undefined ? "-" : fmt(q), q === undefined ? "-" : `${(us / q).toFixed(2)}x`);

@@ -11,92 +11,19 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
-import { GgmlExpertKernels, GgmlExpertLayer, moeRowsPerWorkgroup, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
-import { WorkList, checkRouting, type Routing } from "../src/moe/routing.ts";
-import { ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
-import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
+import { GgmlExpertKernels, GgmlExpertLayer, moeRowsPerWorkgroup, writeWorkList } from "../src/moe/ggml-experts.ts";
+import { WorkList, type Routing } from "../src/moe/routing.ts";
+import type { GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer, SENTINEL, u32 } from "./support/host-buffers.ts";
-import { randomGgmlBlocks as randomBlocks } from "./support/ggml-blocks.ts";
+import { cpuMoe, gpuMoe, randomExperts, randomRouting, randomTensor } from "./support/moe-ggml-cases.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 afterAll(() => finish(ctx));
-
-const randomTensor = (type: GgmlBlockType, rows: number, cols: number, rand: () => number): GgmlBlockTensor =>
-  ggmlBlockTensor(type, randomBlocks(type, rows, cols, rand), rows, cols);
-
-function randomExperts(E: number, D: number, I: number, gu: GgmlBlockType, dn: GgmlBlockType, seed: number): GgmlExpertTensors[] {
-  const rand = mulberry32(seed);
-  return Array.from({ length: E }, () => ({ gate: randomTensor(gu, I, D, rand), up: randomTensor(gu, I, D, rand), down: randomTensor(dn, D, I, rand) }));
-}
-
-/** S tokens, k distinct experts each of E, random positive weights. */
-function randomRouting(S: number, k: number, E: number, seed: number): Routing {
-  const rand = mulberry32(seed);
-  const ids = new Int32Array(S * k), weights = new Float32Array(S * k);
-  for (let s = 0; s < S; s++) {
-    const perm = Array.from({ length: E }, (_, e) => e);
-    for (let i = E - 1; i > 0; i--) {
-      const j = Math.floor(rand() * (i + 1));
-      [perm[i], perm[j]] = [perm[j]!, perm[i]!];
-    }
-    for (let j = 0; j < k; j++) {
-      ids[s * k + j] = perm[j]!;
-      weights[s * k + j] = 0.05 + rand();
-    }
-  }
-  return { S, k, ids, weights };
-}
-
-function gemv(w: GgmlBlockTensor, x: Float32Array): Float32Array {
-  const y = new Float32Array(w.rows);
-  gemvGgmlBlocks(w, x, 1, y);
-  return y;
-}
-
-/** y [S][D] in f64 from the CPU GEMVs; h rounded to f32 (the GPU's storage). */
-function cpuMoe(experts: GgmlExpertTensors[], x: Float32Array, r: Routing, D: number): Float64Array {
-  const y = new Float64Array(r.S * D);
-  for (let s = 0; s < r.S; s++) {
-    const xs = x.subarray(s * D, (s + 1) * D);
-    for (let j = 0; j < r.k; j++) {
-      const e = experts[r.ids[s * r.k + j]!]!, w = r.weights[s * r.k + j]!;
-      const g = gemv(e.gate, xs), u = gemv(e.up, xs);
-      const h = new Float32Array(g.length);
-      for (let i = 0; i < h.length; i++) h[i] = (g[i]! / (1 + Math.exp(-g[i]!))) * u[i]!;
-      const yd = gemv(e.down, h);
-      for (let d = 0; d < D; d++) y[s * D + d] += w * yd[d]!;
-    }
-  }
-  return y;
-}
-
-/** One GPU call of the grouped kernels on `layer` for routing r; returns y [S][D]. */
-function gpuMoe(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x: Float32Array, r: Routing, singleSlotItems?: boolean): Float32Array {
-  const { D, I } = layer;
-  checkRouting(r, layer.experts);
-  const list = new WorkList(layer.experts, r.S * r.k);
-  list.build(r, layer.experts, false);
-  const slots = r.S * list.slotsPerToken;
-  using xb = hostBuffer(device, r.S * D, "upload");
-  using work = hostBuffer(device, 4 * (1 + list.items), "upload");
-  using pairs = hostBuffer(device, slots, "upload");
-  using sw = hostBuffer(device, slots, "upload");
-  using h = hostBuffer(device, slots * I);
-  using ypair = hostBuffer(device, slots * D);
-  using y = hostBuffer(device, r.S * D);
-  using done = hostBuffer(device, 1);
-  f32(xb, r.S * D).set(x);
-  writeWorkList(list, r.S, 7, u32(work, 4 * (1 + list.items)), u32(pairs, slots), f32(sw, slots));
-  submitAndWait(device, (cb) => kernels.record(cb, { layer, S: r.S, items: list.items, slotsPerToken: list.slotsPerToken, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done, singleSlotItems }));
-  for (const [b, n, what] of [[h, slots * I, "h"], [ypair, slots * D, "ypair"], [y, r.S * D, "y"], [done, 1, "done"]] as const) expectTail(b, n, what);
-  expect(u32(done, 1)[0]).toBe(7);
-  return f32(y, r.S * D).slice();
-}
 
 const PAIRS: [GgmlBlockType, GgmlBlockType][] = [["Q4_K", "Q6_K"], ["Q5_K", "Q5_K"], ["Q5_0", "Q5_0"], ["Q4_1", "Q5_1"]];
 const SHAPES: [number, number][] = [[256, 512], [512, 256]];
@@ -114,7 +41,7 @@ describe("moe_ggml: grouped MoE call over GGML block experts vs the CPU GEMVs (N
         for (const [S, k] of [[1, 2], [3, 4], [8, 3]] as const) {
           const r = randomRouting(S, k, E, seed++);
           const x = randomGaussianF32(S * D, seed++);
-          const e = nmse(cpuMoe(experts, x, r, D), gpuMoe(kernels, layer, x, r));
+          const e = nmse(cpuMoe(experts, x, r, D), gpuMoe(device, kernels, layer, x, r));
           if (!(e <= 1e-9)) throw new Error(`${gu}/${dn} D=${D} I=${I} S=${S} k=${k}: NMSE ${e}`);
           worst = Math.max(worst, e);
           cases++;
@@ -136,7 +63,7 @@ describe("other kernel shapes", () => {
       for (const [S, k] of [[1, 4], [8, 2]] as const) {
         const r = randomRouting(S, k, E, seed++);
         const x = randomGaussianF32(S * 256, seed++);
-        expect(nmse(cpuMoe(experts, x, r, 256), gpuMoe(kernels, layer, x, r))).toBeLessThanOrEqual(1e-9);
+        expect(nmse(cpuMoe(experts, x, r, 256), gpuMoe(device, kernels, layer, x, r))).toBeLessThanOrEqual(1e-9);
       }
     }
   }, 60_000);
@@ -162,10 +89,10 @@ describe("slice kernel: lanes over a flat (row, slice) list", () => {
         const r = randomRouting(S, k, E, seed++);
         const x = randomGaussianF32(S * c.D, seed++);
         const want = cpuMoe(experts, x, r, c.D);
-        const e = nmse(want, gpuMoe(kernels, layer, x, r));
+        const e = nmse(want, gpuMoe(device, kernels, layer, x, r));
         if (!(e <= 1e-9)) throw new Error(`${c.what}: S=${S} k=${k}: NMSE ${e}`);
         // The 1-slot pipelines (chosen for per-slot lists) on items of several slots: chunks of one
-        if (S === 17) expect(nmse(want, gpuMoe(kernels, layer, x, r, true))).toBeLessThanOrEqual(1e-9);
+        if (S === 17) expect(nmse(want, gpuMoe(device, kernels, layer, x, r, true))).toBeLessThanOrEqual(1e-9);
       }
     }, 60_000);
   }
@@ -200,7 +127,7 @@ describe("prompt chunks' kernel: moe_ggml_rows, a row per lane (lists grouped by
       for (const [S, k] of [[40, 2], [17, 8]] as const) {
         const r = randomRouting(S, k, E, seed++);
         const x = randomGaussianF32(S * c.D, seed++);
-        const e = nmse(cpuMoe(experts, x, r, c.D), gpuMoe(kernels, layer, x, r));
+        const e = nmse(cpuMoe(experts, x, r, c.D), gpuMoe(device, kernels, layer, x, r));
         if (!(e <= 1e-9)) throw new Error(`${c.what}: S=${S} k=${k}: NMSE ${e}`);
         worst = Math.max(worst, e);
       }

@@ -13,6 +13,7 @@
 import { readConfig, type VkmoeEnv } from "../config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
+import { planKernels } from "../kernels/setup.ts";
 import { computeBudget } from "../pool/budget.ts";
 import type { GgmlBlockType } from "../quant/ggml-blocks.ts";
 import { GgufLayoutError, NonFiniteValueError } from "../quant/errors.ts";
@@ -24,7 +25,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import type { MoeStats } from "./backend.ts";
-import { ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
+import { ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type StageRouting } from "./graph-stage.ts";
 import { checkRouting, MAX_TOKENS, WorkList, type Routing } from "./routing.ts";
 
@@ -61,6 +62,8 @@ export interface GgmlMoeOptions {
   /** Bytes of the driver's default budget kept for the decode graph's dense weights and KV cache. */
   reserveBytes?: number;
   syncValidation?: boolean;
+  /** Lists grouped by expert (prompt chunks) on the integer-dot rows kernel (default: the integer-dot decision, planKernels, where the device has subgroup shuffles). */
+  integerDot?: boolean;
   /** After each layer's upload. */
   progress?: (layer: number) => void;
   log?: (line: string) => void;
@@ -85,6 +88,8 @@ class CallBuffers implements Disposable {
   readonly ypair: Buffer;
   readonly y: Buffer;
   readonly done: Buffer;
+  /** x and h quantized (the integer-dot path). */
+  readonly quantized: ExpertQuantScratch | undefined;
   readonly views: { x: Float32Array; work: Uint32Array; pairs: Uint32Array; slotWeight: Float32Array; y: Float32Array };
   readonly pool: CommandPool;
   readonly cb: CommandBuffer;
@@ -92,7 +97,7 @@ class CallBuffers implements Disposable {
   readonly submission: Submission;
   private readonly owned = new DisposableStack();
 
-  constructor(device: Device, D: number, I: number, slots: number) {
+  constructor(device: Device, D: number, I: number, slots: number, integerDot: boolean) {
     try {
       const buf = (bytes: number, memory: "device" | "upload" | "readback") => this.owned.use(new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory }));
       const S = MAX_TOKENS;
@@ -104,6 +109,7 @@ class CallBuffers implements Disposable {
       this.ypair = buf(4 * slots * D, "device");
       this.y = buf(4 * S * D, "readback");
       this.done = buf(16, "readback");
+      this.quantized = integerDot ? this.owned.use(new ExpertQuantScratch(device, D, I, S, slots / S)) : undefined;
       this.views = {
         x: new Float32Array(this.x.host(), 0, S * D), work: new Uint32Array(this.work.host(), 0, 4 * (1 + slots)),
         pairs: new Uint32Array(this.pairs.host(), 0, slots), slotWeight: new Float32Array(this.slotWeight.host(), 0, slots),
@@ -187,10 +193,12 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       }
       const kernels = new Map<string, GgmlExpertKernels>();
       const layers: (GgmlExpertLayer | undefined)[] = Array.from({ length: o.layers }, () => undefined);
+      // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the prompt chunks' path.
+      const integerDot = device.info.subgroup.shuffle && device.enabled.integerDotProduct && (o.integerDot ?? planKernels(device, env).integerDot.on);
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8 });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot });
           made.push(k);
           kernels.set(key, k);
         }
@@ -199,7 +207,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
         layers[l] = layer;
         o.progress?.(l);
       }
-      const call = new CallBuffers(device, D, I, MAX_TOKENS * o.topK);
+      const call = new CallBuffers(device, D, I, MAX_TOKENS * o.topK, integerDot);
       made.push(call);
       return { ctx, layers, kernels, call, bytes };
     } catch (e) {
@@ -295,7 +303,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
     const kernels = g.kernels.get(pairKey(L.gateUpType, L.downType))!;
     c.fence.reset();
     c.cb.begin();
-    kernels.record(c.cb, { layer: L, S, items: w.items, slotsPerToken: w.slotsPerToken, x: c.x, work: c.work, pairs: c.pairs, slotWeight: c.slotWeight, h: c.h, ypair: c.ypair, y: c.y, done: c.done });
+    kernels.record(c.cb, { layer: L, S, items: w.items, slotsPerToken: w.slotsPerToken, x: c.x, work: c.work, pairs: c.pairs, slotWeight: c.slotWeight, h: c.h, ypair: c.ypair, y: c.y, done: c.done, quantized: c.quantized });
     c.cb.barrier("computeToHost").end();
     c.submission.submit();
     if (!c.fence.waitSpin(200_000)) throw new DeviceLostError("vkWaitForFences (timed out)");
@@ -378,6 +386,7 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly done: Buffer;
+  private readonly quantized: ExpertQuantScratch | undefined;
   private readonly group: GroupExpertsKernel;
   private readonly owned = new DisposableStack();
 
@@ -404,6 +413,8 @@ export class GgmlGraphStage implements MoeGraphStage {
       this.done = buf(16);
       // Zeroed, so that no kernel ever reads undefined memory.
       for (const b of [this.work, this.pairs, this.slotWeight, this.slotExpert, this.h, this.ypair, this.done]) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
+      const idp = [...kernels.values()].some((k) => k.integerDot);
+      this.quantized = idp && opts.maxTokens > PER_SLOT_TOKENS ? this.owned.use(new ExpertQuantScratch(device, D, I, opts.maxTokens, K)) : undefined;
       this.group = this.owned.use(new GroupExpertsKernel(device, { maxSets: opts.layers + 4 }));
     } catch (e) {
       this.owned.dispose();
@@ -436,6 +447,7 @@ export class GgmlGraphStage implements MoeGraphStage {
     }
     this.kernels.get(pairKey(L.gateUpType, L.downType))!.record(cb, {
       layer: L, S, items, slotsPerToken: K, x, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight, h: this.h, ypair: this.ypair, y, done: this.done,
+      quantized: this.quantized,
       singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot, item u slot u
       itemPerSlot: this.downSums(S),
     });
@@ -447,7 +459,11 @@ export class GgmlGraphStage implements MoeGraphStage {
   }
 
   dispatches(S = 1): number {
-    return this.downSums(S) ? 2 : 3 + (this.byExpert(S) ? 1 : 0);
+    if (this.downSums(S)) return 2;
+    if (!this.byExpert(S)) return 3;
+    // dec_group_experts, then the call (the integer-dot one also quantizes x and h)
+    const k = this.kernels.values().next().value;
+    return 1 + (k ? k.groupedDispatches() : 3);
   }
 
   [Symbol.dispose](): void {

@@ -13,12 +13,15 @@
  * are one list its lanes share, so rows shorter than the workgroup (down: I 768 is 24 slices)
  * leave no lane idle; R follows the row length (moeRowsPerWorkgroup). Lists grouped by expert (a
  * prompt chunk's: several slots an item) go to shaders/moe_ggml_rows.comp instead, a row per lane:
- * there the slices' reductions, not the reads, were the cost.
+ * there the slices' reductions, not the reads, were the cost. Where the integer-dot path is on
+ * (the caller's decision: idp-policy.ts), those lists run shaders/moe_ggml_rows_idp.comp over x and h
+ * quantized by quantize_act (groups of 16) into an ExpertQuantScratch: 4 int8 products an instruction.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "../kernels/decoder/common.ts";
-import type { ShaderInterface } from "../kernels/shaders.ts";
+import { GGML_IDP_GROUP, GgmlQuantizeKernel, type QuantizedRows } from "../kernels/decoder/ggml-gemv.ts";
+import { MOE_GGML_ROWS_IDP, type ShaderInterface } from "../kernels/shaders.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
@@ -29,6 +32,7 @@ import type { WorkList } from "./routing.ts";
 export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
 /** moe_ggml's bindings and push constants; a row per lane (prompt chunks' lists grouped by expert). */
 export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBuffers: 7, pushConstantBytes: 8 };
+export { MOE_GGML_ROWS_IDP };
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -136,6 +140,37 @@ export function writeWorkList(list: WorkList, S: number, sequence: number, work:
   return slots;
 }
 
+/**
+ * The integer-dot rows kernel's quantized inputs, x [S][D] and then h [slots][I] in turn (the call
+ * quantizes h only after gate+up has read x, behind a barrier): rows of int8, scales and sums per 16.
+ */
+export class ExpertQuantScratch implements Disposable, QuantizedRows {
+  readonly xq: Buffer;
+  readonly xscale: Buffer;
+  readonly xsum: Buffer;
+  /** Values it holds at most (max of S * D and slots * I over the calls it serves). */
+  readonly values: number;
+
+  constructor(device: Device, D: number, I: number, maxTokens: number, slotsPerToken: number) {
+    this.values = Math.max(maxTokens * D, maxTokens * slotsPerToken * I);
+    const groups = this.values / GGML_IDP_GROUP;
+    const made: Buffer[] = [];
+    try {
+      for (const bytes of [this.values, 4 * groups, 4 * groups]) made.push(new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
+    } catch (e) {
+      for (const b of made) b[Symbol.dispose]();
+      throw e;
+    }
+    [this.xq, this.xscale, this.xsum] = made as [Buffer, Buffer, Buffer];
+  }
+
+  [Symbol.dispose](): void {
+    this.xq[Symbol.dispose]();
+    this.xscale[Symbol.dispose]();
+    this.xsum[Symbol.dispose]();
+  }
+}
+
 class MoeGgmlKernel extends DecoderKernel {
   constructor(device: Device, shader: ShaderInterface, specialization: Record<number, number>, options: DecoderKernelOptions) {
     super(device, shader, specialization, options);
@@ -185,6 +220,12 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   rowsTokensPerChunk?: number;
   /** moe_ggml_rows' lanes a row, 1, 2 or 4 (default ROWS_LANES). */
   rowsLanes?: number;
+  /**
+   * Lists grouped by expert run the integer-dot rows kernel (moe_ggml_rows_idp) over quantized x and
+   * h (default false: the caller passes its integer-dot decision; the device needs
+   * shaderIntegerDotProduct enabled and subgroup shuffles, and each such call an ExpertQuantScratch).
+   */
+  integerDot?: boolean;
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -210,6 +251,8 @@ export interface GgmlExpertCall {
   y: Buffer;
   /** One uint: the work header's sequence number, written when y is complete. */
   done: Buffer;
+  /** Where x and h are quantized on the integer-dot path (required there for lists grouped by expert). */
+  quantized?: ExpertQuantScratch;
   /**
    * Every item holds one slot (a per-slot list): the call runs 1-slot pipelines. Default: items ===
    * S * slotsPerToken, exact for a list built on the host; a grid sized for the most items a call
@@ -241,6 +284,8 @@ export class GgmlExpertKernels implements Disposable {
   readonly rowsForGrouped: boolean;
   readonly rowsTokens: number;
   readonly rowsLanes: number;
+  readonly integerDot: boolean;
+  private quantizer: GgmlQuantizeKernel | undefined;
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
@@ -267,7 +312,15 @@ export class GgmlExpertKernels implements Disposable {
     if (!Number.isInteger(this.rowsTokens) || this.rowsTokens < 1 || this.rowsTokens > 8) throw new InvalidArgumentError(`rowsTokensPerChunk must be an integer in 1..8, got ${this.rowsTokens}`);
     this.rowsLanes = options.rowsLanes ?? ROWS_LANES;
     if (![1, 2, 4].includes(this.rowsLanes) || this.rowsLanes > device.info.subgroup.size) throw new InvalidArgumentError(`rowsLanes must be 1, 2 or 4 (at most the subgroup size ${device.info.subgroup.size}), got ${this.rowsLanes}`);
+    this.integerDot = options.integerDot ?? false;
+    if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
+    if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
     this.sum = new MoeSumKernel(device, options);
+  }
+
+  /** Dispatches record() makes for a list grouped by expert (the per-slot lists: 2 or 3). */
+  groupedDispatches(): number {
+    return this.integerDot ? 5 : 3;
   }
 
   /** moe_ggml_rows' rows a workgroup. */
@@ -275,13 +328,13 @@ export class GgmlExpertKernels implements Disposable {
     return ROWS_WORKGROUP / this.rowsLanes;
   }
 
-  /** moe_ggml_rows' pipeline of a mode. */
-  private rowsMode(gateUp: boolean): MoeGgmlKernel {
-    const key = `rows:${gateUp ? "gu" : "down"}`;
+  /** moe_ggml_rows' (or moe_ggml_rows_idp's) pipeline of a mode. */
+  private rowsMode(gateUp: boolean, idp = false): MoeGgmlKernel {
+    const key = `rows${idp ? "-idp" : ""}:${gateUp ? "gu" : "down"}`;
     let k = this.modes.get(key);
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
-      k = new MoeGgmlKernel(this.device, MOE_GGML_ROWS, { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: this.rowsLanes }, this.options);
+      k = new MoeGgmlKernel(this.device, idp ? MOE_GGML_ROWS_IDP : MOE_GGML_ROWS, { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: this.rowsLanes }, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -326,6 +379,20 @@ export class GgmlExpertKernels implements Disposable {
     // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
     const single = c.singleSlotItems ?? c.items === slots;
+    if (!single && !c.itemPerSlot && this.integerDot) {
+      const q = c.quantized;
+      if (!q) throw new InvalidArgumentError("the integer-dot GGML experts need an ExpertQuantScratch (quantized) for lists grouped by expert");
+      if (q.values < Math.max(c.S * D, slots * I)) throw new InvalidArgumentError(`a quantized scratch of ${q.values} values for x ${c.S} x ${D} and h ${slots} x ${I}`);
+      const quantize = (this.quantizer ??= new GgmlQuantizeKernel(this.device, this.options));
+      quantize.record(cb, c.x, 0, q, D, c.S).barrier("computeToCompute");
+      this.rowsMode(true, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
+      cb.barrier("computeToCompute");
+      quantize.record(cb, c.h, 0, q, I, slots).barrier("computeToCompute");
+      this.rowsMode(false, true).record(cb, [q.xq, ...common, c.ypair, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup), c.items);
+      cb.barrier("computeToCompute");
+      this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+      return cb;
+    }
     if (!single && !c.itemPerSlot && this.rowsForGrouped) {
       this.rowsMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
       cb.barrier("computeToCompute");
@@ -354,6 +421,7 @@ export class GgmlExpertKernels implements Disposable {
   [Symbol.dispose](): void {
     for (const k of this.modes.values()) k[Symbol.dispose]();
     this.modes.clear();
+    this.quantizer?.[Symbol.dispose]();
     this.sum[Symbol.dispose]();
   }
 }

@@ -139,8 +139,15 @@ export class GgmlGemvKernel extends DecoderKernel {
   }
 }
 
+/** Rows quantized as quantize_act writes them for the integer-dot kernels: xq int8, f32 scales and int sums per 16 columns. */
+export interface QuantizedRows {
+  readonly xq: Buffer;
+  readonly xscale: Buffer;
+  readonly xsum: Buffer;
+}
+
 /** The integer-dot path's quantized x: xq int8 [S][cols], f32 scales and int sums [S][cols / 16], for up to maxTokens tokens. */
-export class GgmlIdpScratch implements Disposable {
+export class GgmlIdpScratch implements Disposable, QuantizedRows {
   readonly xq: Buffer;
   readonly xscale: Buffer;
   readonly xsum: Buffer;
@@ -167,14 +174,20 @@ export class GgmlIdpScratch implements Disposable {
 }
 
 /** quantize_act with groups of 16 columns (GGML_IDP_GROUP), 128 threads a workgroup. */
-class GgmlQuantizeKernel extends DecoderKernel {
+export class GgmlQuantizeKernel extends DecoderKernel {
   static readonly WG = 128;
   constructor(device: Device, options: DecoderKernelOptions = {}) {
     super(device, QUANTIZE_ACT, { 0: GgmlQuantizeKernel.WG, 4: GGML_IDP_GROUP }, options);
   }
 
-  record(cb: CommandBuffer, x: Buffer, xOffset: number, s: GgmlIdpScratch, cols: number, S: number): CommandBuffer {
+  /** Quantizes S rows of `cols` floats of x from xOffset into s (rows of cols bytes, scales and sums of cols / 16). */
+  record(cb: CommandBuffer, x: Buffer, xOffset: number, s: QuantizedRows, cols: number, S: number): CommandBuffer {
     const groupsPerRow = cols / GGML_IDP_GROUP;
+    if (!Number.isInteger(groupsPerRow) || groupsPerRow < 1) throw new InvalidArgumentError(`cols must be a positive multiple of ${GGML_IDP_GROUP}, got ${cols}`);
+    checkRange("quantize x", x, xOffset, S * cols);
+    checkRange("quantize xq", s.xq, 0, (S * cols) / 4);
+    checkRange("quantize xscale", s.xscale, 0, S * groupsPerRow);
+    checkRange("quantize xsum", s.xsum, 0, S * groupsPerRow);
     const set = this.setFor([x, s.xq, s.xscale, s.xsum]);
     // one thread per xq word: S * groupsPerRow * (16 / 4)
     const [gx, gy] = this.grid(Math.ceil((S * groupsPerRow * (GGML_IDP_GROUP / 4)) / GgmlQuantizeKernel.WG));

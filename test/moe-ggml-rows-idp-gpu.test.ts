@@ -1,0 +1,91 @@
+/**
+ * moe_ggml_rows_idp (src/moe/ggml-experts.ts, shaders/moe_ggml_rows_idp.comp) on the real driver under
+ * the validation layer: the prompt chunks' grouped MoE call over GGML block experts on the
+ * integer-dot path (x and h quantized by quantize_act in groups of 16, OpSUDot on the blocks' quants).
+ *
+ * - Tight gate: against the CPU GEMVs over GGML's exact weights fed what the GPU quantizes (x, and h
+ *   rounded to f32, each quantized by quantize_act's rule on the CPU), f64 sums: NMSE <= 1e-7. Only f32
+ *   rounding separates the two (and an h value on a quantization step's edge, one step), so a wrong
+ *   min, offset, scale or run layout fails it.
+ * - Against the float path's CPU reference (x and h as they are): NMSE <= 1e-3, the 8-bit bound.
+ * Shapes: every format pair a K-quant file mixes, partial row blocks (D 96, I 224), 1 / 2 / 4 lanes a
+ * row, chunks of 3 and 8 slots, items of ~10 and ~17 slots; sentinels past every output.
+ */
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { GGML_IDP_GROUP } from "../src/kernels/decoder/ggml-gemv.ts";
+import { ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, type GgmlExpertKernelOptions } from "../src/moe/ggml-experts.ts";
+import type { GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { nmse } from "../src/quant/metrics.ts";
+import { randomGaussianF32 } from "../src/quant/random.ts";
+import { finish, openTestContext } from "./support/gpu.ts";
+import { cpuMoe, gpuMoe, randomExperts, randomRouting } from "./support/moe-ggml-cases.ts";
+
+const ctx = openTestContext({ integerDotProduct: "on" });
+const device = ctx.device;
+afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
+afterAll(() => finish(ctx));
+
+/** quantize_act's rule for groups of 16 on the CPU: the values the GPU's integer dots see (q * 2^(e-7)), rounded to f32 (exact: 8-bit q). */
+function quantized(x: Float32Array): Float32Array {
+  const out = new Float32Array(x.length);
+  for (let g = 0; g < x.length; g += GGML_IDP_GROUP) {
+    let amax = 0;
+    for (let i = g; i < g + GGML_IDP_GROUP; i++) amax = Math.max(amax, Math.abs(x[i]!));
+    if (amax === 0) continue;
+    let e = Math.floor(Math.log2(amax)) + 1; // frexp: amax = m * 2^e, m in [0.5, 1)
+    while (amax >= 2 ** e) e++;
+    while (amax < 2 ** (e - 1)) e--;
+    for (let i = g; i < g + GGML_IDP_GROUP; i++) {
+      const v = x[i]! * 2 ** (7 - e), f = Math.floor(v), d = v - f;
+      const q = Math.min(127, Math.max(-127, d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f));
+      out[i] = q * 2 ** (e - 7);
+    }
+  }
+  return out;
+}
+
+const E = 8;
+const noIdp = !device.enabled.integerDotProduct || !device.info.subgroup.shuffle;
+if (noIdp) console.log(`moe_ggml_rows_idp: skipped: ${device.info.name} lacks shaderIntegerDotProduct or subgroup shuffles`);
+
+describe.skipIf(noIdp)("moe_ggml_rows_idp: lists grouped by expert on the integer-dot path", () => {
+  const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: GgmlExpertKernelOptions }[] = [
+    { what: "Q4_K/Q6_K D 256, I 512, default lanes", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: {} },
+    { what: "Q4_K/Q4_K D 512, I 256, a lane a row, chunks of 3 slots", gu: "Q4_K", dn: "Q4_K", D: 512, I: 256, options: { rowsLanes: 1, rowsTokensPerChunk: 3 } },
+    { what: "Q5_K/Q5_K D 256, I 256, 4 lanes a row", gu: "Q5_K", dn: "Q5_K", D: 256, I: 256, options: { rowsLanes: 4 } },
+    { what: "Q6_K/Q6_K D 256, I 512", gu: "Q6_K", dn: "Q6_K", D: 256, I: 512, options: {} },
+    { what: "Q5_0 D 96, I 224 (partial row blocks)", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
+    { what: "Q4_1/Q5_1 D 96, I 224, 4 lanes a row", gu: "Q4_1", dn: "Q5_1", D: 96, I: 224, options: { rowsLanes: 4 } },
+  ];
+  for (const c of cases) {
+    test(`${c.what}: S 40 k 2, S 17 k 8; NMSE <= 1e-7 of the quantized CPU reference, <= 1e-3 of the float one`, () => {
+      using kernels = new GgmlExpertKernels(device, { gateUp: c.gu, down: c.dn }, { ...c.options, integerDot: true });
+      let seed = 2900 + cases.indexOf(c) * 10;
+      const experts = randomExperts(E, c.D, c.I, c.gu, c.dn, seed++);
+      using layer = new GgmlExpertLayer(device, experts);
+      using scratch = new ExpertQuantScratch(device, c.D, c.I, 40, 8);
+      let tight = 0, loose = 0;
+      for (const [S, k] of [[40, 2], [17, 8]] as const) {
+        const r = randomRouting(S, k, E, seed++);
+        const x = randomGaussianF32(S * c.D, seed++);
+        const got = gpuMoe(device, kernels, layer, x, r, false, scratch);
+        const t = nmse(cpuMoe(experts, x, r, c.D, quantized), got), l = nmse(cpuMoe(experts, x, r, c.D), got);
+        if (!(t <= 1e-7) || !(l <= 1e-3)) throw new Error(`${c.what}: S=${S} k=${k}: NMSE ${t} (quantized reference), ${l} (float)`);
+        tight = Math.max(tight, t);
+        loose = Math.max(loose, l);
+      }
+      console.log(`  ${c.what}: worst NMSE ${tight.toExponential(2)} (quantized reference), ${loose.toExponential(2)} (float)`);
+    }, 60_000);
+  }
+
+  test("no scratch, or one too small; integerDot without the rows kernel: one clear error", () => {
+    using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { integerDot: true });
+    const experts = randomExperts(E, 256, 256, "Q4_K", "Q6_K", 5);
+    using layer = new GgmlExpertLayer(device, experts);
+    const r = randomRouting(16, 2, E, 6), x = randomGaussianF32(16 * 256, 7);
+    expect(() => gpuMoe(device, kernels, layer, x, r, false)).toThrow(/need an ExpertQuantScratch/);
+    using small = new ExpertQuantScratch(device, 256, 256, 8, 2);
+    expect(() => gpuMoe(device, kernels, layer, x, r, false, small)).toThrow(/a quantized scratch of 4096 values for x 16 x 256 and h 32 x 256/);
+    expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { integerDot: true, rowsForGrouped: false })).toThrow(/rowsForGrouped must be on/);
+  });
+});

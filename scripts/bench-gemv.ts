@@ -8,10 +8,18 @@
 // decision is off but the device has the feature (a measurement, e.g. on Lavapipe: not "accelerated").
 // --ggml-factored times the float path's factored variant (GgmlGemvKernelOptions.factored).
 // --only TEXT keeps the cases whose "label fmt" contains TEXT (e.g. "4096->14336 Q4_K").
-//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS] [--force-idp] [--ggml-factored] [--only TEXT]
+// --gemm-idp instead times the GGML prompt-chunk GEMMs (S = 64), the float dec_gemm_ggml against the
+// integer-dot dec_gemm_ggml_idp (its quantize_act and barrier counted, and alone), on Qwen3-30B-A3B's
+// attention shapes (q 2048->4096, k/v 2048->512, o 4096->2048), Q4_K and Q6_K, in one run: GPU
+// timestamps over a batch rotating through the pool, clocks warmed by streaming reads before each
+// case, the two kernels alternated; prints float µs / idp µs. --gemm-steps 1,2,4 (the default) are
+// the idp kernel's slices a step (GgmlGemmIdpKernelOptions.slicesPerStep), one row each. Needs the
+// integer-dot decision on (or --force-idp where the device has the feature).
+//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS] [--force-idp] [--ggml-factored] [--only TEXT] [--gemm-idp [--gemm-steps 1,2,4]]
 import { readConfig } from "../src/config.ts";
 import { GemvKernels } from "../src/kernels/gemv.ts";
-import { GGML_IDP_GROUP, GgmlGemvIdpKernel, GgmlGemvKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
+import { GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmIdpKernel, GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
+import { GGML_IDP_GROUP, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlQuantizeKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { GEMV, GEMV_IDP, QUANTIZE_ACT, shaderFile } from "../src/kernels/shaders.ts";
 import { describeKernelPlan, planKernels } from "../src/kernels/setup.ts";
@@ -22,6 +30,7 @@ import {
   Buffer, CommandPool, ComputePipeline, DescriptorPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext,
   VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
 } from "../src/vk/index.ts";
+import { readBandwidth } from "./lib/gpu-time.ts";
 
 const args = (globalThis as any).Deno ? (globalThis as any).Deno.args : process.argv.slice(2);
 const quick = args.includes("--quick");
@@ -33,6 +42,9 @@ const onlyArg = args.indexOf("--only");
 const only = onlyArg >= 0 ? String(args[onlyArg + 1]) : undefined;
 const ggmlShape: GgmlGemvKernelOptions = {};
 const factored = args.includes("--ggml-factored");
+const gemmIdpMode = args.includes("--gemm-idp");
+const stepsArg = args.indexOf("--gemm-steps");
+const gemmSteps = (stepsArg >= 0 ? String(args[stepsArg + 1]) : "1,2,4").split(",").map(Number);
 if (shapeArg >= 0) {
   const [wg, rows, tokens] = String(args[shapeArg + 1]).split(",").map(Number);
   Object.assign(ggmlShape, { workgroupSize: wg, rowsPerWorkgroup: rows, tokensPerChunk: tokens });
@@ -166,7 +178,7 @@ const ggmlIdpKernel = (t: GgmlBlockType) => {
 const idpOn = plan.integerDot.on || (forceIdp && device.enabled.integerDotProduct);
 const isGgml = (f: Case["format"]): f is GgmlBlockType => f in GGML_BLOCK_LAYOUTS;
 const rows: string[][] = [["shape (I->O), path", "fmt", "S", "matrices", "working set", "GPU µs", "host µs batched", "host µs 1 submit", "GB/s", "of read BW"]];
-const chosen = (onlyGgml ? cases.filter((c) => isGgml(c.format)) : cases).filter((c) => only === undefined || `${c.label} ${c.format}`.includes(only));
+const chosen = gemmIdpMode ? [] : (onlyGgml ? cases.filter((c) => isGgml(c.format)) : cases).filter((c) => only === undefined || `${c.label} ${c.format}`.includes(only));
 for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3), ...chosen.filter((c) => isGgml(c.format) && c.O === 14336).slice(0, 2)] : chosen) {
   const ggml = isGgml(c.format) ? GGML_BLOCK_LAYOUTS[c.format] : undefined;
   const rowWords = ggml ? 0 : rowWordsFor(c.format as QuantFormat, c.I);
@@ -226,11 +238,107 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
   rows.push([c.label, c.format, String(c.S), String(count), `${((count * stride) / MiB).toFixed(0)} MiB`, gpuUs.toFixed(1), (batch.hostNs / reps / 1e3).toFixed(1), (single.hostNs / 1e3).toFixed(1), gbs.toPrecision(3), `${((100 * gbs) / readGBs).toFixed(0)}%`]);
 }
 const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes (GGML types: the file's block bytes); GPU µs from timestamps over a batch`);
+if (!gemmIdpMode) console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes (GGML types: the file's block bytes); GPU µs from timestamps over a batch`);
 if (ggmlKernels.size) {
   const k = [...ggmlKernels.values()][0]!;
   console.log(`GGML types: dec_gemv_ggml float path${k.factored ? " (factored)" : ""}${ggmlIdpKernels.size ? " and dec_gemv_ggml_idp (int-dot: quantize_act in groups of 16 counted)" : ""}, ${k.workgroupSize} threads x ${k.rowsPerWorkgroup} rows per workgroup, ${k.tokensPerChunk} tokens per chunk`);
 }
 for (const k of ggmlKernels.values()) k[Symbol.dispose]();
 for (const k of ggmlIdpKernels.values()) k[Symbol.dispose]();
-for (const r of rows) console.log(`| ${r.map((v, i) => v.padEnd(widths[i]!)).join(" | ")} |`);
+if (!gemmIdpMode) for (const r of rows) console.log(`| ${r.map((v, i) => v.padEnd(widths[i]!)).join(" | ")} |`);
+
+if (gemmIdpMode) {
+  if (!idpOn) throw new Error(`--gemm-idp: the integer-dot decision is off on ${info.name} (${plan.integerDot.reason}); --force-idp runs it where the device has the feature`);
+  const S = GGML_GEMM_TOKENS;
+  type Call = (cb: ReturnType<CommandPool["allocate"]>, m: number) => void;
+  /** Best GPU ns a call of each of `calls` (a batch rotating m over `count` matrices), alternated over rounds after first touch and warm clocks. */
+  const timeAlternated = (calls: Call[], count: number): number[] => {
+    const reps = cpuLike ? Math.min(count, 4) : Math.max(count, Math.min(4 * count, 400));
+    const batch = (one: Call) => (cb: ReturnType<CommandPool["allocate"]>) => {
+      for (let r = 0; r < reps; r++) one(cb, r % count);
+    };
+    // pipelines and first touch, then clocks up (an H200 idles at ~345 MHz; as bench-moe-ggml.ts): ~0.1 s of streaming reads (400 GiB)
+    for (const one of calls) measure(batch(one), 1);
+    if (!cpuLike) readBandwidth(device, 1024 * MiB, 100);
+    const best = calls.map(() => Infinity);
+    for (let round = 0; round < (cpuLike ? 1 : 3); round++) calls.forEach((one, i) => (best[i] = Math.min(best[i]!, measure(batch(one)).gpuNs / reps)));
+    return best;
+  };
+  const strideOf = (format: GgmlBlockType, O: number, I: number) => {
+    const { blockElements, blockBytes } = GGML_BLOCK_LAYOUTS[format];
+    return Math.ceil((O * (I / blockElements) * blockBytes + 16) / 256) * 256;
+  };
+  const us = (ns: number) => (ns / 1e3).toFixed(1);
+  // Qwen3-30B-A3B's attention (hidden 2048, 32 q heads and 4 kv heads of 128): q, k/v, o
+  const shapes = [{ label: "q 2048->4096", I: 2048, O: 4096 }, { label: "k/v 2048->512", I: 2048, O: 512 }, { label: "o 4096->2048", I: 4096, O: 2048 }];
+  const table: string[][] = [["matrix (I->O)", "fmt", "slices a step", "matrices", "float µs", "idp µs", "idp GEMM alone µs", "float TFLOP/s", "idp TFLOP/s", "float / idp"]];
+  const qkvTable: string[][] = [["q+k+v 2048->4096, 512, 512", "fmt", "slices a step", "float µs", "idp µs (each its own quantize)", "idp µs (one quantize)", "float / idp", "float / idp, one quantize"]];
+  using quantize = new GgmlQuantizeKernel(device);
+  const scratch = { xq, xscale, xsum };
+  for (const format of ["Q4_K", "Q6_K"] as const) {
+    using floatGemm = new GgmlGemmKernel(device, format);
+    const idpGemms = gemmSteps.map((slicesPerStep) => new GgmlGemmIdpKernel(device, format, { slicesPerStep }));
+    using _ = { [Symbol.dispose]: () => idpGemms.forEach((k) => k[Symbol.dispose]()) };
+    const fset = setFor(floatGemm.pipeline, "gemm float", [{ buffer: pool }, { buffer: x }, { buffer: y }]);
+    const isets = idpGemms.map((k) => setFor(k.pipeline, "gemm idp", [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]));
+    const grid = (O: number): [number, number] => [Math.ceil(O / GGML_GEMM_ROWS), Math.ceil(S / GGML_GEMM_TOKENS)];
+    // one matrix's GEMM at byte offset `at` of the pool, no barrier
+    const floatGemmAt = (cb: ReturnType<CommandPool["allocate"]>, O: number, I: number, at: number) =>
+      cb.bind(floatGemm.pipeline, fset).pushConstants(floatGemm.pipeline, new Uint32Array([O, I, S, at, 0, 0])).dispatch(...grid(O));
+    const idpGemmAt = (i: number) => (cb: ReturnType<CommandPool["allocate"]>, O: number, I: number, at: number) =>
+      cb.bind(idpGemms[i]!.pipeline, isets[i]!).pushConstants(idpGemms[i]!.pipeline, new Uint32Array([O, I, S, at, 0])).dispatch(...grid(O));
+    const quantizeX = (cb: ReturnType<CommandPool["allocate"]>, I: number) => quantize.record(cb, x, 0, scratch, I, S).barrier("computeToCompute");
+    for (const c of quick ? shapes.slice(0, 1) : shapes) {
+      const stride = strideOf(format, c.O, c.I);
+      const count = Math.floor(poolBytes / stride);
+      if (count < 2) continue;
+      // each call as the graph records a prompt chunk's matrix, a barrier after it (its consumer waits)
+      const floatCall: Call = (cb, m) => floatGemmAt(cb, c.O, c.I, m * stride).barrier("computeToCompute");
+      const alone = idpGemms.map((_, i): Call => (cb, m) => idpGemmAt(i)(cb, c.O, c.I, m * stride).barrier("computeToCompute"));
+      const idpCall = alone.map((a): Call => (cb, m) => a(quantizeX(cb, c.I), m));
+      const [floatNs, ...rest] = timeAlternated([floatCall, ...idpCall, ...alone], count);
+      const idpNs = rest.slice(0, idpCall.length), aloneNs = rest.slice(idpCall.length);
+      const flops = 2 * c.O * c.I * S;
+      idpGemms.forEach((k, i) => {
+        const row = [c.label, format, String(k.slicesPerStep), String(count), us(floatNs!), us(idpNs[i]!), us(aloneNs[i]!), (flops / floatNs! / 1e3).toFixed(2), (flops / idpNs[i]! / 1e3).toFixed(2), `${(floatNs! / idpNs[i]!).toFixed(2)}x`];
+        table.push(row);
+        console.log(`  ${row.join(" | ")}`);
+      });
+    }
+    if (quick) continue;
+    // q, k and v of one chunk as the graph records them (DeviceLinear.record back to back, then one
+    // barrier): the float GEMMs overlap; each idp GEMM waits behind its own quantize's barrier, which
+    // also waits for the GEMM before it. "One quantize": x quantized once for all three (recordQuantized,
+    // as the input norm's quantized rows would feed them if its scratch held 64 tokens; decode does so).
+    const qkv = [4096, 512, 512], I = 2048, stride = strideOf(format, 4096, I);
+    const count = Math.floor(poolBytes / stride) - 2;
+    if (count < 2) continue;
+    const floatQkv: Call = (cb, m) => {
+      qkv.forEach((O, k) => floatGemmAt(cb, O, I, (m + k) * stride));
+      cb.barrier("computeToCompute");
+    };
+    const ownQuantize = idpGemms.map((_, i): Call => (cb, m) => {
+      qkv.forEach((O, k) => idpGemmAt(i)(quantizeX(cb, I), O, I, (m + k) * stride));
+      cb.barrier("computeToCompute");
+    });
+    const oneQuantize = idpGemms.map((_, i): Call => (cb, m) => {
+      quantizeX(cb, I);
+      qkv.forEach((O, k) => idpGemmAt(i)(cb, O, I, (m + k) * stride));
+      cb.barrier("computeToCompute");
+    });
+    const [floatNs, ...rest] = timeAlternated([floatQkv, ...ownQuantize, ...oneQuantize], count);
+    idpGemms.forEach((k, i) => {
+      const own = rest[i]!, one = rest[idpGemms.length + i]!;
+      const row = ["q+k+v as recorded", format, String(k.slicesPerStep), us(floatNs!), us(own), us(one), `${(floatNs! / own).toFixed(2)}x`, `${(floatNs! / one).toFixed(2)}x`];
+      qkvTable.push(row);
+      console.log(`  ${row.join(" | ")}`);
+    });
+  }
+  const print = (t: string[][]) => {
+    const w = t[0]!.map((_, i) => Math.max(...t.map((r) => r[i]!.length)));
+    for (const r of t) console.log(`| ${r.map((v, i) => v.padEnd(w[i]!)).join(" | ")} |`);
+  };
+  console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; GGML prompt-chunk GEMMs, S = ${S}, tiles of ${GGML_GEMM_ROWS} rows x ${GGML_GEMM_TOKENS} tokens; µs per call (a barrier after each) from GPU timestamps over a batch rotating through ${(poolBytes / MiB).toFixed(0)} MiB of matrices, best of ${cpuLike ? 3 : 21} batches, the kernels alternated; idp µs counts quantize_act and its barrier; float / idp > 1: the integer-dot GEMM is faster`);
+  print(table);
+  if (qkvTable.length > 1) print(qkvTable);
+}

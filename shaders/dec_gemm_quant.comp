@@ -8,6 +8,12 @@
 // zeros that are never stored; columns past I read x as 0 (the weights' padding may hold
 // anything). The GEMV kernels read each weight once per few tokens (their register chunk); this
 // reads it once per 64.
+//
+// Split over the columns (pc.splits > 1, grid z = splits): a matrix of few rows (o_proj: 2048 rows,
+// 64 tiles) leaves most of a GPU's cores idle, so each tile's columns are cut into `splits` runs of
+// pc.splitCols, one workgroup each. Each writes its partial tile to `part`, then counts itself in
+// the tile's `arrived` word; the last to arrive adds the tile's partials in split order (the same
+// sum whichever workgroup is last) into y and sets the word back to 0 for the next call.
 #extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 128) in;
@@ -24,6 +30,9 @@ layout(std430, binding = 1) readonly restrict buffer SC { uint sWords[]; };
 layout(std430, binding = 2) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 2) readonly restrict buffer XV { vec4 xv[]; };
 layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
+// split runs only: [tile][split][BM * BN] partial tiles, and a word per tile (0 between calls)
+layout(std430, binding = 4) coherent restrict buffer PT { float part[]; };
+layout(std430, binding = 5) coherent restrict buffer AR { uint arrived[]; };
 layout(push_constant, std430) uniform PC {
     uint O;
     uint I;
@@ -34,6 +43,8 @@ layout(push_constant, std430) uniform PC {
     uint scaleOffset;   // words
     uint xOffset;       // floats
     uint yOffset;       // floats
+    uint splits;        // column runs a tile is split into (grid z); 1: no split
+    uint splitCols;     // columns a run, a multiple of 32
 } pc;
 
 // [column][row / 4] and [column][token / 4]: the compute loop reads one vec4 of each per column
@@ -83,6 +94,31 @@ void loadStep(uint k0, uint wRow, bool xAligned) {
     }
 }
 
+shared bool lastToArrive;
+
+// Split runs: stores this workgroup's partial tile; true in the tile's last workgroup to arrive,
+// with acc then holding the sum of every split's partial, added in split order.
+bool lastSplit(inout float acc[4][4]) {
+    const uint t = gl_LocalInvocationIndex;
+    const uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    const uint TILE = BM * BN;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++)
+        part[(tile * pc.splits + gl_WorkGroupID.z) * TILE + (i * 4u + j) * 128u + t] = acc[i][j];
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) lastToArrive = atomicAdd(arrived[tile], 1u) == pc.splits - 1u;
+    barrier();
+    if (!lastToArrive) return false;  // uniform
+    memoryBarrierBuffer();
+    [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        float v = 0.0;
+        for (uint z = 0u; z < pc.splits; z++) v += part[(tile * pc.splits + z) * TILE + (i * 4u + j) * 128u + t];
+        acc[i][j] = v;
+    }
+    if (t == 0u) arrived[tile] = 0u;
+    return true;
+}
+
 void main() {
     const uint t = gl_LocalInvocationIndex;
     const uint rowBase = gl_WorkGroupID.x * BM;
@@ -95,8 +131,10 @@ void main() {
     float acc[4][4];
     [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
 
-    loadStep(0u, wRow, xAligned);
-    for (uint k0 = 0u; k0 < pc.I; k0 += BK) {
+    const uint kBegin = gl_WorkGroupID.z * pc.splitCols;
+    const uint kEnd = min(pc.I, kBegin + pc.splitCols);
+    if (kBegin < kEnd) loadStep(kBegin, wRow, xAligned);  // uniform
+    for (uint k0 = kBegin; k0 < kEnd; k0 += BK) {
         const float d = nextScale;
         [[unroll]] for (uint i = 0u; i < 4u; i++) {
             if (QBITS == 4u) {
@@ -113,13 +151,16 @@ void main() {
             [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = nextX[m][q];
         }
         barrier();
-        if (k0 + BK < pc.I) loadStep(k0 + BK, wRow, xAligned);
+        if (k0 + BK < kEnd) loadStep(k0 + BK, wRow, xAligned);
         [[unroll]] for (uint k = 0u; k < BK; k++) {
             const vec4 a = wTile[k][ty];
             const vec4 b = xTile[k][tx];
             [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] += a[i] * b[j];
         }
         barrier();
+    }
+    if (pc.splits > 1u) {  // uniform
+        if (!lastSplit(acc)) return;
     }
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         const uint s = tokBase + tx * 4u + j;

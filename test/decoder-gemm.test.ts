@@ -13,7 +13,7 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
-import { QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
+import { GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../src/kernels/decoder/quant-gemm.ts";
 import { submitAndWait } from "../src/kernels/decoder/index.ts";
 import { gemvReference } from "../src/quant/gemv-reference.ts";
 import { nmse } from "../src/quant/metrics.ts";
@@ -52,7 +52,7 @@ function reference(m: QuantMatrix, x: Float32Array, S: number): Float64Array {
   return y;
 }
 
-interface Case { O: number; I: number; S: number; format: QuantFormat; scaleType?: ScaleType; groupSize?: GroupSize; xOffset?: number; yOffset?: number }
+interface Case { O: number; I: number; S: number; format: QuantFormat; scaleType?: ScaleType; groupSize?: GroupSize; xOffset?: number; yOffset?: number; splits?: number; calls?: number }
 
 function run(c: Case, corrupt?: (m: QuantMatrix) => QuantMatrix): number {
   const { O, I, S, format } = c;
@@ -63,7 +63,14 @@ function run(c: Case, corrupt?: (m: QuantMatrix) => QuantMatrix): number {
   using xb = hostBuffer(device, xo + S * I, "upload");
   using yb = hostBuffer(device, yo + S * O);
   f32(xb, S * I, xo).set(x);
-  submitAndWait(device, (cb) => kernelFor(m).record(cb, { matrix: dm, x: xb, y: yb, S, xOffset: xo, yOffset: yo }));
+  using split = c.splits ? new GemmSplitScratch(device, O, I, S, c.splits) : undefined;
+  // calls > 1: the same call again behind a barrier (the arrival words must be back at 0)
+  submitAndWait(device, (cb) => {
+    for (let i = 0; i < (c.calls ?? 1); i++) {
+      if (i > 0) cb.barrier("computeToCompute");
+      kernelFor(m).record(cb, { matrix: dm, x: xb, y: yb, S, xOffset: xo, yOffset: yo }, split);
+    }
+  });
   const bad = Array.from(u32(yb, yo)).concat(Array.from(u32(yb, SENTINEL_WORDS, yo + S * O))).findIndex((w) => w !== SENTINEL);
   if (bad >= 0) throw new Error(`${O}x${I} S=${S}: a sentinel word around y was overwritten`);
   return nmse(reference(m, x, S), f32(yb, S * O, yo));
@@ -90,6 +97,26 @@ describe("dec_gemm_quant vs gemvReference (NMSE <= 1e-10)", () => {
       expect(worst).toBeGreaterThan(0);
     }, 120_000);
   }
+
+  test("split over the columns (o_proj-like matrices): 2..5 runs, a short last run, two token tiles, repeated calls; within the same bound", () => {
+    let worst = 0;
+    for (const c of [
+      { O: 64, I: 2048, S: 64, format: "q4", splits: 4, calls: 3 },
+      { O: 33, I: 1000, S: 7, format: "q8", splits: 3 }, // 1000 = 3 runs of 352, 352, 296 columns
+      { O: 96, I: 384, S: 100, format: "q4", groupSize: 128, splits: 2, calls: 2 },
+      { O: 40, I: 4096, S: 13, format: "q4", scaleType: "f32", splits: 5, xOffset: 4, yOffset: 3 },
+    ] as Case[]) {
+      const e = run(c);
+      if (!(e <= BOUND)) throw new Error(`split ${c.splits}: ${c.O}x${c.I} S=${c.S}: NMSE ${e}`);
+      worst = Math.max(worst, e);
+    }
+    console.log(`  dec_gemm_quant split: worst NMSE ${worst.toExponential(2)}`);
+    expect(splitRuns(1000, 3)).toEqual({ splitCols: 352, splits: 3 });
+    expect(splitRuns(100, 8)).toEqual({ splitCols: 32, splits: 4 }); // runs never shorter than a step
+    // a GPU: o_proj's 2048 rows (64 tiles) x 4096 columns split 4 ways, 4096 rows not at all; a CPU device never
+    const gpuLike = { info: { ...device.info, type: 2 } } as typeof device;
+    expect([gemmSplits(gpuLike, 2048, 4096), gemmSplits(gpuLike, 4096, 2048), gemmSplits(gpuLike, 2048, 512), gemmSplits(device, 2048, 4096)]).toEqual([4, 2, 1, device.info.type === 4 ? 1 : 4]);
+  }, 120_000);
 
   test("negative control: one weight word changed fails the bound", () => {
     const e = run({ O: 64, I: 256, S: 8, format: "q4" }, (m) => {

@@ -178,7 +178,8 @@ describe.skipIf(noIdp)("long rows: many slices a lane", () => {
 
 describe.skipIf(noIdp)("the graph's DeviceLinear on the integer-dot path", () => {
   test(`Q4_K and Q5_0: S = 1 and ${GGML_IDP_MAX_TOKENS} quantize x (2 dispatches), S = ${GGML_IDP_MAX_TOKENS + 1} takes the float path; against the Linear's CPU apply`, () => {
-    using lk = new LinearKernels(device, { integerDot: true });
+    // the integer-dot GEMM off: S = 9 on the float GEMM (test/decoder-gemm-ggml-idp.test.ts covers the idp GEMM's chunks)
+    using lk = new LinearKernels(device, { integerDot: true, ggmlGemmIdp: false });
     expect(lk.integerDot).toBe(true);
     for (const type of ["Q4_K", "Q5_0"] as const) {
       const t = randomTensor(type, 37, type === "Q4_K" ? 2 : 16, 90);

@@ -5,17 +5,18 @@
  * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
  * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel (64
  * tokens a dispatch), or where the integer-dot decision is on, for calls of up to
- * GGML_IDP_MAX_TOKENS tokens, GgmlGemvIdpKernel; their calls of GEMM_FROM_TOKENS tokens or more
- * not on the integer-dot path go through GgmlGemmKernel (tiles that dequantize each weight once
- * for the whole chunk, one dispatch for any S; CPU devices too, see LinearKernels).
+ * GGML_IDP_MAX_TOKENS tokens, GgmlGemvIdpKernel, and for prompt chunks of up to
+ * GGML_IDP_GEMM_MAX_TOKENS, GgmlGemmIdpKernel (the same tiles over x quantized to int8); their
+ * other calls of GEMM_FROM_TOKENS tokens or more go through GgmlGemmKernel (tiles that dequantize
+ * each weight once for the whole chunk, one dispatch for any S; CPU devices too, see LinearKernels).
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { readConfig } from "../config.ts";
-import { GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
+import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
-import { QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
+import { GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import type { GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -33,15 +34,28 @@ export const GEMM_FROM_TOKENS = 8;
  * batches, bandwidth-bound: the dot products cut the work per weight to a fraction of the float
  * path's). Each such matrix owns its quantized-x scratch (q, k and v are recorded back to back
  * without a barrier, so a shared one would race), and this bounds its size; longer prompt chunks
- * take the float path, which dequantizes a slice once per chunk of tokens.
+ * take the tiled GEMMs, which read a slice once per chunk of tokens.
  */
 export const GGML_IDP_MAX_TOKENS = 8;
+
+/**
+ * Prompt chunks past GGML_IDP_MAX_TOKENS, up to this many tokens (the graphs' 64-token chunks), take
+ * the integer-dot GEMM where the GEMV does; the matrix's scratch is then sized for this many tokens
+ * (1.5 bytes a column a token: 192 KiB at 2048 columns). Longer calls take the float GEMM.
+ */
+export const GGML_IDP_GEMM_MAX_TOKENS = GGML_GEMV_MAX_S;
 
 export interface LinearKernelsOptions {
   /** GGML block matrices on the integer-dot path (default: the integer-dot decision, planKernels: VKMOE_IDP, blocklist, probe). */
   integerDot?: boolean;
   /** GGML block matrices' calls of GEMM_FROM_TOKENS tokens or more (off the integer-dot path) through the tiled GEMM (default true; false: the GEMV at every S). */
   ggmlGemm?: boolean;
+  /**
+   * Where integerDot and ggmlGemm are on: prompt chunks of GGML_IDP_MAX_TOKENS + 1 ..
+   * GGML_IDP_GEMM_MAX_TOKENS tokens through the integer-dot GEMM (default true; false: the float GEMM,
+   * e.g. to compare the two in one run).
+   */
+  ggmlGemmIdp?: boolean;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -52,10 +66,13 @@ export class LinearKernels implements Disposable {
   private readonly ggml = new Map<GgmlBlockType, GgmlGemvKernel>();
   private readonly ggmlIdp = new Map<GgmlBlockType, GgmlGemvIdpKernel>();
   private readonly ggmlGemmKernels = new Map<GgmlBlockType, GgmlGemmKernel>();
+  private readonly ggmlGemmIdpKernels = new Map<GgmlBlockType, GgmlGemmIdpKernel>();
   /** GGML block matrices take the integer-dot path (for calls of up to GGML_IDP_MAX_TOKENS tokens). */
   readonly integerDot: boolean;
   /** GGML block matrices' prompt chunks (GEMM_FROM_TOKENS tokens or more, off the integer-dot path) go through GgmlGemmKernel. */
   readonly ggmlGemm: boolean;
+  /** GGML block matrices' prompt chunks of up to GGML_IDP_GEMM_MAX_TOKENS tokens go through GgmlGemmIdpKernel (integerDot and ggmlGemm both on). */
+  readonly ggmlGemmIdp: boolean;
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -71,6 +88,7 @@ export class LinearKernels implements Disposable {
     // The GEMM on a CPU device too: measured on Lavapipe at S = 64 it is as fast as the GEMV or
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
+    this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
@@ -105,6 +123,12 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
+  ggmlGemmIdpKernel(type: GgmlBlockType): GgmlGemmIdpKernel {
+    let k = this.ggmlGemmIdpKernels.get(type);
+    if (!k) this.ggmlGemmIdpKernels.set(type, (k = new GgmlGemmIdpKernel(this.device, type, { maxSets: 256 })));
+    return k;
+  }
+
   ggmlIdpKernel(type: GgmlBlockType): GgmlGemvIdpKernel {
     let k = this.ggmlIdp.get(type);
     if (!k) this.ggmlIdp.set(type, (k = new GgmlGemvIdpKernel(this.device, type, this.ggmlOptions())));
@@ -120,6 +144,7 @@ export class LinearKernels implements Disposable {
     for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
     for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();
+    for (const k of this.ggmlGemmIdpKernels.values()) k[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
     for (const k of this.gemm.values()) k[Symbol.dispose]();
   }
@@ -131,8 +156,10 @@ export class DeviceLinear implements Disposable {
   private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
   private readonly matrix: DeviceMatrix | undefined;
   private readonly blocks: DeviceGgmlMatrix | undefined;
-  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot). */
+  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot), for GGML_IDP_GEMM_MAX_TOKENS tokens where the integer-dot GEMM is on. */
   private readonly idpScratch: GgmlIdpScratch | undefined;
+  /** q4/q8 matrices of few rows: their prompt chunks' GEMM split over the columns (quant-gemm.ts). */
+  private readonly gemmSplit: GemmSplitScratch | undefined;
 
   constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear) {
     const device = kernels.device;
@@ -153,11 +180,20 @@ export class DeviceLinear implements Disposable {
       this.float = { buffer, dtype: linear.dtype === "F32" ? "f32" : linear.dtype === "F16" ? "f16" : "bf16" };
     } else if (linear instanceof QuantLinear) {
       this.matrix = new DeviceMatrix(device, linear.matrix);
+      const splits = gemmSplits(device, linear.rows, linear.cols);
+      if (splits > 1) {
+        try {
+          this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits);
+        } catch (e) {
+          this.matrix[Symbol.dispose]();
+          throw e;
+        }
+      }
     } else if (linear instanceof GgmlBlockLinear) {
       this.blocks = new DeviceGgmlMatrix(device, linear.tensor);
       if (kernels.integerDot) {
         try {
-          this.idpScratch = new GgmlIdpScratch(device, linear.cols, GGML_IDP_MAX_TOKENS);
+          this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.ggmlGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : GGML_IDP_MAX_TOKENS);
         } catch (e) {
           this.blocks[Symbol.dispose]();
           throw e;
@@ -170,17 +206,30 @@ export class DeviceLinear implements Disposable {
 
   /** Dispatches `record` makes for S tokens. */
   dispatches(S = 1): number {
-    if (this.idpScratch && S <= GGML_IDP_MAX_TOKENS) return 2; // quantize x, then the GEMV
-    if (this.blocks && this.ggmlGemmFor(S)) return 1;
-    return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : this.blocks ? Math.ceil(S / GGML_GEMV_MAX_S) : 1;
+    if (this.blocks) {
+      const path = this.ggmlPath(S);
+      // the integer-dot kernels quantize x first
+      return path === "idp-gemv" || path === "idp-gemm" ? 2 : path === "gemm" ? 1 : Math.ceil(S / GGML_GEMV_MAX_S);
+    }
+    return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : 1;
   }
 
-  /** Whether a GGML block matrix's call of S tokens goes through the GEMM: a prompt chunk, not on the integer-dot path. */
-  private ggmlGemmFor(S: number): boolean {
-    return this.kernels.ggmlGemm && S >= GEMM_FROM_TOKENS && !(this.idpScratch && S <= GGML_IDP_MAX_TOKENS);
+  /**
+   * The kernel a GGML block matrix's call of S tokens runs: the integer-dot GEMV for few tokens, the
+   * integer-dot GEMM for prompt chunks its scratch holds, else the float GEMM (GEMM_FROM_TOKENS tokens
+   * or more) or the float GEMV.
+   */
+  private ggmlPath(S: number): "idp-gemv" | "idp-gemm" | "gemm" | "gemv" {
+    if (this.idpScratch && S <= GGML_IDP_MAX_TOKENS) return "idp-gemv";
+    if (this.idpScratch && this.kernels.ggmlGemmIdp && S <= this.idpScratch.maxTokens) return "idp-gemm";
+    return this.kernels.ggmlGemm && S >= GEMM_FROM_TOKENS ? "gemm" : "gemv";
   }
 
-  /** Whether a call of S tokens reads x quantized (the integer-dot path): then it can take a norm's quantized output. */
+  /**
+   * Whether a call of S tokens can take a norm's quantized output instead of x: the integer-dot GEMV's
+   * calls only. The GEMM's chunks could (recordQuantized), but the norms' and attention's shared
+   * scratches (NormFeed, the graphs' attnQuant) hold GGML_IDP_MAX_TOKENS tokens.
+   */
   takesQuantized(S: number): boolean {
     return this.idpScratch !== undefined && S <= GGML_IDP_MAX_TOKENS;
   }
@@ -207,25 +256,36 @@ export class DeviceLinear implements Disposable {
         const n = Math.min(GEMV_HALF_MAX_S, S - t);
         this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
-    } else if (this.blocks && this.idpScratch && S <= GGML_IDP_MAX_TOKENS) {
-      this.kernels.ggmlIdpKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch });
-    } else if (this.blocks && this.ggmlGemmFor(S)) {
-      this.kernels.ggmlGemmKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S, xOffset, yOffset });
     } else if (this.blocks) {
-      for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
-        const n = Math.min(GGML_GEMV_MAX_S, S - t);
-        this.kernels.ggmlKernel(this.blocks.type).record(cb, { matrix: this.blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
-      }
+      this.recordGgml(cb, this.blocks, x, y, S, xOffset, yOffset);
     } else {
       const m = this.matrix!.matrix as QuantLinear["matrix"];
-      const kernel = S >= GEMM_FROM_TOKENS ? this.kernels.gemmKernel(m) : this.kernels.quantKernel(m);
-      kernel.record(cb, { matrix: this.matrix!, x, y, S, xOffset, yOffset });
+      const args = { matrix: this.matrix!, x, y, S, xOffset, yOffset };
+      if (S >= GEMM_FROM_TOKENS) this.kernels.gemmKernel(m).record(cb, args, S <= GEMM_TOKENS ? this.gemmSplit : undefined);
+      else this.kernels.quantKernel(m).record(cb, args);
+    }
+  }
+
+  private recordGgml(cb: CommandBuffer, blocks: DeviceGgmlMatrix, x: Buffer, y: Buffer, S: number, xOffset: number, yOffset: number): void {
+    const path = this.ggmlPath(S);
+    if (path === "idp-gemv") {
+      this.kernels.ggmlIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
+    } else if (path === "idp-gemm") {
+      this.kernels.ggmlGemmIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
+    } else if (path === "gemm") {
+      this.kernels.ggmlGemmKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset });
+    } else {
+      for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
+        const n = Math.min(GGML_GEMV_MAX_S, S - t);
+        this.kernels.ggmlKernel(blocks.type).record(cb, { matrix: blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
+      }
     }
   }
 
   [Symbol.dispose](): void {
     this.float?.buffer[Symbol.dispose]();
     this.matrix?.[Symbol.dispose]();
+    this.gemmSplit?.[Symbol.dispose]();
     this.blocks?.[Symbol.dispose]();
     this.idpScratch?.[Symbol.dispose]();
   }

@@ -23,6 +23,8 @@ export const GEMV_IDP = { q4: iface("gemv_q4_idp", 6, 9), q8: iface("gemv_q8_idp
 
 /** Integer-dot GEMV from GGML blocks (decoder/ggml-gemv.ts): blocks, xq, xscale, xsum, y; push O, I, S, blockOffset, yOffset. */
 export const DEC_GEMV_GGML_IDP = iface("dec_gemv_ggml_idp", 5, 5);
+/** Integer-dot GEMM from GGML blocks, prompt chunks (decoder/ggml-gemm.ts): blocks, xq, xscale, xsum, y; push O, I, S, blockOffset, yOffset. */
+export const DEC_GEMM_GGML_IDP = iface("dec_gemm_ggml_idp", 5, 5);
 /** Integer-dot GGML experts, a row per lane (src/moe/ggml-experts.ts): xq, work, pairs, out, slot weights, expert bytes, expert table, xscale, xsum; push O, cols. */
 export const MOE_GGML_ROWS_IDP = iface("moe_ggml_rows_idp", 9, 2);
 
@@ -66,9 +68,10 @@ const moeFusedIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupS
 export const IDP_PIPELINES: PipelineSpec[] = [
   ...[QUANTIZE_ACT, GEMV_IDP.q4, GEMV_IDP.q8].flatMap((s) => [32, 128].map((g) => pipelineSpec(s, { 4: g }))),
   ...(["q4", "q8"] as const).flatMap((f) => [32, 128].map((g) => moeIdpSpec(f, "desc", g))),
-  // the GGML blocks' integer-dot GEMV (one pipeline per GGML_FMT_*, Q4_1 .. Q6_K) and its x quantization (groups of 16)
+  // the GGML blocks' integer-dot GEMV and prompt-chunk GEMM (one pipeline each per GGML_FMT_*, Q4_1 .. Q6_K) and their x quantization (groups of 16)
   pipelineSpec(QUANTIZE_ACT, { 0: 128, 4: 16 }),
   ...[0, 1, 2, 3, 4, 5].map((format) => pipelineSpec(DEC_GEMV_GGML_IDP, { 3: format })),
+  ...[0, 1, 2, 3, 4, 5].map((format) => pipelineSpec(DEC_GEMM_GGML_IDP, { 0: format })),
 ];
 /** The GGML experts' integer-dot rows kernel (prompt chunks; gate+up and down per format), created by the probe where subgroup shuffles are supported. */
 export const IDP_SHUFFLE_PIPELINES: PipelineSpec[] = [0, 1, 2, 3, 4, 5].flatMap((format) => [0, 1].map((gateUp) => pipelineSpec(MOE_GGML_ROWS_IDP, { 0: 64, 2: format, 3: 8, 4: gateUp, 5: 2 })));
@@ -77,5 +80,5 @@ export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap
 /** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
 export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
   (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [false, true].flatMap((pre) => [moeFusedIdpSpec(f, "desc", g, pre), ...(bda ? [moeFusedIdpSpec(f, "bda", g, pre)] : [])])));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word; v10: the GGML blocks' GEMV; v11: the GGML experts' rows kernel) is probed again. */
-export const IDP_PROBE_VERSION = 11;
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word; v10: the GGML blocks' GEMV; v11: the GGML experts' rows kernel; v12: the GGML blocks' prompt-chunk GEMM) is probed again. */
+export const IDP_PROBE_VERSION = 12;

@@ -4,14 +4,19 @@
  * one 32-weight slice at a time, each slice dequantized into shared memory (GGML's weights bit for
  * bit, ggml_blocks.glsl) once for all the tile's tokens. What QuantGemmKernel is to the q4/q8 GEMVs,
  * this is to GgmlGemvKernel: that one re-reads and re-forms every weight per few tokens.
+ *
+ * The integer-dot path (GgmlGemmIdpKernel, shaders/dec_gemm_ggml_idp.comp): the same tiles over x
+ * quantized by quantize_act in groups of 16 (GgmlQuantizeKernel), the slice's quant bytes dotted with
+ * it 4 x 8 bits at a time and the scales and mins applied in f32 per 16-column run, as
+ * GgmlGemvIdpKernel does per row. Only where the integer-dot decision (idp-policy.ts) is on.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import { GGML_BLOCK_TYPES, type GgmlBlockType } from "../../quant/ggml-blocks.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
-import type { ShaderInterface } from "../shaders.ts";
+import { DEC_GEMM_GGML_IDP, type ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
-import type { GgmlGemvArgs } from "./ggml-gemv.ts";
+import { GGML_IDP_GROUP, GgmlIdpScratch, GgmlQuantizeKernel, type DeviceGgmlMatrix, type GgmlGemvArgs, type QuantizedRows } from "./ggml-gemv.ts";
 
 /** blocks `uint[]` r, x r, y w; push O, I, S, blockOffset (bytes), xOffset, yOffset (floats): 24 B, as dec_gemv_ggml. */
 export const DEC_GEMM_GGML: ShaderInterface = { name: "dec_gemm_ggml", storageBuffers: 3, pushConstantBytes: 24 };
@@ -25,6 +30,20 @@ const FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q
 /** The arguments of GgmlGemvKernel.record, for any S >= 1 (one dispatch: ceil(S / 64) token tiles). */
 export type GgmlGemmArgs = GgmlGemvArgs;
 
+function checkGemmArgs(kernelType: GgmlBlockType, m: DeviceGgmlMatrix, S: number): void {
+  if (m.type !== kernelType) throw new InvalidArgumentError(`a ${m.type} matrix on a ${kernelType} kernel`);
+  if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
+}
+
+/** Both GEMMs' grid: ceil(rows / 32) x ceil(S / 64) tiles, refused past the device's workgroup counts. */
+function gemmGrid(device: Device, m: DeviceGgmlMatrix, S: number): [number, number] {
+  const gx = Math.ceil(m.rows / GGML_GEMM_ROWS), gy = Math.ceil(S / GGML_GEMM_TOKENS);
+  const [maxX, maxY] = device.info.limits.maxComputeWorkGroupCount;
+  if (gx > maxX!) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
+  if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);
+  return [gx, gy];
+}
+
 /** One pipeline per GGML type: make one object per type. */
 export class GgmlGemmKernel extends DecoderKernel {
   constructor(device: Device, readonly type: GgmlBlockType, options: DecoderKernelOptions = {}) {
@@ -35,18 +54,98 @@ export class GgmlGemmKernel extends DecoderKernel {
   /** Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ, grid ceil(rows / 32) x ceil(S / 64). The caller places barriers around it. */
   record(cb: CommandBuffer, a: GgmlGemmArgs): CommandBuffer {
     const m = a.matrix, S = a.S;
-    if (m.type !== this.type) throw new InvalidArgumentError(`a ${m.type} matrix on a ${this.type} kernel`);
-    if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
+    checkGemmArgs(this.type, m, S);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     if (xOffset % 4 !== 0) throw new InvalidArgumentError(`xOffset must be a multiple of 4 floats (vec4 loads), got ${xOffset}`);
     checkRange("ggml gemm x", a.x, xOffset, S * m.cols);
     checkRange("ggml gemm y", a.y, yOffset, S * m.rows);
-    const gx = Math.ceil(m.rows / GGML_GEMM_ROWS), gy = Math.ceil(S / GGML_GEMM_TOKENS);
-    const [maxX, maxY] = this.device.info.limits.maxComputeWorkGroupCount;
-    if (gx > maxX!) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
-    if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);
+    const [gx, gy] = gemmGrid(this.device, m, S);
     const set = this.setFor([m.buffer, a.x, a.y]);
     const pc = pushWords([m.rows, m.cols, S, 0, xOffset, yOffset]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}
+
+export interface GgmlGemmIdpKernelOptions extends DecoderKernelOptions {
+  /**
+   * Slices (32 columns) a step between two barriers, 1..4 (default 1): more give the next step's loads
+   * longer to arrive and fewer barriers, for 4.5 KiB of shared memory and ~18 registers a slice more.
+   * The sums are the same, bit for bit (slices in the same order; the last step's surplus slices add zeros).
+   */
+  slicesPerStep?: number;
+}
+
+export interface GgmlGemmIdpArgs extends GgmlGemmArgs {
+  /**
+   * Where x is quantized: S rows of cols bytes, scales and sums of cols / 16 (a GgmlIdpScratch of the
+   * matrix's cols and at least S tokens, or any buffers that large).
+   */
+  scratch: QuantizedRows;
+}
+
+/**
+ * The integer-dot GEMM of one GGML type (make one object per type): record() quantizes x into the
+ * scratch, places a compute barrier, then runs dec_gemm_ggml_idp; recordQuantized() runs the GEMM
+ * alone over rows already quantized. The device must have shaderIntegerDotProduct enabled, and the
+ * caller must have the integer-dot decision on (the pipeline is created only then: some drivers crash
+ * creating it, idp-policy.ts).
+ */
+export class GgmlGemmIdpKernel extends DecoderKernel {
+  readonly slicesPerStep: number;
+  private readonly quantize: GgmlQuantizeKernel;
+
+  constructor(device: Device, readonly type: GgmlBlockType, options: GgmlGemmIdpKernelOptions = {}) {
+    if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMM for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
+    if (!device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML GEMM needs shaderIntegerDotProduct, not enabled on ${device.info.name}`);
+    const step = options.slicesPerStep ?? 1;
+    if (!Number.isInteger(step) || step < 1 || step > 4) throw new InvalidArgumentError(`slicesPerStep must be an integer in 1..4, got ${step}`);
+    super(device, DEC_GEMM_GGML_IDP, { 0: FORMAT_ID[type], 1: step }, options);
+    this.slicesPerStep = step;
+    try {
+      this.quantize = new GgmlQuantizeKernel(device, options);
+    } catch (e) {
+      super[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  /** Records quantize, a compute-to-compute barrier, and the GEMM. The caller places barriers around the whole. */
+  record(cb: CommandBuffer, a: GgmlGemmIdpArgs): CommandBuffer {
+    const m = a.matrix, xOffset = a.xOffset ?? 0;
+    this.checkArgs(a);
+    checkRange("ggml idp gemm x", a.x, xOffset, a.S * m.cols);
+    this.quantize.record(cb, a.x, xOffset, a.scratch, m.cols, a.S).barrier("computeToCompute");
+    return this.recordQuantized(cb, a);
+  }
+
+  /**
+   * Records the GEMM alone, over x as the scratch already holds it quantized (by quantize_act or
+   * RmsNormQuantKernel, groups of 16); `a.x` is not read. The caller places the barrier after
+   * whatever wrote the scratch.
+   */
+  recordQuantized(cb: CommandBuffer, a: Omit<GgmlGemmIdpArgs, "x" | "xOffset">): CommandBuffer {
+    const m = a.matrix, S = a.S, sc = a.scratch;
+    this.checkArgs(a);
+    const yOffset = a.yOffset ?? 0;
+    checkRange("ggml idp gemm y", a.y, yOffset, S * m.rows);
+    const [gx, gy] = gemmGrid(this.device, m, S);
+    const set = this.setFor([m.buffer, sc.xq, sc.xscale, sc.xsum, a.y]);
+    const pc = pushWords([m.rows, m.cols, S, 0, yOffset]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+
+  private checkArgs(a: Omit<GgmlGemmIdpArgs, "x" | "xOffset">): void {
+    const m = a.matrix, S = a.S, sc = a.scratch;
+    checkGemmArgs(this.type, m, S);
+    if (sc instanceof GgmlIdpScratch && (sc.cols !== m.cols || sc.maxTokens < S)) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);
+    const groups = (S * m.cols) / GGML_IDP_GROUP;
+    checkRange("ggml idp gemm xq", sc.xq, 0, 4 * groups);
+    checkRange("ggml idp gemm xscale", sc.xscale, 0, groups);
+    checkRange("ggml idp gemm xsum", sc.xsum, 0, groups);
+  }
+
+  override [Symbol.dispose](): void {
+    this.quantize[Symbol.dispose]();
+    super[Symbol.dispose]();
   }
 }

@@ -3,21 +3,75 @@
  * 32 rows x 64 tokens, the weights dequantized into shared memory once for all the chunk's tokens.
  * The decode graph uses it for calls of more than a few tokens, where the GEMV kernels (one weight
  * load per few tokens) spend most of a prompt chunk's time; decode keeps the GEMVs.
+ *
+ * A matrix of few rows (o_proj: 2048 rows, 64 tiles a chunk) would leave most of a GPU's cores idle:
+ * given a GemmSplitScratch its tiles' columns are split over several workgroups (gemmSplits), the
+ * last of a tile's workgroups adding the partials in split order (shaders/dec_gemm_quant.comp).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { QuantFormat } from "../../quant/types.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
+import { Buffer } from "../../vk/memory.ts";
+import { uploadBytes } from "../../vk/transfer.ts";
 import type { DeviceMatrix } from "../gemv.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import type { QuantGemvArgs } from "./quant-gemv.ts";
 
-/** weights `uint[]`, scales `uint[]` (the same DeviceMatrix buffer), x, y; push as the GEMV's: 36 B. */
-export const DEC_GEMM_QUANT: ShaderInterface = { name: "dec_gemm_quant", storageBuffers: 4, pushConstantBytes: 36 };
+/** weights `uint[]`, scales `uint[]` (the same DeviceMatrix buffer), x, y, partial tiles, arrival words; push as the GEMV's + splits, splitCols: 44 B. */
+export const DEC_GEMM_QUANT: ShaderInterface = { name: "dec_gemm_quant", storageBuffers: 6, pushConstantBytes: 44 };
 /** Rows and tokens of one workgroup's tile. */
 export const GEMM_ROWS = 32;
 export const GEMM_TOKENS = 64;
+
+/** Workgroups a split call aims at (a few per core on a large GPU), and the fewest columns a split run takes. */
+const SPLIT_TARGET_WORKGROUPS = 256;
+const SPLIT_MIN_COLS = 512;
+
+/**
+ * Column runs for a chunk GEMM of `rows` x `cols` (one token tile): enough for about
+ * SPLIT_TARGET_WORKGROUPS workgroups, each run at least SPLIT_MIN_COLS columns; 1 on a CPU device
+ * (its cores are few: the tiles already fill them) and for matrices with tiles enough.
+ */
+export function gemmSplits(device: Device, rows: number, cols: number): number {
+  if (device.info.type === 4) return 1;
+  const tiles = Math.ceil(rows / GEMM_ROWS);
+  return Math.max(1, Math.min(Math.ceil(SPLIT_TARGET_WORKGROUPS / tiles), Math.floor(cols / SPLIT_MIN_COLS)));
+}
+
+/** Columns a run takes for `splits` runs over `cols` (a multiple of the 32-column step), and the runs that leaves. */
+export function splitRuns(cols: number, splits: number): { splitCols: number; splits: number } {
+  const splitCols = Math.ceil(cols / splits / 32) * 32;
+  return { splitCols, splits: Math.ceil(cols / splitCols) };
+}
+
+/** One matrix's split-call scratch: partial tiles [tile][split][32 x 64] and a word per tile (zero between calls: the last workgroup of a tile resets it). */
+export class GemmSplitScratch implements Disposable {
+  readonly part: Buffer;
+  readonly arrived: Buffer;
+  readonly splits: number;
+  readonly splitCols: number;
+
+  constructor(device: Device, readonly rows: number, readonly cols: number, readonly maxTokens: number, splits: number) {
+    if (!Number.isInteger(splits) || splits < 2) throw new InvalidArgumentError(`a split scratch needs 2 or more splits, got ${splits}`);
+    ({ splits: this.splits, splitCols: this.splitCols } = splitRuns(cols, splits));
+    const tiles = Math.ceil(rows / GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS);
+    this.part = new Buffer(device, { size: BigInt(4 * tiles * this.splits * GEMM_ROWS * GEMM_TOKENS), memory: "device" });
+    try {
+      this.arrived = new Buffer(device, { size: BigInt(Math.max(16, 4 * tiles)), memory: "device" });
+      uploadBytes(device, this.arrived, 0n, new Uint8Array(Number(this.arrived.size)));
+    } catch (e) {
+      this.part[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  [Symbol.dispose](): void {
+    this.part[Symbol.dispose]();
+    this.arrived[Symbol.dispose]();
+  }
+}
 
 /** One pipeline per (format, scale type, group size), as QuantGemvKernel. */
 export class QuantGemmKernel extends DecoderKernel {
@@ -26,8 +80,11 @@ export class QuantGemmKernel extends DecoderKernel {
     super(device, DEC_GEMM_QUANT, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize }, options);
   }
 
-  /** Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
-  record(cb: CommandBuffer, a: QuantGemvArgs): CommandBuffer {
+  /**
+   * Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ, split over the columns with `split` (the
+   * matrix's own: calls on one scratch must not overlap). The caller places barriers around it.
+   */
+  record(cb: CommandBuffer, a: QuantGemvArgs, split?: GemmSplitScratch): CommandBuffer {
     const m = a.matrix.matrix, S = a.S;
     if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
       throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
@@ -36,12 +93,17 @@ export class QuantGemmKernel extends DecoderKernel {
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     checkRange("quant gemm x", a.x, xOffset, S * m.cols);
     checkRange("quant gemm y", a.y, yOffset, S * m.rows);
+    if (split && (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S)) {
+      throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
+    }
     const d: DeviceMatrix = a.matrix;
-    const set = this.setFor([d.buffer, d.buffer, a.x, a.y]);
+    // without a split the partials' bindings are y (never read: splits is 1)
+    const set = this.setFor([d.buffer, d.buffer, a.x, a.y, split?.part ?? a.y, split?.arrived ?? a.y]);
     const gx = Math.ceil(m.rows / GEMM_ROWS), gy = Math.ceil(S / GEMM_TOKENS);
     const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
     if (gx > maxX) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
-    const pc = pushWords([m.rows, m.cols, S, m.rowWords, m.groupsPerRow, d.weightOffset / 16, d.scaleOffset / 4, xOffset, yOffset]);
-    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+    const splits = split?.splits ?? 1, splitCols = split?.splitCols ?? Math.ceil(m.cols / 32) * 32;
+    const pc = pushWords([m.rows, m.cols, S, m.rowWords, m.groupsPerRow, d.weightOffset / 16, d.scaleOffset / 4, xOffset, yOffset, splits, splitCols]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy, splits);
   }
 }

@@ -10,31 +10,52 @@
 // reads and what share of the measured read bandwidth that is. Clocks warmed with a streaming read
 // before each measurement.
 //   bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls 48] [--layers 16] [--reps 7]
+//
+// --prefill: a prompt chunk's attention instead: S = 64 tokens from positions 576 and 4096 of a cache
+// of 8192, recorded as the graphs record it (the position from a host-written word, the grid and
+// spans sized for the whole cache), dec_attention_prefill against the general pass 1 (prefillKernel:
+// false) in the same run, for each --rows x --tile x --half x --threads of the prefill kernel (upper
+// bounds: it halves what does not fit; the shape it ran is printed), GFLOP (QK^T and PV of the causal
+// positions) and TFLOP/s, and the general pass 1's time over each variant's.
+//   bun scripts/bench-attention.ts --prefill [--shape ...] [--chunk 32] [--rows 16,32,64] [--tile 16,32,64] [--half auto|on|off] [--threads 64,128,256]
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { readConfig } from "../src/config.ts";
-import { DEFAULT_DECODE_GROUPS, DecoderAttention } from "../src/kernels/decoder/attention.ts";
+import { DEFAULT_DECODE_GROUPS, DEFAULT_PREFILL_ROWS, DEFAULT_PREFILL_TILE, DecoderAttention, type PrefillShapeOptions } from "../src/kernels/decoder/attention.ts";
 import { GatingKernel } from "../src/kernels/decoder/gating.ts";
 import { Buffer, CommandPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext, type CommandBuffer } from "../src/vk/index.ts";
 import { args, fail } from "./lib/cli.ts";
 import { readBandwidth } from "./lib/gpu-time.ts";
 
 const SCRIPT = "bench-attention";
-const USAGE = "usage: bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls N] [--layers N] [--reps N]";
+const USAGE = "usage: bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls N] [--layers N] [--reps N] [--prefill [--rows 16,32] [--tile 16,32] [--half auto|on|off] [--threads 128]]";
 const SHAPES = {
   "30b": { label: "Qwen3-30B-A3B", heads: 32, kvHeads: 4, headDim: 128, gated: false },
   "3.6": { label: "Qwen3.6-like", heads: 16, kvHeads: 2, headDim: 256, gated: true },
 } as const;
 /** (cache positions, decode position) pairs. */
 const POINTS = [[8192, 576], [8192, 4096], [32768, 576]] as const;
+/** --prefill: the chunk's tokens, its cache and its first token's positions. */
+const PREFILL_S = 64;
+const PREFILL_CACHE = 8192;
+const PREFILL_POSITIONS = [576, 4096] as const;
 
 const chunkList = z.string().regex(/^\d+(,\d+)*$/, "a comma-separated list of integers").transform((s) => s.split(",").map(Number))
   .refine((l) => l.every((c) => c >= 1 && c <= 1024), "chunks must be in 1..1024");
-let flags: { shape: "all" | "30b" | "3.6"; chunk: number[]; kernel: "all" | "decode" | "general"; groups: number; calls: number; layers: number; reps: number };
+const pow2List = (what: string, lo: number, hi: number) =>
+  z.string().regex(/^\d+(,\d+)*$/, "a comma-separated list of integers").transform((s) => s.split(",").map(Number))
+    .refine((l) => l.every((x) => x >= lo && x <= hi && (x & (x - 1)) === 0), `${what} must be powers of two in ${lo}..${hi}`);
+let flags: {
+  shape: "all" | "30b" | "3.6"; chunk: number[]; kernel: "all" | "decode" | "general"; groups: number; calls: number; layers: number; reps: number;
+  prefill: boolean; rows: number[]; tile: number[]; half: "auto" | "on" | "off"; threads?: number[];
+};
 try {
   const { values } = parseArgs({
     args: args(), strict: true, allowPositionals: false,
-    options: { shape: { type: "string" }, chunk: { type: "string" }, kernel: { type: "string" }, groups: { type: "string" }, calls: { type: "string" }, layers: { type: "string" }, reps: { type: "string" } },
+    options: {
+      shape: { type: "string" }, chunk: { type: "string" }, kernel: { type: "string" }, groups: { type: "string" }, calls: { type: "string" }, layers: { type: "string" }, reps: { type: "string" },
+      prefill: { type: "boolean" }, rows: { type: "string" }, tile: { type: "string" }, half: { type: "string" }, threads: { type: "string" },
+    },
   });
   const parsed = z.object({
     shape: z.enum(["all", "30b", "3.6"]).default("all"),
@@ -44,6 +65,11 @@ try {
     calls: z.coerce.number().int().min(1).max(1000).default(48),
     layers: z.coerce.number().int().min(1).max(64).default(16),
     reps: z.coerce.number().int().min(1).max(100).default(7),
+    prefill: z.boolean().default(false),
+    rows: pow2List("rows", 1, 256).default([DEFAULT_PREFILL_ROWS]),
+    tile: pow2List("tiles", 8, 256).default([DEFAULT_PREFILL_TILE]),
+    half: z.enum(["auto", "on", "off"]).default("auto"),
+    threads: pow2List("threads", 32, 1024).optional(),
   }).safeParse(values);
   if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
   flags = parsed.data;
@@ -92,17 +118,93 @@ function time(record: (cb: CommandBuffer, call: number) => void): number {
 }
 
 console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}${bw ? `: read bandwidth ${bw.gbs.toFixed(0)} GB/s` : ""}`);
-console.log(`decode attention, S = 1, position from a host-written word, ${flags.calls} calls over ${flags.layers} caches, each then a barrier; median of ${flags.reps}; grid cap ${flags.groups} (decode kernel)`);
-console.log("| shape | cache | position | kernel | chunk | µs/call | KV MB read | GB/s | of read BW |");
-console.log("|---|---:|---:|---|---:|---:|---:|---:|---:|");
-
 const shapes = flags.shape === "all" ? (["30b", "3.6"] as const) : [flags.shape];
-const kernels = flags.kernel === "all" ? [true, false] : [flags.kernel === "decode"];
-const gateRows: string[] = [];
-for (const name of shapes) {
-  const shape = SHAPES[name];
-  const { heads: H, kvHeads: KV, headDim: hd } = shape;
-  for (const cacheLen of [...new Set(POINTS.map(([c]) => c))]) {
+
+/** The decode tables (see the header). */
+function decodeTables(): void {
+  console.log(`decode attention, S = 1, position from a host-written word, ${flags.calls} calls over ${flags.layers} caches, each then a barrier; median of ${flags.reps}; grid cap ${flags.groups} (decode kernel)`);
+  console.log("| shape | cache | position | kernel | chunk | µs/call | KV MB read | GB/s | of read BW |");
+  console.log("|---|---:|---:|---|---:|---:|---:|---:|---:|");
+
+  const kernels = flags.kernel === "all" ? [true, false] : [flags.kernel === "decode"];
+  const gateRows: string[] = [];
+  for (const name of shapes) {
+    const shape = SHAPES[name];
+    const { heads: H, kvHeads: KV, headDim: hd } = shape;
+    for (const cacheLen of [...new Set(POINTS.map(([c]) => c))]) {
+      const layerBytes = cacheLen * KV * hd * 2;
+      const keys: Buffer[] = [], values: Buffer[] = [];
+      try {
+        for (let l = 0; l < flags.layers; l++) {
+          for (const list of [keys, values]) {
+            const b = new Buffer(device, { size: BigInt(layerBytes), memory: "device" });
+            list.push(b);
+            uploadBytes(device, b, 0n, randomHalves(layerBytes / 4, 1 + l * 2 + list.length));
+          }
+        }
+        using q = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+        uploadBytes(device, q, 0n, randomHalves(H * hd, 99)); // any finite floats
+        using gate = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+        uploadBytes(device, gate, 0n, randomHalves(H * hd, 98));
+        using out = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+        using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
+        const word = new Uint32Array(positions.host(), 0, 1);
+        for (const chunk of flags.chunk) {
+          for (const decodeKernel of kernels) {
+            const gated = shape.gated && decodeKernel;
+            using op = new DecoderAttention(device, {
+              heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: 2 * flags.layers, decodeKernel, maxDecodeGroups: flags.groups,
+            });
+            using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, 1)), memory: "device" });
+            const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
+            const gatedBindings = gated ? keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions, gate })) : [];
+            using gating = new GatingKernel(device, { maxSets: 4 });
+            for (const [c, position] of POINTS) {
+              if (c !== cacheLen) continue;
+              word[0] = position; // token at `position` sees position + 1 positions
+              const call = { n: 1, S: 1, maxPositions: cacheLen, posIndex: 0 };
+              const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
+              const kvBytes = 2 * (position + 1) * KV * hd * 2;
+              const gbs = kvBytes / (us * 1e3);
+              console.log(`| ${shape.label} | ${cacheLen} | ${position} | ${decodeKernel ? "decode" : "general"} | ${chunk} | ${us.toFixed(2)} | ${(kvBytes / 1e6).toFixed(2)} | ${gbs.toFixed(0)} | ${bw ? `${((100 * gbs) / bw.gbs).toFixed(1)}%` : "-"} |`);
+              if (gated) {
+                const folded = time((cb, i) => op.record(cb, gatedBindings[i % flags.layers]!, call));
+                const separate = time((cb, i) => {
+                  op.record(cb, bindings[i % flags.layers]!, call);
+                  cb.barrier("computeToCompute");
+                  gating.record(cb, { mode: "sigmoid-gate", x: out, g: gate, y: out, S: 1, n: H * hd });
+                });
+                gateRows.push(`| ${shape.label} | ${cacheLen} | ${position} | ${chunk} | ${separate.toFixed(2)} | ${folded.toFixed(2)} | ${(separate - folded).toFixed(2)} |`);
+              }
+            }
+          }
+        }
+      } finally {
+        for (const b of [...keys, ...values]) b[Symbol.dispose]();
+      }
+    }
+  }
+  if (gateRows.length > 0) {
+    console.log("\noutput gate (decode kernel): attention + the sigmoid-gate dispatch and its barrier, against the gate folded into the combine");
+    console.log("| shape | cache | position | chunk | separate µs/call | folded µs/call | saved µs |");
+    console.log("|---|---:|---:|---:|---:|---:|---:|");
+    for (const r of gateRows) console.log(r);
+  }
+}
+
+/** --prefill: the prompt chunk's table (see the header). */
+function prefillTable(): void {
+  const S = PREFILL_S, cacheLen = PREFILL_CACHE;
+  const halfTiles = flags.half === "auto" ? undefined : flags.half === "on";
+  const variants: (PrefillShapeOptions | undefined)[] = [undefined]; // undefined: the general pass 1
+  for (const rows of flags.rows) for (const tile of flags.tile) for (const threads of flags.threads ?? [undefined]) {
+    variants.push({ rows, tile, ...(halfTiles !== undefined && { halfTiles }), ...(threads !== undefined && { workgroupSize: threads }) });
+  }
+  console.log(`prompt-chunk attention, S = ${S} from a host-written position, cache ${cacheLen} (grid and spans sized for it, as the graphs record it), ${flags.calls} calls over ${flags.layers} caches, each then a barrier; median of ${flags.reps}`);
+  console.log("| shape | position | chunk | kernel | prefill shape | µs/call | GFLOP | TFLOP/s | general / this |");
+  console.log("|---|---:|---:|---|---|---:|---:|---:|---:|");
+  for (const name of shapes) {
+    const { label, heads: H, kvHeads: KV, headDim: hd } = SHAPES[name];
     const layerBytes = cacheLen * KV * hd * 2;
     const keys: Buffer[] = [], values: Buffer[] = [];
     try {
@@ -113,40 +215,36 @@ for (const name of shapes) {
           uploadBytes(device, b, 0n, randomHalves(layerBytes / 4, 1 + l * 2 + list.length));
         }
       }
-      using q = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
-      uploadBytes(device, q, 0n, randomHalves(H * hd, 99)); // any finite floats
-      using gate = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
-      uploadBytes(device, gate, 0n, randomHalves(H * hd, 98));
-      using out = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      using q = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "device" });
+      uploadBytes(device, q, 0n, randomHalves(S * H * hd, 99)); // any finite floats
+      using out = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "device" });
       using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
       const word = new Uint32Array(positions.host(), 0, 1);
       for (const chunk of flags.chunk) {
-        for (const decodeKernel of kernels) {
-          const gated = shape.gated && decodeKernel;
+        const general = new Map<number, number>();
+        for (const shape of variants) {
           using op = new DecoderAttention(device, {
-            heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: 2 * flags.layers, decodeKernel, maxDecodeGroups: flags.groups,
+            heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: flags.layers, prefillKernel: shape !== undefined, ...(shape && { prefillShape: shape }),
           });
-          using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, 1)), memory: "device" });
+          const ran = op.prefillFor(S)?.shape;
+          if (shape && !ran) {
+            console.log(`| ${label} | - | ${chunk} | prefill | ${JSON.stringify(shape)}: does not fit this device | - | - | - | - |`);
+            continue;
+          }
+          const shapeLabel = ran ? `rows ${ran.rows}, tile ${ran.tile} ${ran.halfTiles ? "halves" : "floats"}, ${ran.workgroupSize} threads (${ran.ra}x${ran.ka}, ${ran.rc}x${ran.qc}), ${(ran.sharedBytes / 1024).toFixed(1)} KiB` : "-";
+          using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, S)), memory: "device" });
           const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
-          const gatedBindings = gated ? keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions, gate })) : [];
-          using gating = new GatingKernel(device, { maxSets: 4 });
-          for (const [c, position] of POINTS) {
-            if (c !== cacheLen) continue;
-            word[0] = position; // token at `position` sees position + 1 positions
-            const call = { n: 1, S: 1, maxPositions: cacheLen, posIndex: 0 };
+          for (const position of PREFILL_POSITIONS) {
+            word[0] = position; // token t at position + t sees position + t + 1 positions
+            const call = { n: 1, S, maxPositions: cacheLen, posIndex: 0 };
             const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
-            const kvBytes = 2 * (position + 1) * KV * hd * 2;
-            const gbs = kvBytes / (us * 1e3);
-            console.log(`| ${shape.label} | ${cacheLen} | ${position} | ${decodeKernel ? "decode" : "general"} | ${chunk} | ${us.toFixed(2)} | ${(kvBytes / 1e6).toFixed(2)} | ${gbs.toFixed(0)} | ${bw ? `${((100 * gbs) / bw.gbs).toFixed(1)}%` : "-"} |`);
-            if (gated) {
-              const folded = time((cb, i) => op.record(cb, gatedBindings[i % flags.layers]!, call));
-              const separate = time((cb, i) => {
-                op.record(cb, bindings[i % flags.layers]!, call);
-                cb.barrier("computeToCompute");
-                gating.record(cb, { mode: "sigmoid-gate", x: out, g: gate, y: out, S: 1, n: H * hd });
-              });
-              gateRows.push(`| ${shape.label} | ${cacheLen} | ${position} | ${chunk} | ${separate.toFixed(2)} | ${folded.toFixed(2)} | ${(separate - folded).toFixed(2)} |`);
-            }
+            // QK^T and PV: 2 x 2 flops per (row, position, dim)
+            let seen = 0;
+            for (let t = 0; t < S; t++) seen += position + t + 1;
+            const gflop = (4 * H * hd * seen) / 1e9;
+            if (!ran) general.set(position, us);
+            const ratio = ran && general.has(position) ? `${(general.get(position)! / us).toFixed(2)}x` : "-";
+            console.log(`| ${label} | ${position} | ${chunk} | ${ran ? "prefill" : "general"} | ${shapeLabel} | ${us.toFixed(2)} | ${gflop.toFixed(3)} | ${(gflop / (us * 1e-6) / 1e3).toFixed(2)} | ${ratio} |`);
           }
         }
       }
@@ -155,9 +253,6 @@ for (const name of shapes) {
     }
   }
 }
-if (gateRows.length > 0) {
-  console.log("\noutput gate (decode kernel): attention + the sigmoid-gate dispatch and its barrier, against the gate folded into the combine");
-  console.log("| shape | cache | position | chunk | separate µs/call | folded µs/call | saved µs |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|");
-  for (const r of gateRows) console.log(r);
-}
+
+if (flags.prefill) prefillTable();
+else decodeTables();

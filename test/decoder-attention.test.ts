@@ -3,7 +3,8 @@
  * attendCpu (f64) over the same f16-rounded keys and values: head_dim 64/128/256 x GQA 1/2/4/8 x
  * n in {1, 7, 3*C+5} x S in {1, 3}, plus long contexts (4096), S = 4, a chunk size other than 64,
  * a layer offset into a two-layer cache and a q/out offset, and prompt chunks of 5..64 tokens whose
- * workgroups walk spans of several chunks with the online-softmax rule. Output buffers carry sentinel words.
+ * workgroups walk spans of several chunks with the online-softmax rule (dec_attention_prefill by
+ * default; test/decoder-attention-prefill.test.ts compares it with the general pass 1). Output buffers carry sentinel words.
  *
  * Replay: n from a positions buffer (token 0 sees n + positions[posIndex]). One command buffer is
  * recorded per case with the grid sized for maxPositions = ctx and replayed for several words
@@ -21,12 +22,12 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { DecoderAttention, type DecoderAttentionOptions } from "../src/kernels/decoder/attention.ts";
 import { GatingKernel } from "../src/kernels/decoder/gating.ts";
 import { attendCpu } from "../src/model/ops.ts";
-import { f16BitsToF32, f32ToF16Bits } from "../src/quant/half.ts";
 import { nmse, randomGaussianF32 } from "../src/quant/index.ts";
 import { CommandPool } from "../src/vk/commands.ts";
 import { Buffer } from "../src/vk/memory.ts";
 import { Fence, Submission } from "../src/vk/sync.ts";
 import { uploadBytes } from "../src/vk/transfer.ts";
+import { bytesOf, halves } from "./support/attention-data.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { SENTINEL as TAIL_SENTINEL, expectTail, f32, hostBuffer, u32 } from "./support/host-buffers.ts";
 
@@ -63,22 +64,8 @@ interface Case {
   maxPositions?: number;
   /** Unrolled K/V loops (the GPU variant; off on a CPU device by default). */
   unroll?: boolean;
-}
-
-/** Random f32 values rounded to f16: the halves for the GPU and their exact values for the CPU. */
-function halves(count: number, s: number): { bits: Uint16Array; values: Float32Array } {
-  const x = randomGaussianF32(count, s);
-  const bits = new Uint16Array(count);
-  const values = new Float32Array(count);
-  for (let i = 0; i < count; i++) {
-    bits[i] = f32ToF16Bits(x[i]!);
-    values[i] = f16BitsToF32(bits[i]!);
-  }
-  return { bits, values };
-}
-
-function bytesOf(a: ArrayBufferView): Uint8Array {
-  return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+  /** Prompt chunks through dec_attention_prefill (default) or the general pass 1 (false). */
+  prefillKernel?: boolean;
 }
 
 /** Runs one case on the GPU and returns the NMSE against attendCpu. */
@@ -89,9 +76,9 @@ function runCase(c: Case): number {
   const positions = n + S - 1;
   const ctxLen = positions + 3; // a few unused positions past the context
   const qOffset = c.qOffset ?? 0, outOffset = c.outOffset ?? 0;
-  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}/${c.unroll ?? "default"}`;
+  const key = `${H}/${KV}/${hd}/${c.chunk ?? 64}/${c.unroll ?? "default"}/${c.prefillKernel ?? "default"}`;
   let op = ops.get(key);
-  if (!op) ops.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 32, unroll: c.unroll })));
+  if (!op) ops.set(key, (op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: c.chunk, maxBindings: 32, unroll: c.unroll, prefillKernel: c.prefillKernel })));
   const perLayer = ctxLen * KV * hd;
   const k = halves(layers * perLayer, seed++);
   const v = halves(layers * perLayer, seed++);
@@ -396,8 +383,9 @@ test("the unrolled K/V loops (the variant GPUs run) give the same answer: head_d
     const e = runCase({ headDim, kvHeads: 2, group, n, S: 1, chunk: 16, unroll: true, qStd: 2 });
     expect({ headDim, group, n, ok: e <= 1e-10 }).toEqual({ headDim, group, n, ok: true });
   }
-  // a prompt chunk: spans of several chunks (few rows: llvmpipe compiles the unrolled loops of more for minutes)
-  const e = runCase({ headDim: 64, kvHeads: 2, group: 1, n: 300, S: 6, chunk: 16, unroll: true, qStd: 2 });
+  // a prompt chunk on the general pass 1 (dec_attention_prefill has no unrolled variant): spans of several
+  // chunks (few rows: llvmpipe compiles the unrolled loops of more for minutes)
+  const e = runCase({ headDim: 64, kvHeads: 2, group: 1, n: 300, S: 6, chunk: 16, unroll: true, qStd: 2, prefillKernel: false });
   expect(e).toBeLessThanOrEqual(1e-10);
 }, 120_000);
 

@@ -16,6 +16,13 @@
  * workgroup walks chunks x, x + grid, ...), so a long cache's surplus workgroups stay few. Same
  * partial records, same combine.
  *
+ * Prompt chunks of one sequence (S > DECODE_ATTENTION_TOKENS, not batched) run pass 1 as
+ * dec_attention_prefill instead where it fits the device (`prefillKernel`): flash-attention
+ * style, one workgroup per (span, KV head, block of tokens) for up to `PrefillShape.rows` query
+ * rows (32 by default: 4 tokens at GQA 8, against the general pass 1's 16), each K and V tile
+ * loaded into shared memory once for all of them, register tiles for the scores and the values.
+ * Same spans (so the same partials and numChunks), same records, same combine.
+ *
  * Output gate (Qwen3.5): a binding made with a `gate` buffer (laid out as out, at the call's
  * gateOffset) has the combine write out * sigmoid(gate), as GatingKernel's "sigmoid-gate" computes
  * it, so the gate needs no dispatch and barrier of its own.
@@ -57,6 +64,8 @@ import { BATCH_WORDS } from "./rope-kv.ts";
 export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushConstantBytes: 56 } as const;
 /** Decode's pass 1 (one token per workgroup, spans of one chunk): pass 1's buffers and push constants. */
 export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffers: 5, pushConstantBytes: 56 } as const;
+/** Prompt chunks' pass 1 (tiled, a block of tokens per workgroup): pass 1's buffers and push constants. */
+export const DEC_ATTENTION_PREFILL = { name: "dec_attention_prefill", storageBuffers: 5, pushConstantBytes: 56 } as const;
 /**
  * Pass 2: partials, out, positions, gate; push n, S, heads, numChunks, outOffset (floats), posIndex,
  * flags (pass 1's, bit 2: the output gate), limit (as pass 1), span, gateOffset (floats): 40 B.
@@ -80,6 +89,42 @@ export const DEFAULT_DECODE_GROUPS = 128;
 const MAX_PREFILL_GROUP_ROWS = 16;
 export const ATTENTION_HEAD_DIMS = [32, 64, 128, 256] as const;
 export const ATTENTION_GQA = [1, 2, 4, 8] as const;
+/** dec_attention_prefill's query rows a workgroup and keys a tile by default (each halved where shared memory is short). */
+export const DEFAULT_PREFILL_ROWS = 32;
+export const DEFAULT_PREFILL_TILE = 32;
+/** dec_attention_prefill's threads before the value tiles ask for more (at most 16 vec4 of accumulators a thread). */
+const PREFILL_THREADS = 128;
+const MAX_PREFILL_VALUE_QUADS = 16;
+
+/**
+ * dec_attention_prefill's shape for one rows count: rows (tokens x heads per KV head) and keys
+ * per tile, the K/V tiles' type in shared memory, its threads and their register tiles (scores:
+ * ra rows x ka keys; values: rc rows x qc quads of dims).
+ */
+export interface PrefillShape {
+  rows: number;
+  tile: number;
+  halfTiles: boolean;
+  workgroupSize: number;
+  ra: number;
+  ka: number;
+  rc: number;
+  qc: number;
+  /** Shared memory it takes (bytes). */
+  sharedBytes: number;
+}
+
+/** What a caller may ask of dec_attention_prefill's shape (upper bounds on rows and tile; the tiles' type forced). */
+export interface PrefillShapeOptions {
+  /** Query rows a workgroup at most: a power of two (default DEFAULT_PREFILL_ROWS). */
+  rows?: number;
+  /** Keys a tile at most: a power of two >= 8 (default DEFAULT_PREFILL_TILE). */
+  tile?: number;
+  /** K/V tiles as halves in shared memory (default: floats where they fit, else halves). */
+  halfTiles?: boolean;
+  /** Threads a workgroup at most: a power of two (default 128, doubled while a thread's value tile passes 16 vec4). */
+  workgroupSize?: number;
+}
 
 export interface DecoderAttentionOptions {
   heads: number;
@@ -98,6 +143,10 @@ export interface DecoderAttentionOptions {
   decodeKernel?: boolean;
   /** dec_attention_decode's grid along x at most (default DEFAULT_DECODE_GROUPS): longer contexts loop. */
   maxDecodeGroups?: number;
+  /** Prompt chunks (S > DECODE_ATTENTION_TOKENS, not batched) through dec_attention_prefill (default true where it fits the device). */
+  prefillKernel?: boolean;
+  /** dec_attention_prefill's rows, tile and tile type (benchmarks and tests; the defaults otherwise). */
+  prefillShape?: PrefillShapeOptions;
 }
 
 /** The buffers of one binding; see the module comment for layouts. */
@@ -187,7 +236,10 @@ export class DecoderAttention implements Disposable {
   /** dec_attention_decode's threads and lanes per position; undefined: decode calls run the general pass 1. */
   readonly decode: DecodeShape | undefined;
   readonly maxDecodeGroups: number;
+  /** What dec_attention_prefill's shape may be; undefined: prompt chunks run the general pass 1. */
+  readonly prefill: { rows: number; tile: number; halfTiles?: boolean; workgroupSize?: number } | undefined;
   private readonly decodePipeline: ComputePipeline | undefined;
+  private readonly prefillPipelines = new Map<number, { shape: PrefillShape; pipeline: ComputePipeline }>();
   private readonly splitPipelines = new Map<number, ComputePipeline>();
   private readonly combinePipeline: ComputePipeline;
   private readonly pool: DescriptorPool;
@@ -209,6 +261,12 @@ export class DecoderAttention implements Disposable {
     if (this.sharedBytes(group, headDim, chunk) > device.info.limits.maxComputeSharedMemorySize) {
       throw new InvalidArgumentError(`chunk ${chunk} needs ${this.sharedBytes(group, headDim, chunk)} B of shared memory for one token (limit ${device.info.limits.maxComputeSharedMemorySize})`);
     }
+    const ps = options.prefillShape ?? {};
+    const rows = ps.rows ?? DEFAULT_PREFILL_ROWS, tile = ps.tile ?? DEFAULT_PREFILL_TILE;
+    const pow2 = (x: number) => Number.isInteger(x) && x >= 1 && (x & (x - 1)) === 0;
+    if (!pow2(rows) || rows > 256) throw new InvalidArgumentError(`prefillShape.rows must be a power of two in 1..256, got ${rows}`);
+    if (!pow2(tile) || tile < 8 || tile > 256) throw new InvalidArgumentError(`prefillShape.tile must be a power of two in 8..256, got ${tile}`);
+    if (ps.workgroupSize !== undefined && (!pow2(ps.workgroupSize) || ps.workgroupSize < 32)) throw new InvalidArgumentError(`prefillShape.workgroupSize must be a power of two >= 32, got ${ps.workgroupSize}`);
     this.device = device;
     this.heads = heads;
     this.kvHeads = kvHeads;
@@ -222,6 +280,12 @@ export class DecoderAttention implements Disposable {
     this.maxDecodeGroups = maxDecodeGroups;
     this.decode = options.decodeKernel === false ? undefined : this.decodeShape();
     if (options.decodeKernel === true && !this.decode) throw new InvalidArgumentError(`dec_attention_decode does not fit this device for head_dim ${headDim}, GQA ${group}, chunk ${chunk} (threads or shared memory)`);
+    this.prefill = options.prefillKernel === false ? undefined : { rows: Math.max(rows, group), tile, ...(ps.halfTiles !== undefined && { halfTiles: ps.halfTiles }), ...(ps.workgroupSize && { workgroupSize: ps.workgroupSize }) };
+    // the smallest block (one token) must fit, or prompt chunks keep the general pass 1
+    if (this.prefill && !this.prefillShape(group)) {
+      if (options.prefillKernel === true) throw new InvalidArgumentError(`dec_attention_prefill does not fit this device for head_dim ${headDim}, GQA ${group} (threads or shared memory)`);
+      this.prefill = undefined;
+    }
     if (this.decode) {
       this.decodePipeline = new ComputePipeline(device, {
         spirv: shaderFile(DEC_ATTENTION_DECODE.name), storageBuffers: DEC_ATTENTION_DECODE.storageBuffers, pushConstantBytes: DEC_ATTENTION_DECODE.pushConstantBytes,
@@ -249,6 +313,66 @@ export class DecoderAttention implements Disposable {
     while (lanes * 2 <= hd8 && lanes * 2 * this.chunk <= wg) lanes *= 2;
     if (4 * this.group * this.chunk * lanes > this.device.info.limits.maxComputeSharedMemorySize) return undefined;
     return { workgroupSize: wg, lanes };
+  }
+
+  /**
+   * dec_attention_prefill's shape for at most `rows` query rows (a power of two >= group): the
+   * largest rows, then tile, then float tiles that fit the device's shared memory and threads;
+   * undefined where none does.
+   */
+  prefillShape(rows: number): PrefillShape | undefined {
+    const want = this.prefill;
+    if (!want) return undefined;
+    const limits = this.device.info.limits, hd4 = this.headDim / 4;
+    for (let r = Math.min(rows, want.rows); r >= this.group; r /= 2) {
+      for (let tile = want.tile; tile >= 8; tile /= 2) {
+        for (const halfTiles of want.halfTiles === undefined ? [false, true] : [want.halfTiles]) {
+          let wg = want.workgroupSize ?? PREFILL_THREADS;
+          while (!want.workgroupSize && (r * hd4) / wg > MAX_PREFILL_VALUE_QUADS && 2 * wg <= limits.maxComputeWorkGroupInvocations) wg *= 2;
+          wg = Math.min(wg, r * tile, r * hd4);
+          if (wg > limits.maxComputeWorkGroupInvocations) continue;
+          // register tiles near square (scores), rows first (values: P is a broadcast, V a load a quad)
+          const scores = (r * tile) / wg, values = (r * hd4) / wg;
+          let ka = 2 ** Math.floor(Math.log2(scores) / 2), ra = scores / ka;
+          while (ra > r) { ra /= 2; ka *= 2; }
+          let rc = 2 ** Math.ceil(Math.log2(values) / 2), qc = values / rc;
+          while (rc > r) { rc /= 2; qc *= 2; }
+          if (ka > tile || qc > hd4) continue;
+          const tk = tile / ka;
+          const sharedBytes = 16 * r * (hd4 + 1) + tile * (hd4 + 1) * (halfTiles ? 8 : 16) + (halfTiles ? 16 : 8) + 4 * r * (tile + 1) + 4 * r * tk + 4 * r;
+          if (sharedBytes > limits.maxComputeSharedMemorySize) continue;
+          return { rows: r, tile, halfTiles, workgroupSize: wg, ra, ka, rc, qc, sharedBytes };
+        }
+      }
+    }
+    return undefined;
+  }
+
+  /** The rows of dec_attention_prefill's workgroups for S tokens: enough for all of them, at most the shape's. */
+  private prefillRows(S: number): number {
+    let rows = this.group;
+    while (rows < S * this.group && rows < this.prefill!.rows) rows *= 2;
+    return rows;
+  }
+
+  /** dec_attention_prefill's shape and pipeline for a call of S tokens (undefined: the general pass 1 runs it). */
+  prefillFor(S: number): { shape: PrefillShape; pipeline: ComputePipeline } | undefined {
+    if (!this.prefill || S <= DECODE_ATTENTION_TOKENS) return undefined;
+    const rows = this.prefillRows(S);
+    let entry = this.prefillPipelines.get(rows);
+    if (!entry) {
+      const shape = this.prefillShape(rows);
+      if (!shape) return undefined;
+      const pipeline = new ComputePipeline(this.device, {
+        spirv: shaderFile(DEC_ATTENTION_PREFILL.name), storageBuffers: DEC_ATTENTION_PREFILL.storageBuffers, pushConstantBytes: DEC_ATTENTION_PREFILL.pushConstantBytes,
+        specialization: {
+          0: shape.workgroupSize, 1: this.headDim, 2: this.chunk, 3: shape.rows, 4: shape.tile, 5: shape.halfTiles ? 1 : 0,
+          6: shape.ra, 7: shape.ka, 8: shape.rc, 9: shape.qc,
+        },
+      });
+      this.prefillPipelines.set(rows, (entry = { shape, pipeline }));
+    }
+    return entry;
   }
 
   /** Pass 1's shared memory for `rows` query rows: q, scores, the span's running values and state. */
@@ -376,8 +500,10 @@ export class DecoderAttention implements Disposable {
     if (numChunks > MAX_COMBINE_RECORDS) throw new InvalidArgumentError(`${numChunks} partial records per row exceed the combine pass's ${MAX_COMBINE_RECORDS}: use a larger chunk`);
     // decode: one token per workgroup; batched: each token its own sequence, one per group
     const decode = this.decodePipeline !== undefined && S <= DECODE_ATTENTION_TOKENS && iters === 1;
-    const T = batched || decode ? 1 : this.tokensPerGroup(S);
-    const split = decode ? this.decodePipeline! : this.splitPipeline(this.group * T);
+    // prompt chunks of one sequence: a block of shape.rows / group tokens per workgroup
+    const prefill = batched ? undefined : this.prefillFor(S);
+    const T = batched || decode ? 1 : prefill ? prefill.shape.rows / this.group : this.tokensPerGroup(S);
+    const split = decode ? this.decodePipeline! : prefill ? prefill.pipeline : this.splitPipeline(this.group * T);
     const pc = this.pc;
     const flags = batched ? 2 : fromBuffer ? 1 : 0;
     const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
@@ -396,6 +522,8 @@ export class DecoderAttention implements Disposable {
     this.pool[Symbol.dispose]();
     for (const p of this.splitPipelines.values()) p[Symbol.dispose]();
     this.decodePipeline?.[Symbol.dispose]();
+    for (const e of this.prefillPipelines.values()) e.pipeline[Symbol.dispose]();
+    this.prefillPipelines.clear();
     this.splitPipelines.clear();
     this.combinePipeline[Symbol.dispose]();
   }

@@ -13,12 +13,16 @@
 // attention shapes (q 2048->4096, k/v 2048->512, o 4096->2048), Q4_K and Q6_K, in one run: GPU
 // timestamps over a batch rotating through the pool, clocks warmed by streaming reads before each
 // case, the two kernels alternated; prints float µs / idp µs. --gemm-steps 1,2,4 (the default) are
-// the idp kernel's slices a step (GgmlGemmIdpKernelOptions.slicesPerStep), one row each. Needs the
+// the idp kernel's slices a step (GgmlGemmIdpKernelOptions.slicesPerStep), one row each. Then o and
+// k/v split over the columns (GemmSplitScratch, as DeviceLinear records them where gemmSplits > 1)
+// against unsplit, both GEMMs, in the same run; --gemm-splits N asks for N runs (default gemmSplits'
+// count for the shape on this device, or 4 where that is 1, e.g. a CPU device). Needs the
 // integer-dot decision on (or --force-idp where the device has the feature).
-//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS] [--force-idp] [--ggml-factored] [--only TEXT] [--gemm-idp [--gemm-steps 1,2,4]]
+//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS] [--force-idp] [--ggml-factored] [--only TEXT] [--gemm-idp [--gemm-steps 1,2,4] [--gemm-splits N]]
 import { readConfig } from "../src/config.ts";
 import { GemvKernels } from "../src/kernels/gemv.ts";
 import { GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmIdpKernel, GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
+import { GemmSplitScratch, gemmSplits } from "../src/kernels/decoder/quant-gemm.ts";
 import { GGML_IDP_GROUP, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlQuantizeKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { GEMV, GEMV_IDP, QUANTIZE_ACT, shaderFile } from "../src/kernels/shaders.ts";
@@ -45,6 +49,8 @@ const factored = args.includes("--ggml-factored");
 const gemmIdpMode = args.includes("--gemm-idp");
 const stepsArg = args.indexOf("--gemm-steps");
 const gemmSteps = (stepsArg >= 0 ? String(args[stepsArg + 1]) : "1,2,4").split(",").map(Number);
+const splitsArg = args.indexOf("--gemm-splits");
+const gemmSplitsAsked = splitsArg >= 0 ? Number(args[splitsArg + 1]) : undefined;
 if (shapeArg >= 0) {
   const [wg, rows, tokens] = String(args[shapeArg + 1]).split(",").map(Number);
   Object.assign(ggmlShape, { workgroupSize: wg, rowsPerWorkgroup: rows, tokensPerChunk: tokens });
@@ -273,20 +279,24 @@ if (gemmIdpMode) {
   const shapes = [{ label: "q 2048->4096", I: 2048, O: 4096 }, { label: "k/v 2048->512", I: 2048, O: 512 }, { label: "o 4096->2048", I: 4096, O: 2048 }];
   const table: string[][] = [["matrix (I->O)", "fmt", "slices a step", "matrices", "float µs", "idp µs", "idp GEMM alone µs", "float TFLOP/s", "idp TFLOP/s", "float / idp"]];
   const qkvTable: string[][] = [["q+k+v 2048->4096, 512, 512", "fmt", "slices a step", "float µs", "idp µs (each its own quantize)", "idp µs (one quantize)", "float / idp", "float / idp, one quantize"]];
+  const splitTable: string[][] = [["matrix (I->O)", "fmt", "slices a step", "runs x columns", "float µs", "float split µs", "idp µs", "idp split µs", "float: unsplit / split", "idp: unsplit / split"]];
   using quantize = new GgmlQuantizeKernel(device);
   const scratch = { xq, xscale, xsum };
   for (const format of ["Q4_K", "Q6_K"] as const) {
     using floatGemm = new GgmlGemmKernel(device, format);
     const idpGemms = gemmSteps.map((slicesPerStep) => new GgmlGemmIdpKernel(device, format, { slicesPerStep }));
     using _ = { [Symbol.dispose]: () => idpGemms.forEach((k) => k[Symbol.dispose]()) };
-    const fset = setFor(floatGemm.pipeline, "gemm float", [{ buffer: pool }, { buffer: x }, { buffer: y }]);
-    const isets = idpGemms.map((k) => setFor(k.pipeline, "gemm idp", [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }]));
-    const grid = (O: number): [number, number] => [Math.ceil(O / GGML_GEMM_ROWS), Math.ceil(S / GGML_GEMM_TOKENS)];
+    // unsplit: the partial tiles' and arrival words' bindings are y (never read: splits 1)
+    const fset = setFor(floatGemm.pipeline, "gemm float", [{ buffer: pool }, { buffer: x }, { buffer: y }, { buffer: y }, { buffer: y }]);
+    const isets = idpGemms.map((k) => setFor(k.pipeline, "gemm idp", [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }, { buffer: y }, { buffer: y }]));
+    const grid = (O: number, splits: number): [number, number, number] => [Math.ceil(O / GGML_GEMM_ROWS), Math.ceil(S / GGML_GEMM_TOKENS), splits];
+    /** A split call's descriptor sets (the scratch's buffers bound) and push words; undefined: unsplit. */
+    interface SplitBinding { float: bigint; idp: bigint[]; splits: number; splitCols: number }
     // one matrix's GEMM at byte offset `at` of the pool, no barrier
-    const floatGemmAt = (cb: ReturnType<CommandPool["allocate"]>, O: number, I: number, at: number) =>
-      cb.bind(floatGemm.pipeline, fset).pushConstants(floatGemm.pipeline, new Uint32Array([O, I, S, at, 0, 0])).dispatch(...grid(O));
-    const idpGemmAt = (i: number) => (cb: ReturnType<CommandPool["allocate"]>, O: number, I: number, at: number) =>
-      cb.bind(idpGemms[i]!.pipeline, isets[i]!).pushConstants(idpGemms[i]!.pipeline, new Uint32Array([O, I, S, at, 0])).dispatch(...grid(O));
+    const floatGemmAt = (cb: ReturnType<CommandPool["allocate"]>, O: number, I: number, at: number, sp?: SplitBinding) =>
+      cb.bind(floatGemm.pipeline, sp?.float ?? fset).pushConstants(floatGemm.pipeline, new Uint32Array([O, I, S, at, 0, 0, sp?.splits ?? 1, sp?.splitCols ?? I])).dispatch(...grid(O, sp?.splits ?? 1));
+    const idpGemmAt = (i: number) => (cb: ReturnType<CommandPool["allocate"]>, O: number, I: number, at: number, sp?: SplitBinding) =>
+      cb.bind(idpGemms[i]!.pipeline, sp?.idp[i] ?? isets[i]!).pushConstants(idpGemms[i]!.pipeline, new Uint32Array([O, I, S, at, 0, sp?.splits ?? 1, sp?.splitCols ?? I])).dispatch(...grid(O, sp?.splits ?? 1));
     const quantizeX = (cb: ReturnType<CommandPool["allocate"]>, I: number) => quantize.record(cb, x, 0, scratch, I, S).barrier("computeToCompute");
     for (const c of quick ? shapes.slice(0, 1) : shapes) {
       const stride = strideOf(format, c.O, c.I);
@@ -305,11 +315,35 @@ if (gemmIdpMode) {
         console.log(`  ${row.join(" | ")}`);
       });
     }
+    // o and k/v (few rows: what gemmSplits splits on a GPU) split over the columns against unsplit,
+    // each call a barrier after it as the graph records it (calls on one scratch must not overlap)
+    for (const c of quick || (gemmSplitsAsked ?? 2) < 2 ? [] : shapes.filter((sh) => sh.O <= 2048)) {
+      const stride = strideOf(format, c.O, c.I);
+      const count = Math.floor(poolBytes / stride);
+      if (count < 2) continue;
+      const chosen = gemmSplits(device, c.O, c.I);
+      using scratch = new GemmSplitScratch(device, c.O, c.I, S, gemmSplitsAsked ?? (chosen > 1 ? chosen : 4), GGML_BLOCK_LAYOUTS[format].blockElements);
+      const bound = [{ buffer: scratch.part }, { buffer: scratch.arrived }];
+      const sp: SplitBinding = {
+        float: setFor(floatGemm.pipeline, `gemm float split ${c.label}`, [{ buffer: pool }, { buffer: x }, { buffer: y }, ...bound]),
+        idp: idpGemms.map((k) => setFor(k.pipeline, `gemm idp split ${c.label}`, [{ buffer: pool }, { buffer: xq }, { buffer: xscale }, { buffer: xsum }, { buffer: y }, ...bound])),
+        splits: scratch.splits, splitCols: scratch.splitCols,
+      };
+      const floatCall = (split?: SplitBinding): Call => (cb, m) => floatGemmAt(cb, c.O, c.I, m * stride, split).barrier("computeToCompute");
+      const idpCall = (i: number, split?: SplitBinding): Call => (cb, m) => idpGemmAt(i)(quantizeX(cb, c.I), c.O, c.I, m * stride, split).barrier("computeToCompute");
+      const [floatNs, floatSplitNs, ...rest] = timeAlternated([floatCall(), floatCall(sp), ...idpGemms.flatMap((_, i) => [idpCall(i), idpCall(i, sp)])], count);
+      idpGemms.forEach((k, i) => {
+        const idpNs = rest[2 * i]!, idpSplitNs = rest[2 * i + 1]!;
+        const row = [c.label, format, String(k.slicesPerStep), `${scratch.splits} x ${scratch.splitCols}`, us(floatNs!), us(floatSplitNs!), us(idpNs), us(idpSplitNs), `${(floatNs! / floatSplitNs!).toFixed(2)}x`, `${(idpNs / idpSplitNs).toFixed(2)}x`];
+        splitTable.push(row);
+        console.log(`  ${row.join(" | ")}`);
+      });
+    }
     if (quick) continue;
     // q, k and v of one chunk as the graph records them (DeviceLinear.record back to back, then one
     // barrier): the float GEMMs overlap; each idp GEMM waits behind its own quantize's barrier, which
     // also waits for the GEMM before it. "One quantize": x quantized once for all three (recordQuantized,
-    // as the input norm's quantized rows would feed them if its scratch held 64 tokens; decode does so).
+    // as the graphs now record a chunk: the input norm's quantized rows feed them, NormFeed). Unsplit.
     const qkv = [4096, 512, 512], I = 2048, stride = strideOf(format, 4096, I);
     const count = Math.floor(poolBytes / stride) - 2;
     if (count < 2) continue;
@@ -341,4 +375,8 @@ if (gemmIdpMode) {
   console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; GGML prompt-chunk GEMMs, S = ${S}, tiles of ${GGML_GEMM_ROWS} rows x ${GGML_GEMM_TOKENS} tokens; µs per call (a barrier after each) from GPU timestamps over a batch rotating through ${(poolBytes / MiB).toFixed(0)} MiB of matrices, best of ${cpuLike ? 3 : 21} batches, the kernels alternated; idp µs counts quantize_act and its barrier; float / idp > 1: the integer-dot GEMM is faster`);
   print(table);
   if (qkvTable.length > 1) print(qkvTable);
+  if (splitTable.length > 1) {
+    console.log(`split over the columns (GemmSplitScratch, runs of whole blocks; gemmSplits on this device: k/v ${gemmSplits(device, 512, 2048)}, o ${gemmSplits(device, 2048, 4096)}); idp µs counts quantize_act; unsplit / split > 1: the split is faster`);
+    print(splitTable);
+  }
 }

@@ -18,6 +18,10 @@
 // stalls every step). Rows past O read row O-1 and tokens past S read x as 0: computed, never stored.
 // I is a multiple of the block's elements (no column tail); xOffset % 4 == 0 (vec4 loads only, as
 // dec_gemv_ggml); blockOffset as dec_gemv_ggml's (16 bytes of readable slack past the last block).
+//
+// Split over the columns (pc.splits > 1, grid z = splits), as dec_gemm_quant: a matrix of few rows
+// (o_proj: 2048 rows, 64 tiles a chunk) leaves most of a GPU's cores idle, so each tile's row is cut
+// into runs of pc.splitCols columns (whole blocks), one workgroup each, ended by gemm_split.glsl.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 
@@ -40,11 +44,17 @@ layout(push_constant, std430) uniform PC {
     uint blockOffset;  // bytes
     uint xOffset;      // floats, a multiple of 4
     uint yOffset;      // floats
+    uint splits;       // column runs a tile is split into (grid z); 1: no split
+    uint splitCols;    // columns a run, a multiple of the block's elements
 } pc;
 
 #define GGML_WORD(i) wb[i]
 #define GGML_VEC4(i) wv[i]
 #include "ggml_blocks.glsl"
+// split runs only: partial tiles and arrival words
+#define SPLIT_PART_BINDING 3
+#define SPLIT_ARRIVED_BINDING 4
+#include "gemm_split.glsl"
 
 const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
 const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
@@ -83,12 +93,14 @@ void main() {
     const bool dequantizer = t < BM;         // thread t < 32 dequantizes row rowBase + t
     const uint rowBytes = (pc.I / BLOCK_ELEMENTS) * BLOCK_BYTES;
     const uint rowAddr = pc.blockOffset + min(rowBase + t % BM, pc.O - 1u) * rowBytes;
-    const uint slices = pc.I / 32u;
+    // this workgroup's run of slices (all of them without a split)
+    const uint uBegin = gl_WorkGroupID.z * (pc.splitCols / 32u);
+    const uint uEnd = min(pc.I / 32u, uBegin + pc.splitCols / 32u);
     float acc[4][4];
     [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
 
-    loadStep(0u, rowAddr, tokBase, dequantizer);
-    for (uint u = 0u; u < slices; u++) {
+    if (uBegin < uEnd) loadStep(uBegin, rowAddr, tokBase, dequantizer);  // uniform
+    for (uint u = uBegin; u < uEnd; u++) {
         if (dequantizer) {
             float w[32];
             ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
@@ -100,7 +112,7 @@ void main() {
             [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = nextX[m][q];
         }
         barrier();
-        if (u + 1u < slices) loadStep(u + 1u, rowAddr, tokBase, dequantizer);
+        if (u + 1u < uEnd) loadStep(u + 1u, rowAddr, tokBase, dequantizer);
         // a thread whose 4 tokens all lie past S skips the products: on a CPU device (SIMD across
         // invocations, 8 of them a vector) half the tile's lanes for S <= 32; a GPU loses nothing
         if (tokBase + tx * 4u < pc.S) {
@@ -111,6 +123,9 @@ void main() {
             }
         }
         barrier();
+    }
+    if (pc.splits > 1u) {  // uniform
+        if (!lastSplit(acc, pc.splits)) return;
     }
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         const uint s = tokBase + tx * 4u + j;

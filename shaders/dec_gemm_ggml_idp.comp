@@ -26,10 +26,14 @@
 // with a barrier per step, a load issued only after it stalls every step). A step of one slice holds
 // half the arithmetic of dec_gemm_ggml's between its barriers, and the grids of a 64-token chunk are
 // at most about one workgroup an SM on a big GPU: STEP 2 or 4 gives the loads longer to arrive and
-// halves or quarters the barriers (bench-gemv.ts --gemm-idp times each). Slices past the row's last
+// halves or quarters the barriers (bench-gemv.ts --gemm-idp times each). Slices past the run's last
 // read as zeros. Rows past O read row O-1 and tokens past S read x as 0 (q 0, scale 0): computed,
 // never stored. I is a multiple of the block's elements; blockOffset as dec_gemv_ggml's (16 bytes of
 // readable slack past the last block). Shared memory 4.5 KiB a slice of the step.
+//
+// Split over the columns (pc.splits > 1, grid z = splits), as dec_gemm_ggml: each tile's row is cut
+// into runs of pc.splitCols columns (whole blocks), one workgroup each walking its run's slices by
+// steps (the last step's surplus slices read as zeros), ended by gemm_split.glsl.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_spirv_intrinsics : require
@@ -59,11 +63,17 @@ layout(push_constant, std430) uniform PC {
     uint S;
     uint blockOffset;  // bytes
     uint yOffset;      // floats
+    uint splits;       // column runs a tile is split into (grid z); 1: no split
+    uint splitCols;    // columns a run, a multiple of the block's elements
 } pc;
 
 #define GGML_WORD(i) wb[i]
 #define GGML_VEC4(i) wv[i]
 #include "ggml_blocks.glsl"
+// split runs only: partial tiles and arrival words
+#define SPLIT_PART_BINDING 5
+#define SPLIT_ARRIVED_BINDING 6
+#include "gemm_split.glsl"
 
 const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
 const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
@@ -88,12 +98,12 @@ uvec4 nextX[STEP];
 float nextXs[STEP];
 int nextXsum[STEP];
 
-// Slices step * STEP ..; one past the row's last slice reads as zeros (weights 0, x 0: adds 0).
-void loadStep(uint step, uint slices, uint rowAddr, uint tok, uint run, uint groups, bool dequantizer) {
+// Slices uBegin + step * STEP ..; one at or past uEnd (the run's end) reads as zeros (weights 0, x 0: adds 0).
+void loadStep(uint step, uint uBegin, uint uEnd, uint rowAddr, uint tok, uint run, uint groups, bool dequantizer) {
     [[unroll]] for (uint k = 0u; k < STEP; k++) {
-        const uint u = step * STEP + k;
+        const uint u = uBegin + step * STEP + k;
         const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-        const bool live = u < slices;  // uniform
+        const bool live = u < uEnd;  // uniform
         nextQ0[k] = uvec4(0u), nextQ1[k] = uvec4(0u), nextD[k] = vec2(0.0), nextM[k] = vec2(0.0);
         if (dequantizer && live) ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0[k], nextQ1[k], nextD[k], nextM[k]);
         const uint at = tok * groups + ((blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s)) >> 4u) + run * GAP;
@@ -112,8 +122,10 @@ void main() {
     const bool dequantizer = t < BM;         // thread t < 32 reads row rowBase + t's slices
     const uint rowBytes = (pc.I / BLOCK_ELEMENTS) * BLOCK_BYTES;
     const uint rowAddr = pc.blockOffset + min(rowBase + t % BM, pc.O - 1u) * rowBytes;
-    const uint slices = pc.I / 32u;
-    const uint steps = (slices + STEP - 1u) / STEP;
+    // this workgroup's run of slices (all of them without a split)
+    const uint uBegin = gl_WorkGroupID.z * (pc.splitCols / 32u);
+    const uint uEnd = min(pc.I / 32u, uBegin + pc.splitCols / 32u);
+    const uint steps = uBegin < uEnd ? (uEnd - uBegin + STEP - 1u) / STEP : 0u;
     const uint groups = pc.I / 16u;          // x groups a token (also its xq row in uvec4s)
     const uint xTok = t % BN, xRun = t / BN; // the (token, run) of x this thread stages
     const uint xSlot = (xTok % 4u) * (BN / 4u) + xTok / 4u;
@@ -121,7 +133,7 @@ void main() {
     float acc[4][4];
     [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
 
-    loadStep(0u, slices, rowAddr, tokBase + xTok, xRun, groups, dequantizer);
+    if (steps > 0u) loadStep(0u, uBegin, uEnd, rowAddr, tokBase + xTok, xRun, groups, dequantizer);  // uniform
     for (uint step = 0u; step < steps; step++) {
         [[unroll]] for (uint k = 0u; k < STEP; k++) {
             if (dequantizer) {
@@ -134,7 +146,7 @@ void main() {
             xScale[k * BN + xSlot][2u + xRun] = MINS ? floatBitsToUint(float(nextXsum[k])) : uint(MAGIC - OFF * nextXsum[k]);
         }
         barrier();
-        if (step + 1u < steps) loadStep(step + 1u, slices, rowAddr, tokBase + xTok, xRun, groups, dequantizer);
+        if (step + 1u < steps) loadStep(step + 1u, uBegin, uEnd, rowAddr, tokBase + xTok, xRun, groups, dequantizer);
         // a thread whose 4 tokens all lie past S skips the products (as dec_gemm_ggml: a CPU device
         // runs invocations as SIMD lanes; a GPU loses nothing)
         if (tokBase + tx * 4u < pc.S) {
@@ -163,6 +175,9 @@ void main() {
             }
         }
         barrier();
+    }
+    if (pc.splits > 1u) {  // uniform
+        if (!lastSplit(acc, pc.splits)) return;
     }
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         const uint s = tokBase + tx * 4u + j;

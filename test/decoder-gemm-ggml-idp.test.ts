@@ -13,8 +13,16 @@
  * Shapes: random blocks and llama-quantize's (test/fixtures/ggml-blocks/blocks.gguf), rows 3, 7, 33, 70
  * (partial 32-row tiles), rows of 1, 2 and 9 blocks (32-element types) or 1, 2 and 3 super-blocks,
  * S = 8, 13, 64, 70 (two token tiles), x/y offsets; sentinels around y. DeviceLinear: prompt chunks
- * of 9..64 tokens through the integer-dot GEMM (2 dispatches), 70 through the float GEMM,
- * ggmlGemmIdp: false keeping the float GEMM.
+ * of 9..64 tokens through the integer-dot GEMM (2 dispatches; 1 from quantized rows, takesQuantized),
+ * 70 through the float GEMM, ggmlGemmIdp: false keeping the float GEMM.
+ * - Split over the columns (GemmSplitScratch, runs of whole blocks, made here: Lavapipe never splits
+ *   by default): 2..5 runs, a short last run, S = 13, 64, 70, offsets; against the quantized x's exact
+ *   GEMM (<= 1e-9) and the unsplit kernel (<= 1e-9); 3 calls behind barriers, each into its own y,
+ *   equal bit for bit; recordQuantized and 3 or 4 slices a step equal record and 1 bit for bit with
+ *   the same scratch. DeviceLinear with splits forced on its idp GEMM chunks.
+ *   Negative control (by hand, 2026-12-04): the other splits' partials dropped (gemm_split.glsl) gave
+ *   NMSE 0.55..0.63 against the quantized x's exact GEMM (Q4_1, Q5_0, Q5_1; the K-quants failed first
+ *   on the repeated calls, whose last workgroup, and so y, then differs).
  *
  * Negative controls (by hand, 2026-12-03): the slice's second run of x read at the first run's group
  * (`+ run * GAP` dropped in loadStep) gave NMSE 0.53..1.64 against the quantized-x reference, every
@@ -26,6 +34,7 @@ import type { GgufFile } from "../src/formats/tensor.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_IDP_GROUP, GgmlIdpScratch, type QuantizedRows } from "../src/kernels/decoder/ggml-gemv.ts";
+import { GemmSplitScratch } from "../src/kernels/decoder/quant-gemm.ts";
 import { DEC_GEMM_GGML_IDP, IDP_PIPELINES } from "../src/kernels/shaders.ts";
 import { DeviceLinear, GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
@@ -111,10 +120,10 @@ function runOnGpu(w: GgmlBlockTensor, x: Float32Array, S: number, xOffset: numbe
   return f32(yb, S * w.rows, yOffset).slice();
 }
 
-const gpuIdp = (w: GgmlBlockTensor, x: Float32Array, S: number, xOffset = 0, yOffset = 0, slicesPerStep = 1) =>
+const gpuIdp = (w: GgmlBlockTensor, x: Float32Array, S: number, xOffset = 0, yOffset = 0, slicesPerStep = 1, split?: GemmSplitScratch) =>
   runOnGpu(w, x, S, xOffset, yOffset, (matrix, xb, yb) => {
     using scratch = quantizedRows(w.cols, S);
-    submitAndWait(device, (cb) => idpFor(w.type, slicesPerStep).record(cb, { matrix, x: xb, y: yb, S, xOffset, yOffset, scratch }));
+    submitAndWait(device, (cb) => idpFor(w.type, slicesPerStep).record(cb, { matrix, x: xb, y: yb, S, xOffset, yOffset, scratch }, split));
   });
 const bits = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
 
@@ -195,6 +204,66 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
   }, 60_000);
 });
 
+/** Split cases: `runs` the column runs `splits` leaves for `blocks` blocks a row (as test/decoder-gemm-ggml.test.ts). */
+const splitCases = (k: boolean) => k
+  ? [
+    { rows: 70, blocks: 3, splits: 2, runs: 2, S: 13 }, // 512 + 256: a short last run
+    { rows: 33, blocks: 5, splits: 5, runs: 5, S: 64 },
+    { rows: 40, blocks: 3, splits: 3, runs: 3, S: 70 }, // two token tiles
+    { rows: 7, blocks: 7, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 }, // 3 x 512 + 256
+  ]
+  : [
+    { rows: 70, blocks: 9, splits: 2, runs: 2, S: 13 }, // 160 + 128
+    { rows: 33, blocks: 9, splits: 5, runs: 5, S: 64 }, // 4 x 64 + 32
+    { rows: 40, blocks: 7, splits: 3, runs: 3, S: 70 }, // 96 + 96 + 32, two token tiles
+    { rows: 7, blocks: 16, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 },
+  ];
+
+describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScratch, runs of whole blocks)", () => {
+  for (const type of GGML_BLOCK_TYPES) {
+    test(`${type}: 2..5 runs, a short last run, S = 13, 64, 70, offsets, vs the quantized x's exact GEMM and the unsplit kernel (NMSE <= 1e-9); 3 calls behind barriers equal bit for bit`, () => {
+      const block = GGML_BLOCK_LAYOUTS[type].blockElements;
+      let seed = 7000 + 100 * GGML_BLOCK_TYPES.indexOf(type);
+      let worstExact = 0, worstUnsplit = 0;
+      for (const c of splitCases(block === 256)) {
+        const w = randomTensor(type, c.rows, c.blocks, seed++), S = c.S, xOffset = c.xOffset ?? 0, yOffset = c.yOffset ?? 0;
+        const x = randomGaussianF32(S * w.cols, seed++);
+        using split = new GemmSplitScratch(device, w.rows, w.cols, S, c.splits, block);
+        expect({ c, runs: split.splits, whole: split.splitCols % block }).toEqual({ c, runs: c.runs, whole: 0 });
+        // three calls, each into its own y: a tile's arrival word left counting would leave the next call's y unwritten
+        const ys = runOnGpu(w, x, S, xOffset, yOffset, (matrix, xb, first) => {
+          using scratch = quantizedRows(w.cols, S);
+          using y2 = hostBuffer(device, yOffset + S * w.rows);
+          using y3 = hostBuffer(device, yOffset + S * w.rows);
+          submitAndWait(device, (cb) => {
+            idpFor(type).record(cb, { matrix, x: xb, y: first, S, xOffset, yOffset, scratch }, split);
+            for (const y of [y2, y3]) idpFor(type).recordQuantized(cb.barrier("computeToCompute"), { matrix, y, S, yOffset, scratch }, split);
+          });
+          for (const y of [y2, y3]) expect(Array.from(u32(y, S * w.rows, yOffset))).toEqual(Array.from(u32(first, S * w.rows, yOffset)));
+        });
+        const eExact = nmse(exactGemm(w, quantizedX(x), S), ys), eUnsplit = nmse(gpuIdp(w, x, S), ys);
+        if (!(eExact <= 1e-9 && eUnsplit <= 1e-9)) throw new Error(`${type} ${w.rows}x${w.cols} S=${S}, ${split.splits} runs: NMSE ${eExact} vs the quantized x's exact GEMM, ${eUnsplit} vs the unsplit kernel`);
+        worstExact = Math.max(worstExact, eExact);
+        worstUnsplit = Math.max(worstUnsplit, eUnsplit);
+      }
+      console.log(`  ${type} split: worst NMSE ${worstExact.toExponential(2)} vs the quantized x's exact GEMM, ${worstUnsplit.toExponential(2)} vs the unsplit kernel`);
+      expect(worstExact).toBeGreaterThan(0);
+    }, 60_000);
+  }
+
+  test("3 and 4 slices a step over split runs equal 1 bit for bit (Q4_1: runs of 5 and 4 slices by 3; Q4_K: 24 and 24 by 4)", () => {
+    let seed = 91;
+    for (const [type, blocks, splits, step] of [["Q4_1", 9, 2, 3], ["Q4_K", 6, 2, 4]] as const) {
+      const w = randomTensor(type, 35, blocks, seed++), S = 19;
+      const x = randomGaussianF32(S * w.cols, seed++);
+      using split = new GemmSplitScratch(device, w.rows, w.cols, S, splits, GGML_BLOCK_LAYOUTS[type].blockElements);
+      const one = gpuIdp(w, x, S, 0, 1, 1, split);
+      expect(nmse(exactGemm(w, quantizedX(x), S), one)).toBeLessThanOrEqual(1e-9);
+      expect(bits(gpuIdp(w, x, S, 0, 1, step, split))).toEqual(bits(one));
+    }
+  }, 60_000);
+});
+
 describe.skipIf(noIdp)("DeviceLinear sends prompt chunks of GGML block matrices to the integer-dot GEMM", () => {
   test(`Q4_K, Q6_K, Q5_0: S = ${GGML_IDP_MAX_TOKENS} the GEMV, ${GGML_IDP_MAX_TOKENS + 1} and ${GGML_IDP_GEMM_MAX_TOKENS} the idp GEMM (2 dispatches, = the kernel's output), 70 the float GEMM; ggmlGemmIdp: false the float GEMM`, () => {
     using idp = new LinearKernels(device, { integerDot: true });
@@ -206,8 +275,10 @@ describe.skipIf(noIdp)("DeviceLinear sends prompt chunks of GGML block matrices 
       const linear = new GgmlBlockLinear(type, t.bytes, t.rows, t.cols, "blk.0.attn_q.weight");
       using viaIdp = new DeviceLinear(idp, "blk.0.attn_q.weight", linear);
       using viaFloat = new DeviceLinear(forced, "blk.0.attn_q.weight", linear);
-      // the norms' and attention's quantized rows hold GGML_IDP_MAX_TOKENS tokens: the GEMM's chunks quantize their own x
-      expect([viaIdp.takesQuantized(GGML_IDP_MAX_TOKENS), viaIdp.takesQuantized(GGML_IDP_MAX_TOKENS + 1), viaIdp.takesQuantized(64)]).toEqual([true, false, false]);
+      // the norms' and attention's quantized rows feed the GEMV's calls and the idp GEMM's chunks (test/rmsnorm-quant-gpu.test.ts)
+      const takes = (dl: DeviceLinear) => [GGML_IDP_MAX_TOKENS, GGML_IDP_MAX_TOKENS + 1, GGML_IDP_GEMM_MAX_TOKENS, 70].map((S) => dl.takesQuantized(S));
+      expect([idp.quantizedTokens, forced.quantizedTokens]).toEqual([GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS]);
+      expect([takes(viaIdp), takes(viaFloat)]).toEqual([[true, true, true, false], [true, false, false, false]]);
       for (const S of [GGML_IDP_MAX_TOKENS, GGML_IDP_MAX_TOKENS + 1, GGML_IDP_GEMM_MAX_TOKENS, 70]) {
         const gemm = S > GGML_IDP_MAX_TOKENS && S <= GGML_IDP_GEMM_MAX_TOKENS;
         expect(viaIdp.dispatches(S)).toBe(S > GGML_IDP_GEMM_MAX_TOKENS ? 1 : 2);
@@ -224,6 +295,28 @@ describe.skipIf(noIdp)("DeviceLinear sends prompt chunks of GGML block matrices 
         } else expect(eIdp).toBeLessThanOrEqual(1e-9);
         if (S > GGML_IDP_MAX_TOKENS) expect(eFloat).toBeLessThanOrEqual(1e-9);
         if (gemm) expect(bits(a!)).toEqual(bits(gpuIdp(t, x, S)));
+      }
+    }
+  }, 60_000);
+
+  test("splits forced (Lavapipe never splits): Q4_K and Q5_0 chunks of 13 and 64 tokens split (= the kernel with the same scratch, bit for bit), 70 on the unsplit float GEMM, decode on the GEMV", () => {
+    using split = new LinearKernels(device, { integerDot: true, gemmSplits: () => 3 });
+    using plain = new LinearKernels(device, { integerDot: true });
+    let seed = 300;
+    for (const type of ["Q4_K", "Q5_0"] as const) {
+      const t = randomTensor(type, 37, type === "Q4_K" ? 3 : 9, seed++);
+      const linear = new GgmlBlockLinear(type, t.bytes, t.rows, t.cols, "blk.0.attn_output.weight");
+      using viaSplit = new DeviceLinear(split, "blk.0.attn_output.weight", linear);
+      using viaPlain = new DeviceLinear(plain, "blk.0.attn_output.weight", linear);
+      using scratch = new GemmSplitScratch(device, t.rows, t.cols, 64, 3, GGML_BLOCK_LAYOUTS[type].blockElements);
+      for (const S of [1, 13, 64, 70]) {
+        const x = randomGaussianF32(S * t.cols, seed++);
+        const [a, b] = [viaSplit, viaPlain].map((dl) => runOnGpu(t, x, S, 4, 3, (_m, xb, yb) => submitAndWait(device, (cb) => dl.record(cb, xb, yb, S, 4, 3))));
+        if (S > GGML_IDP_MAX_TOKENS && S <= GGML_IDP_GEMM_MAX_TOKENS) {
+          expect(bits(a!)).toEqual(bits(gpuIdp(t, x, S, 0, 0, 1, scratch)));
+          expect(nmse(b!, a!)).toBeLessThanOrEqual(1e-9);
+          expect(bits(a!)).not.toEqual(bits(b!)); // the split sums, not the unsplit ones
+        } else expect(bits(a!)).toEqual(bits(b!));
       }
     }
   }, 60_000);

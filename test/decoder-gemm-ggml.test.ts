@@ -13,12 +13,22 @@
  *   weights bit for bit (-0 compared as +0: a sum cannot keep it).
  * - DeviceLinear: with the GEMM on, a GgmlBlockLinear at S = 64 and 70 is one dispatch and equals the
  *   GEMV path's output.
+ * - Split over the columns (GemmSplitScratch, runs of whole blocks; Lavapipe never splits by default,
+ *   so the scratch is made here): 2..5 runs, a short last run, S = 13, 64, 70 (two token tiles),
+ *   offsets; against the CPU and the unsplit GEMM (NMSE <= 1e-9); each of 3 calls behind barriers, each
+ *   into its own y, equal bit for bit (the arrival words back at 0: a word left counting would have no
+ *   workgroup write the second call's y). DeviceLinear with splits forced (LinearKernelsOptions.gemmSplits)
+ *   on its GEMM chunks, decode unsplit.
+ *   Negative controls (by hand, 2026-12-04, gemm_split.glsl): the last workgroup adding only its own
+ *   partial (the other splits' dropped) gave NMSE 0.53..0.76 against the CPU, every type; the arrival
+ *   word's reset dropped left every output of the second call unwritten.
  * Output buffers carry sentinel words before yOffset and past the end, checked after each run.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { GGML_GEMM_TOKENS, GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvKernel } from "../src/kernels/decoder/ggml-gemv.ts";
+import { GemmSplitScratch, splitRuns } from "../src/kernels/decoder/quant-gemm.ts";
 import { DeviceLinear, GEMM_FROM_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
@@ -151,6 +161,112 @@ describe("DeviceLinear sends GGML block prompt chunks to the GEMM", () => {
         const e = nmse(outputs[1]!, outputs[0]!);
         expect(e).toBeLessThanOrEqual(BOUND);
         expect(nmse(ref, outputs[0]!)).toBeLessThanOrEqual(BOUND);
+      }
+    }
+  }, 60_000);
+});
+
+/** `calls` split calls behind barriers, each into its own sentinel-guarded y; returns each call's y [S, rows]. */
+function gpuGemmSplit(w: GgmlBlockTensor, x: Float32Array, S: number, split: GemmSplitScratch, calls: number, xOffset = 0, yOffset = 0): Float32Array[] {
+  using m = new DeviceGgmlMatrix(device, w);
+  using xb = hostBuffer(device, xOffset + S * w.cols, "upload");
+  const ys = Array.from({ length: calls }, () => hostBuffer(device, yOffset + S * w.rows));
+  try {
+    f32(xb, S * w.cols, xOffset).set(x);
+    submitAndWait(device, (cb) => {
+      ys.forEach((yb, i) => {
+        if (i > 0) cb.barrier("computeToCompute");
+        gemmFor(w.type).record(cb, { matrix: m, x: xb, y: yb, S, xOffset, yOffset }, split);
+      });
+    });
+    return ys.map((yb, i) => {
+      const around = Array.from(u32(yb, yOffset)).concat(Array.from(u32(yb, SENTINEL_WORDS, yOffset + S * w.rows)));
+      if (around.some((v) => v !== SENTINEL)) throw new Error(`${w.type} ${w.rows}x${w.cols} S=${S} call ${i}: a sentinel word around y was overwritten`);
+      return f32(yb, S * w.rows, yOffset).slice();
+    });
+  } finally {
+    for (const yb of ys) yb[Symbol.dispose]();
+  }
+}
+
+const bitsOf = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
+
+/** Split cases: `runs` the column runs `splits` leaves for `blocks` blocks a row (the last shorter where marked). */
+const splitCases = (k: boolean) => k
+  ? [
+    { rows: 70, blocks: 3, splits: 2, runs: 2, S: 13 }, // 512 + 256: a short last run
+    { rows: 33, blocks: 5, splits: 5, runs: 5, S: 64 },
+    { rows: 40, blocks: 3, splits: 3, runs: 3, S: 70 }, // two token tiles
+    { rows: 7, blocks: 7, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 }, // 3 x 512 + 256
+  ]
+  : [
+    { rows: 70, blocks: 9, splits: 2, runs: 2, S: 13 }, // 160 + 128
+    { rows: 33, blocks: 9, splits: 5, runs: 5, S: 64 }, // 4 x 64 + 32
+    { rows: 40, blocks: 7, splits: 3, runs: 3, S: 70 }, // 96 + 96 + 32, two token tiles
+    { rows: 7, blocks: 16, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 },
+  ];
+
+describe("dec_gemm_ggml split over the columns (GemmSplitScratch, runs of whole blocks) vs the CPU and the unsplit GEMM (NMSE <= 1e-9)", () => {
+  for (const type of GGML_BLOCK_TYPES) {
+    test(`${type}: 2..5 runs, a short last run, S = 13, 64, 70, offsets; 3 calls behind barriers equal bit for bit`, () => {
+      const block = GGML_BLOCK_LAYOUTS[type].blockElements;
+      let seed = 3000 + 100 * GGML_BLOCK_TYPES.indexOf(type);
+      let worstCpu = 0, worstUnsplit = 0;
+      for (const c of splitCases(block === 256)) {
+        const w = randomTensor(type, c.rows, c.blocks, seed++);
+        const x = randomGaussianF32(c.S * w.cols, seed++);
+        using split = new GemmSplitScratch(device, w.rows, w.cols, c.S, c.splits, block);
+        expect({ c, runs: split.splits, whole: split.splitCols % block }).toEqual({ c, runs: c.runs, whole: 0 });
+        const [first, ...again] = gpuGemmSplit(w, x, c.S, split, 3, c.xOffset, c.yOffset);
+        const eCpu = nmse(cpuReference(w, x, c.S), first!), eUnsplit = nmse(gpuGemm(w, x, c.S), first!);
+        if (!(eCpu <= BOUND && eUnsplit <= BOUND)) throw new Error(`${type} ${w.rows}x${w.cols} S=${c.S}, ${split.splits} runs: NMSE ${eCpu} vs the CPU, ${eUnsplit} vs the unsplit GEMM`);
+        for (const y of again) expect(bitsOf(y)).toEqual(bitsOf(first!));
+        worstCpu = Math.max(worstCpu, eCpu);
+        worstUnsplit = Math.max(worstUnsplit, eUnsplit);
+      }
+      console.log(`  ${type} split: worst NMSE ${worstCpu.toExponential(2)} vs the CPU, ${worstUnsplit.toExponential(2)} vs the unsplit GEMM`);
+      expect(worstCpu).toBeGreaterThan(0);
+    }, 60_000);
+  }
+
+  test("splitRuns in whole blocks; a scratch whose runs are not whole blocks of the matrix's type, or of another shape, is refused", () => {
+    expect(splitRuns(768, 2, 256)).toEqual({ splitCols: 512, splits: 2 });
+    expect(splitRuns(2048, 5, 256)).toEqual({ splitCols: 512, splits: 4 }); // fewer runs than asked: whole blocks
+    expect(splitRuns(288, 5, 32)).toEqual({ splitCols: 64, splits: 5 });
+    expect(() => new GemmSplitScratch(device, 8, 256, 64, 2, 256)).toThrow(/leave 1 run/);
+    const w = randomTensor("Q4_K", 3, 2, 1);
+    using m = new DeviceGgmlMatrix(device, w);
+    using b = hostBuffer(device, 70 * 512, "upload");
+    using bySlices = new GemmSplitScratch(device, 3, 512, 64, 4); // runs of 128 columns: half a super-block
+    using shaped = new GemmSplitScratch(device, 4, 512, 64, 2, 256);
+    using short = new GemmSplitScratch(device, 3, 512, 8, 2, 256);
+    const rec = (split: GemmSplitScratch, S = 9) => () => submitAndWait(device, (cb) => gemmFor("Q4_K").record(cb, { matrix: m, x: b, y: b, S }, split));
+    expect(rec(bySlices)).toThrow(/not whole Q4_K blocks/);
+    expect(rec(shaped)).toThrow(/split scratch of 4 x 512/);
+    expect(rec(short)).toThrow(/for 8 tokens/);
+  });
+});
+
+describe("DeviceLinear splits its GEMM chunks where gemmSplits says (forced here: Lavapipe never splits)", () => {
+  test("Q4_K and Q5_0: S = 64 split (= the kernel with the same scratch, bit for bit), 70 and decode unsplit; within 1e-9 of the unsplit matrix", () => {
+    using split = new LinearKernels(device, { integerDot: false, gemmSplits: () => 3 });
+    using plain = new LinearKernels(device, { integerDot: false });
+    for (const type of ["Q4_K", "Q5_0"] as const) {
+      const t = randomTensor(type, 37, type === "Q4_K" ? 3 : 9, 95);
+      const linear = new GgmlBlockLinear(type, t.bytes, t.rows, t.cols, "blk.0.attn_output.weight");
+      using viaSplit = new DeviceLinear(split, "blk.0.attn_output.weight", linear);
+      using viaPlain = new DeviceLinear(plain, "blk.0.attn_output.weight", linear);
+      using scratch = new GemmSplitScratch(device, t.rows, t.cols, 64, 3, GGML_BLOCK_LAYOUTS[type].blockElements);
+      for (const S of [1, 64, 70]) {
+        const x = randomGaussianF32(S * t.cols, 96 + S);
+        const [a, b] = [viaSplit, viaPlain].map((dl) => runOnGpu(t, x, S, 4, 3, (_m, xb, yb) => submitAndWait(device, (cb) => dl.record(cb, xb, yb, S, 4, 3))));
+        expect(nmse(b!, a!)).toBeLessThanOrEqual(BOUND);
+        const kernelSplit = runOnGpu(t, x, S, 4, 3, (m, xb, yb) => submitAndWait(device, (cb) => gemmFor(type).record(cb, { matrix: m, x: xb, y: yb, S, xOffset: 4, yOffset: 3 }, S <= 64 ? scratch : undefined)));
+        // S = 64: the split sums (not the unsplit ones, which differ in the last bits); 70: one run; 1: the GEMV
+        if (S === 64) {
+          expect(bitsOf(a!)).toEqual(bitsOf(kernelSplit));
+          expect(bitsOf(a!)).not.toEqual(bitsOf(b!));
+        } else if (S === 70) expect(bitsOf(a!)).toEqual(bitsOf(b!));
       }
     }
   }, 60_000);

@@ -7,15 +7,16 @@
  * - The quantized rows: bit for bit what quantize_act writes from the same y (the integer-dot GEMV
  *   over them equals, bit for bit, the GEMV that quantizes y itself), and the quantization rule
  *   recomputed on the CPU from y (power-of-two scale, round-half-even, the sum of q).
- * - NormFeed: quantizes only for a reader on the integer-dot path at that many tokens, and q, k, v
- *   reading it match each DeviceLinear's own record.
+ * - NormFeed: quantizes only for a reader on the integer-dot path at that many tokens (the GEMV's
+ *   calls, and the idp GEMM's chunks up to 64 tokens where it is on), and q, k, v reading it match
+ *   each DeviceLinear's own record bit for bit (S = 1, 5, 9, 64; and 13, 64 with the GEMMs split).
  * Rows 1, 3, 8; n 32 .. 4128 (the scratch takes multiples of 32) (a last partial pass of groups), zero rows, in place.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeviceGgmlMatrix, GgmlGemvIdpKernel, GgmlIdpScratch } from "../src/kernels/decoder/ggml-gemv.ts";
 import { RmsNormKernel, RmsNormQuantKernel } from "../src/kernels/decoder/rmsnorm.ts";
-import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
+import { DeviceLinear, GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { NormFeed } from "../src/graph/norm-feed.ts";
 import { FloatLinear, GgmlBlockLinear } from "../src/model/linear.ts";
 import { rmsNorm } from "../src/model/ops.ts";
@@ -238,46 +239,66 @@ describe.skipIf(noIdp)("the integer-dot GEMV over the norm's quantized rows", ()
 });
 
 describe.skipIf(noIdp)("NormFeed", () => {
-  test("quantizes for a reader on the integer-dot path only; q, k, v reading it match their own records", () => {
-    using lk = new LinearKernels(device, { integerDot: true });
-    const D = 256;
+  /**
+   * The norm of S rows of D, then q, k, v (Q4_K, Q6_K, Q5_0) through recordFrom with what it returns,
+   * against each DeviceLinear's own record (quantize its own x) bit for bit; a float router reads xn too.
+   */
+  function feedCheck(lk: LinearKernels, D: number, S: number, seed: number): { quantized: boolean; dispatches: number; perMatrix: number } {
     using feed = new NormFeed(lk, D);
     const make = (type: GgmlBlockType, rows: number, seed: number, name: string) => {
       const t = randomTensor(type, rows, D, seed);
       return new DeviceLinear(lk, name, new GgmlBlockLinear(type, t.bytes, t.rows, t.cols, name));
     };
-    using q = make("Q4_K", 40, 1, "q");
-    using k = make("Q6_K", 8, 2, "k");
-    using v = make("Q5_0", 8, 3, "v");
-    using router = new DeviceLinear(lk, "router", new FloatLinear("F32", randomGaussianF32(16 * D, 4), 16, D));
-    for (const S of [1, 5, GGML_IDP_MAX_TOKENS + 1]) {
-      using hb = hostBuffer(device, S * D, "upload");
-      using wb = hostBuffer(device, D, "upload");
-      using xn = hostBuffer(device, S * D);
-      const ys = [q, k, v].map((m) => [hostBuffer(device, S * m.rows), hostBuffer(device, S * m.rows)] as const);
-      try {
-        f32(hb, S * D).set(randomGaussianF32(S * D, 10 + S));
-        f32(wb, D).set(randomGaussianF32(D, 20 + S));
-        let quantized: GgmlIdpScratch | undefined;
-        let dispatches = 0;
-        submitAndWait(device, (cb) => {
-          quantized = feed.record(cb, { x: hb, w: wb, y: xn, rows: S, n: D, eps: 1e-6 }, [router, q, k, v]);
-          cb.barrier("computeToCompute");
-          [q, k, v].forEach((m, i) => (dispatches += m.recordFrom(cb, xn, quantized, ys[i]![0], S)));
-        });
-        submitAndWait(device, (cb) => [q, k, v].forEach((m, i) => m.record(cb, xn, ys[i]![1], S)));
-        const idpPath = S <= GGML_IDP_MAX_TOKENS;
-        expect(quantized !== undefined).toBe(idpPath);
-        expect(dispatches).toBe(idpPath ? 3 : 3 * q.dispatches(S));
-        ys.forEach(([a, b], i) => expect(Array.from(u32(a, S * [q, k, v][i]!.rows))).toEqual(Array.from(u32(b, S * [q, k, v][i]!.rows))));
-        // only float readers: no quantized rows
-        submitAndWait(device, (cb) => expect(feed.record(cb, { x: hb, w: wb, y: xn, rows: S, n: D, eps: 1e-6 }, [router])).toBeUndefined());
-      } finally {
-        for (const [a, b] of ys) {
-          a[Symbol.dispose]();
-          b[Symbol.dispose]();
-        }
+    using q = make("Q4_K", 40, seed, "q");
+    using k = make("Q6_K", 8, seed + 1, "k");
+    using v = make("Q5_0", 8, seed + 2, "v");
+    using router = new DeviceLinear(lk, "router", new FloatLinear("F32", randomGaussianF32(16 * D, seed + 3), 16, D));
+    using hb = hostBuffer(device, S * D, "upload");
+    using wb = hostBuffer(device, D, "upload");
+    using xn = hostBuffer(device, S * D);
+    const ys = [q, k, v].map((m) => [hostBuffer(device, S * m.rows), hostBuffer(device, S * m.rows)] as const);
+    try {
+      f32(hb, S * D).set(randomGaussianF32(S * D, seed + 10 + S));
+      f32(wb, D).set(randomGaussianF32(D, seed + 20 + S));
+      let quantized: GgmlIdpScratch | undefined;
+      let dispatches = 0;
+      submitAndWait(device, (cb) => {
+        quantized = feed.record(cb, { x: hb, w: wb, y: xn, rows: S, n: D, eps: 1e-6 }, [router, q, k, v]);
+        cb.barrier("computeToCompute");
+        [q, k, v].forEach((m, i) => (dispatches += m.recordFrom(cb, xn, quantized, ys[i]![0], S)));
+      });
+      submitAndWait(device, (cb) => [q, k, v].forEach((m, i) => m.record(cb, xn, ys[i]![1], S)));
+      ys.forEach(([a, b], i) => {
+        const n = S * [q, k, v][i]!.rows;
+        expect({ S, m: i, y: Array.from(u32(a, n)) }).toEqual({ S, m: i, y: Array.from(u32(b, n)) });
+        expectTail(a, n, "y from the norm's rows");
+      });
+      // only float readers: no quantized rows
+      submitAndWait(device, (cb) => expect(feed.record(cb, { x: hb, w: wb, y: xn, rows: S, n: D, eps: 1e-6 }, [router])).toBeUndefined());
+      return { quantized: quantized !== undefined, dispatches, perMatrix: q.dispatches(S) };
+    } finally {
+      for (const [a, b] of ys) {
+        a[Symbol.dispose]();
+        b[Symbol.dispose]();
       }
     }
+  }
+
+  test(`quantizes for a reader on the integer-dot path only (the GEMV's calls and the idp GEMM's chunks: ${GGML_IDP_GEMM_MAX_TOKENS} tokens); q, k, v reading it match their own records`, () => {
+    using lk = new LinearKernels(device, { integerDot: true });
+    // the idp GEMM off: chunks past the GEMV's tokens take the float GEMM, which reads xn
+    using gemv = new LinearKernels(device, { integerDot: true, ggmlGemmIdp: false });
+    expect([lk.quantizedTokens, gemv.quantizedTokens]).toEqual([GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS]);
+    for (const [kernels, S] of [[lk, 1], [lk, 5], [lk, GGML_IDP_MAX_TOKENS + 1], [lk, GGML_IDP_GEMM_MAX_TOKENS], [gemv, 5], [gemv, GGML_IDP_MAX_TOKENS + 1], [gemv, GGML_IDP_GEMM_MAX_TOKENS]] as const) {
+      const r = feedCheck(kernels, 256, S, 1);
+      const idpPath = S <= kernels.quantizedTokens;
+      // from the norm's rows: one dispatch a matrix (no quantize of its own)
+      expect({ S, quantized: r.quantized, dispatches: r.dispatches }).toEqual({ S, quantized: idpPath, dispatches: idpPath ? 3 : 3 * r.perMatrix });
+    }
+  }, 120_000);
+
+  test("a 64-token chunk with the GEMMs split (forced: Lavapipe never splits; 768 columns in 3 runs): q, k, v from the norm's rows equal their own records bit for bit", () => {
+    using lk = new LinearKernels(device, { integerDot: true, gemmSplits: () => 3 });
+    for (const S of [13, GGML_IDP_GEMM_MAX_TOKENS]) expect(feedCheck(lk, 768, S, 40)).toMatchObject({ quantized: true, dispatches: 3 });
   }, 120_000);
 });

@@ -27,7 +27,7 @@ import { Buffer } from "../vk/memory.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
-import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "./device-linear.ts";
+import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
@@ -115,7 +115,7 @@ export class DecodeGraph implements Disposable {
       });
       this.finalNorm = place(weights.finalNorm);
       this.lmHead = up("lm_head", weights.lmHead);
-      if (this.layers.some((L) => L.o.takesQuantized(1))) this.attnQuant = this.own(new GgmlIdpScratch(device, H * hd, GGML_IDP_MAX_TOKENS));
+      if (this.layers.some((L) => L.o.takesQuantized(1))) this.attnQuant = this.own(new GgmlIdpScratch(device, H * hd, this.linears.quantizedTokens));
       const normData = new Float32Array(at);
       let o = 0;
       for (const p of normParts) normData.set(p, (o += p.length) - p.length);

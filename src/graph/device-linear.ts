@@ -9,6 +9,8 @@
  * GGML_IDP_GEMM_MAX_TOKENS, GgmlGemmIdpKernel (the same tiles over x quantized to int8); their
  * other calls of GEMM_FROM_TOKENS tokens or more go through GgmlGemmKernel (tiles that dequantize
  * each weight once for the whole chunk, one dispatch for any S; CPU devices too, see LinearKernels).
+ * The GEMMs of matrices of few rows split their columns over several workgroups (gemmSplits), each
+ * matrix with its own GemmSplitScratch.
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
@@ -16,10 +18,10 @@ import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
-import { GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel } from "../kernels/decoder/quant-gemm.ts";
+import { GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
-import type { GgmlBlockType } from "../quant/ggml-blocks.ts";
+import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
@@ -33,15 +35,16 @@ export const GEMM_FROM_TOKENS = 8;
  * GGML block matrices take the integer-dot path for calls of up to this many tokens (decode and small
  * batches, bandwidth-bound: the dot products cut the work per weight to a fraction of the float
  * path's). Each such matrix owns its quantized-x scratch (q, k and v are recorded back to back
- * without a barrier, so a shared one would race), and this bounds its size; longer prompt chunks
- * take the tiled GEMMs, which read a slice once per chunk of tokens.
+ * without a barrier, so a shared one would race), of this many tokens where the integer-dot GEMM is
+ * off; longer prompt chunks take the tiled GEMMs, which read a slice once per chunk of tokens.
  */
 export const GGML_IDP_MAX_TOKENS = 8;
 
 /**
  * Prompt chunks past GGML_IDP_MAX_TOKENS, up to this many tokens (the graphs' 64-token chunks), take
- * the integer-dot GEMM where the GEMV does; the matrix's scratch is then sized for this many tokens
- * (1.5 bytes a column a token: 192 KiB at 2048 columns). Longer calls take the float GEMM.
+ * the integer-dot GEMM where the GEMV does; the matrix's scratch, and the norms' and attention's
+ * shared ones (LinearKernels.quantizedTokens), are then sized for this many tokens (1.5 bytes a
+ * column a token: 192 KiB at 2048 columns). Longer calls take the float GEMM.
  */
 export const GGML_IDP_GEMM_MAX_TOKENS = GGML_GEMV_MAX_S;
 
@@ -56,6 +59,11 @@ export interface LinearKernelsOptions {
    * e.g. to compare the two in one run).
    */
   ggmlGemmIdp?: boolean;
+  /**
+   * Column runs a matrix's prompt-chunk GEMM is split into (default gemmSplits: a few for matrices of
+   * few rows on a GPU, none on a CPU device); tests pass their own to run the split GEMMs on Lavapipe.
+   */
+  gemmSplits?: (rows: number, cols: number) => number;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -74,6 +82,14 @@ export class LinearKernels implements Disposable {
   /** GGML block matrices' prompt chunks of up to GGML_IDP_GEMM_MAX_TOKENS tokens go through GgmlGemmIdpKernel (integerDot and ggmlGemm both on). */
   readonly ggmlGemmIdp: boolean;
   /**
+   * The most tokens a GGML block matrix's call takes x quantized for (0: none), and so what every
+   * quantized-x scratch holds: each matrix's own, and the norms' and attention's shared rows that
+   * its recordFrom reads (NormFeed, the graphs' attnQuant).
+   */
+  readonly quantizedTokens: number;
+  /** Column runs a matrix's prompt-chunk GEMM is split into (LinearKernelsOptions.gemmSplits). */
+  readonly gemmSplits: (rows: number, cols: number) => number;
+  /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
    * (2-core host, 2026-12-01); GPUs keep the tuning table's shape.
@@ -89,6 +105,8 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
+    this.quantizedTokens = this.ggmlGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
+    this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols));
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
@@ -156,9 +174,13 @@ export class DeviceLinear implements Disposable {
   private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
   private readonly matrix: DeviceMatrix | undefined;
   private readonly blocks: DeviceGgmlMatrix | undefined;
-  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot), for GGML_IDP_GEMM_MAX_TOKENS tokens where the integer-dot GEMM is on. */
+  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot), for LinearKernels.quantizedTokens tokens. */
   private readonly idpScratch: GgmlIdpScratch | undefined;
-  /** q4/q8 matrices of few rows: their prompt chunks' GEMM split over the columns (quant-gemm.ts). */
+  /**
+   * Matrices of few rows (q4/q8, and GGML blocks on either GEMM): their prompt chunks' GEMM split over
+   * the columns (quant-gemm.ts), for up to GEMM_TOKENS tokens. This matrix's own: q, k and v are
+   * recorded without a barrier between them, and calls on one scratch must not overlap.
+   */
   private readonly gemmSplit: GemmSplitScratch | undefined;
 
   constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear) {
@@ -180,8 +202,8 @@ export class DeviceLinear implements Disposable {
       this.float = { buffer, dtype: linear.dtype === "F32" ? "f32" : linear.dtype === "F16" ? "f16" : "bf16" };
     } else if (linear instanceof QuantLinear) {
       this.matrix = new DeviceMatrix(device, linear.matrix);
-      const splits = gemmSplits(device, linear.rows, linear.cols);
-      if (splits > 1) {
+      const splits = kernels.gemmSplits(linear.rows, linear.cols);
+      if (splits > 1 && splitRuns(linear.cols, splits).splits > 1) {
         try {
           this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits);
         } catch (e) {
@@ -191,13 +213,17 @@ export class DeviceLinear implements Disposable {
       }
     } else if (linear instanceof GgmlBlockLinear) {
       this.blocks = new DeviceGgmlMatrix(device, linear.tensor);
-      if (kernels.integerDot) {
-        try {
-          this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.ggmlGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : GGML_IDP_MAX_TOKENS);
-        } catch (e) {
-          this.blocks[Symbol.dispose]();
-          throw e;
+      try {
+        if (kernels.integerDot) this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.quantizedTokens);
+        // runs of whole blocks (a K-quant's 256 columns): a matrix of few blocks a row may not split
+        const block = GGML_BLOCK_LAYOUTS[linear.tensor.type].blockElements, splits = kernels.gemmSplits(linear.rows, linear.cols);
+        if (kernels.ggmlGemm && splits > 1 && splitRuns(linear.cols, splits, block).splits > 1) {
+          this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits, block);
         }
+      } catch (e) {
+        this.idpScratch?.[Symbol.dispose]();
+        this.blocks[Symbol.dispose]();
+        throw e;
       }
     } else {
       throw new GraphUnsupportedError(`${name}: a ${linear.kind} matrix has no GPU kernel`);
@@ -226,22 +252,26 @@ export class DeviceLinear implements Disposable {
   }
 
   /**
-   * Whether a call of S tokens can take a norm's quantized output instead of x: the integer-dot GEMV's
-   * calls only. The GEMM's chunks could (recordQuantized), but the norms' and attention's shared
-   * scratches (NormFeed, the graphs' attnQuant) hold GGML_IDP_MAX_TOKENS tokens.
+   * Whether a call of S tokens can take a norm's (or attention's) quantized output instead of x: the
+   * integer-dot GEMV's and GEMM's calls (up to LinearKernels.quantizedTokens tokens, what the shared
+   * scratches hold).
    */
   takesQuantized(S: number): boolean {
-    return this.idpScratch !== undefined && S <= GGML_IDP_MAX_TOKENS;
+    if (!this.blocks) return false;
+    const path = this.ggmlPath(S);
+    return path === "idp-gemv" || path === "idp-gemm";
   }
 
   /**
    * As record, where `quantized` (when given) already holds x quantized for the integer-dot path
-   * (RmsNormQuantKernel's output, written before the barrier that precedes this): a matrix that
-   * takes it runs its GEMV alone. Returns the dispatches recorded.
+   * (RmsNormQuantKernel's output or the attention combine's, written before the barrier that precedes
+   * this): a matrix that takes it runs its GEMV or GEMM alone. Returns the dispatches recorded.
    */
   recordFrom(cb: CommandBuffer, x: Buffer, quantized: GgmlIdpScratch | undefined, y: Buffer, S = 1): number {
-    if (quantized && quantized.cols === this.cols && this.blocks && this.takesQuantized(S)) {
-      this.kernels.ggmlIdpKernel(this.blocks.type).recordQuantized(cb, { matrix: this.blocks, y, S, scratch: quantized });
+    if (quantized && quantized.cols === this.cols && quantized.maxTokens >= S && this.blocks && this.takesQuantized(S)) {
+      const args = { matrix: this.blocks, y, S, scratch: quantized };
+      if (this.ggmlPath(S) === "idp-gemv") this.kernels.ggmlIdpKernel(this.blocks.type).recordQuantized(cb, args);
+      else this.kernels.ggmlGemmIdpKernel(this.blocks.type).recordQuantized(cb, args, this.splitFor(S));
       return 1;
     }
     this.record(cb, x, y, S);
@@ -261,7 +291,7 @@ export class DeviceLinear implements Disposable {
     } else {
       const m = this.matrix!.matrix as QuantLinear["matrix"];
       const args = { matrix: this.matrix!, x, y, S, xOffset, yOffset };
-      if (S >= GEMM_FROM_TOKENS) this.kernels.gemmKernel(m).record(cb, args, S <= GEMM_TOKENS ? this.gemmSplit : undefined);
+      if (S >= GEMM_FROM_TOKENS) this.kernels.gemmKernel(m).record(cb, args, this.splitFor(S));
       else this.kernels.quantKernel(m).record(cb, args);
     }
   }
@@ -271,15 +301,20 @@ export class DeviceLinear implements Disposable {
     if (path === "idp-gemv") {
       this.kernels.ggmlIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
     } else if (path === "idp-gemm") {
-      this.kernels.ggmlGemmIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
+      this.kernels.ggmlGemmIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! }, this.splitFor(S));
     } else if (path === "gemm") {
-      this.kernels.ggmlGemmKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset });
+      this.kernels.ggmlGemmKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset }, this.splitFor(S));
     } else {
       for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
         const n = Math.min(GGML_GEMV_MAX_S, S - t);
         this.kernels.ggmlKernel(blocks.type).record(cb, { matrix: blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
     }
+  }
+
+  /** The split scratch for a GEMM call of S tokens: the matrix's, where it has one that holds S (one token tile). */
+  private splitFor(S: number): GemmSplitScratch | undefined {
+    return this.gemmSplit && S <= this.gemmSplit.maxTokens ? this.gemmSplit : undefined;
   }
 
   [Symbol.dispose](): void {

@@ -50,7 +50,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput, type HostExperts } from "./decode-graph.ts";
-import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "./device-linear.ts";
+import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
@@ -224,7 +224,7 @@ export class HybridGraph implements Disposable {
       this.finalNorm = place(weights.finalNorm);
       this.lmHead = up("lm_head", weights.lmHead);
       if (this.layers.some((L) => L.mixer.kind === "full" && L.mixer.o.takesQuantized(1))) {
-        this.attnQuant = this.own(new GgmlIdpScratch(device, cfg.heads * cfg.headDim, GGML_IDP_MAX_TOKENS));
+        this.attnQuant = this.own(new GgmlIdpScratch(device, cfg.heads * cfg.headDim, this.linears.quantizedTokens));
       }
       const data = new Float32Array(at);
       let o = 0;

@@ -1,11 +1,11 @@
 /**
  * An RMSNorm and the matrices that read its output (q, k, v; the shared expert's gate and up; lm_head).
- * Where one of them runs the integer-dot path (GGML blocks, few tokens), the norm writes its rows
- * quantized as well (dec_rmsnorm_quant) into one scratch every reader shares: each reader then runs
- * its GEMV alone, with no quantize dispatch and barrier of its own (those had q, k and v each
- * quantize the same x behind a barrier, one after another).
+ * Where one of them runs the integer-dot path (GGML blocks: the GEMV for few tokens, the GEMM for
+ * prompt chunks), the norm writes its rows quantized as well (dec_rmsnorm_quant) into one scratch
+ * every reader shares: each reader then runs its GEMV or GEMM alone, with no quantize dispatch and
+ * barrier of its own (those had q, k and v each quantize the same x behind a barrier, one after another).
  */
-import { GGML_IDP_MAX_TOKENS, type DeviceLinear, type LinearKernels } from "./device-linear.ts";
+import type { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { RmsNormKernel, RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
@@ -22,7 +22,7 @@ export class NormFeed implements Disposable {
     if (!linears.integerDot || cols % RmsNormQuantKernel.GROUP !== 0) return;
     try {
       this.quantKernel = new RmsNormQuantKernel(device, { maxSets: 64, ...(device.info.type === 4 && { workgroupSize: 8 }) });
-      this.scratch = new GgmlIdpScratch(device, cols, GGML_IDP_MAX_TOKENS);
+      this.scratch = new GgmlIdpScratch(device, cols, linears.quantizedTokens);
     } catch (e) {
       this[Symbol.dispose]();
       throw e;
@@ -34,7 +34,8 @@ export class NormFeed implements Disposable {
    * the quantized rows too. Returns what to pass to each reader's recordFrom (undefined: plain x).
    */
   record(cb: CommandBuffer, a: RmsNormArgs, readers: readonly DeviceLinear[]): GgmlIdpScratch | undefined {
-    const quantized = this.scratch && a.n === this.cols && RmsNormQuantKernel.aligned(a) && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
+    const fits = this.scratch && a.n === this.cols && a.rows <= this.scratch.maxTokens && RmsNormQuantKernel.aligned(a);
+    const quantized = fits && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
     if (quantized) this.quantKernel!.record(cb, a, quantized);
     else this.rmsnorm.record(cb, a);
     return quantized;

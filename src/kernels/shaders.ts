@@ -23,8 +23,8 @@ export const GEMV_IDP = { q4: iface("gemv_q4_idp", 6, 9), q8: iface("gemv_q8_idp
 
 /** Integer-dot GEMV from GGML blocks (decoder/ggml-gemv.ts): blocks, xq, xscale, xsum, y; push O, I, S, blockOffset, yOffset. */
 export const DEC_GEMV_GGML_IDP = iface("dec_gemv_ggml_idp", 5, 5);
-/** Integer-dot GEMM from GGML blocks, prompt chunks (decoder/ggml-gemm.ts): blocks, xq, xscale, xsum, y; push O, I, S, blockOffset, yOffset. */
-export const DEC_GEMM_GGML_IDP = iface("dec_gemm_ggml_idp", 5, 5);
+/** Integer-dot GEMM from GGML blocks, prompt chunks (decoder/ggml-gemm.ts): blocks, xq, xscale, xsum, y, partial tiles, arrival words; push O, I, S, blockOffset, yOffset, splits, splitCols. */
+export const DEC_GEMM_GGML_IDP = iface("dec_gemm_ggml_idp", 7, 7);
 /** Integer-dot GGML experts, a row per lane (src/moe/ggml-experts.ts): xq, work, pairs, out, slot weights, expert bytes, expert table, xscale, xsum; push O, cols. */
 export const MOE_GGML_ROWS_IDP = iface("moe_ggml_rows_idp", 9, 2);
 
@@ -80,5 +80,5 @@ export const IDP_BDA_PIPELINES: PipelineSpec[] = (["q4", "q8"] as const).flatMap
 /** The fused MoE call's integer-dot pipelines, created by the probe where float atomics are enabled (BDA ones where BDA is). */
 export const idpFusedPipelines = (bda: boolean): PipelineSpec[] =>
   (["q4", "q8"] as const).flatMap((f) => [32, 128].flatMap((g) => [false, true].flatMap((pre) => [moeFusedIdpSpec(f, "desc", g, pre), ...(bda ? [moeFusedIdpSpec(f, "bda", g, pre)] : [])])));
-/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word; v10: the GGML blocks' GEMV; v11: the GGML experts' rows kernel; v12: the GGML blocks' prompt-chunk GEMM) is probed again. */
-export const IDP_PROBE_VERSION = 12;
+/** Part of the cached verdict's name: a new set of probed pipelines (or changed SPIR-V of them, as in v3: moe.glsl; v4: the fused call; v5: one column loop; v6: the fused call quantizes with subgroup shuffles; v7: its pre-launched variant; v8: down by column blocks; v9: the gate clears its decision word; v10: the GGML blocks' GEMV; v11: the GGML experts' rows kernel; v12: the GGML blocks' prompt-chunk GEMM; v13: that GEMM split over the columns) is probed again. */
+export const IDP_PROBE_VERSION = 13;

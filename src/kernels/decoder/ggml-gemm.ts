@@ -9,20 +9,28 @@
  * quantized by quantize_act in groups of 16 (GgmlQuantizeKernel), the slice's quant bytes dotted with
  * it 4 x 8 bits at a time and the scales and mins applied in f32 per 16-column run, as
  * GgmlGemvIdpKernel does per row. Only where the integer-dot decision (idp-policy.ts) is on.
+ *
+ * Both take an optional GemmSplitScratch (quant-gemm.ts, runs of whole blocks): a matrix of few rows
+ * then has each tile's row split over several workgroups, the last of a tile's adding the partials in
+ * split order (shaders/gemm_split.glsl), as QuantGemmKernel does.
  */
 import { InvalidArgumentError } from "../../errors.ts";
-import { GGML_BLOCK_TYPES, type GgmlBlockType } from "../../quant/ggml-blocks.ts";
+import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockType } from "../../quant/ggml-blocks.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
 import { DEC_GEMM_GGML_IDP, type ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import { GGML_IDP_GROUP, GgmlIdpScratch, GgmlQuantizeKernel, type DeviceGgmlMatrix, type GgmlGemvArgs, type QuantizedRows } from "./ggml-gemv.ts";
+import { GEMM_ROWS, GEMM_TOKENS, type GemmSplitScratch } from "./quant-gemm.ts";
 
-/** blocks `uint[]` r, x r, y w; push O, I, S, blockOffset (bytes), xOffset, yOffset (floats): 24 B, as dec_gemv_ggml. */
-export const DEC_GEMM_GGML: ShaderInterface = { name: "dec_gemm_ggml", storageBuffers: 3, pushConstantBytes: 24 };
-/** Rows and tokens of one workgroup's tile. */
-export const GGML_GEMM_ROWS = 32;
-export const GGML_GEMM_TOKENS = 64;
+/**
+ * blocks `uint[]` r, x r, y w, partial tiles rw, arrival words rw; push O, I, S, blockOffset (bytes),
+ * xOffset, yOffset (floats), splits, splitCols: 32 B.
+ */
+export const DEC_GEMM_GGML: ShaderInterface = { name: "dec_gemm_ggml", storageBuffers: 5, pushConstantBytes: 32 };
+/** Rows and tokens of one workgroup's tile (dec_gemm_quant's: GemmSplitScratch's tiles fit both). */
+export const GGML_GEMM_ROWS = GEMM_ROWS;
+export const GGML_GEMM_TOKENS = GEMM_TOKENS;
 
 /** ggml_blocks.glsl's GGML_FMT_* (specialization constant 0), as dec_gemv_ggml's FORMAT. */
 const FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q5_1: 2, Q4_K: 3, Q5_K: 4, Q6_K: 5 };
@@ -35,14 +43,28 @@ function checkGemmArgs(kernelType: GgmlBlockType, m: DeviceGgmlMatrix, S: number
   if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
 }
 
-/** Both GEMMs' grid: ceil(rows / 32) x ceil(S / 64) tiles, refused past the device's workgroup counts. */
-function gemmGrid(device: Device, m: DeviceGgmlMatrix, S: number): [number, number] {
-  const gx = Math.ceil(m.rows / GGML_GEMM_ROWS), gy = Math.ceil(S / GGML_GEMM_TOKENS);
-  const [maxX, maxY] = device.info.limits.maxComputeWorkGroupCount;
+/** A split scratch fits the call: the matrix's shape, S tokens, runs of whole blocks. */
+function checkSplit(m: DeviceGgmlMatrix, S: number, split: GemmSplitScratch | undefined): void {
+  if (!split) return;
+  if (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S) {
+    throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
+  }
+  const block = GGML_BLOCK_LAYOUTS[m.type].blockElements;
+  if (split.splitCols % block !== 0) throw new InvalidArgumentError(`split runs of ${split.splitCols} columns: not whole ${m.type} blocks of ${block}`);
+}
+
+/** Both GEMMs' grid: ceil(rows / 32) x ceil(S / 64) tiles x the split's runs, refused past the device's workgroup counts. */
+function gemmGrid(device: Device, m: DeviceGgmlMatrix, S: number, split: GemmSplitScratch | undefined): [number, number, number] {
+  const gx = Math.ceil(m.rows / GGML_GEMM_ROWS), gy = Math.ceil(S / GGML_GEMM_TOKENS), gz = split?.splits ?? 1;
+  const [maxX, maxY, maxZ] = device.info.limits.maxComputeWorkGroupCount;
   if (gx > maxX!) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
   if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);
-  return [gx, gy];
+  if (gz > maxZ!) throw new InvalidArgumentError(`${gz} split runs, past maxComputeWorkGroupCount[2] (${maxZ})`);
+  return [gx, gy, gz];
 }
+
+/** The push constants' split words: the runs and their columns (one run of every column without a split). */
+const splitWords = (m: DeviceGgmlMatrix, split: GemmSplitScratch | undefined) => [split?.splits ?? 1, split?.splitCols ?? m.cols];
 
 /** One pipeline per GGML type: make one object per type. */
 export class GgmlGemmKernel extends DecoderKernel {
@@ -51,18 +73,24 @@ export class GgmlGemmKernel extends DecoderKernel {
     super(device, DEC_GEMM_GGML, { 0: FORMAT_ID[type] }, options);
   }
 
-  /** Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ, grid ceil(rows / 32) x ceil(S / 64). The caller places barriers around it. */
-  record(cb: CommandBuffer, a: GgmlGemmArgs): CommandBuffer {
+  /**
+   * Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ, grid ceil(rows / 32) x ceil(S / 64), split over
+   * the columns with `split` (the matrix's own: calls on one scratch must not overlap). The caller
+   * places barriers around it.
+   */
+  record(cb: CommandBuffer, a: GgmlGemmArgs, split?: GemmSplitScratch): CommandBuffer {
     const m = a.matrix, S = a.S;
     checkGemmArgs(this.type, m, S);
+    checkSplit(m, S, split);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     if (xOffset % 4 !== 0) throw new InvalidArgumentError(`xOffset must be a multiple of 4 floats (vec4 loads), got ${xOffset}`);
     checkRange("ggml gemm x", a.x, xOffset, S * m.cols);
     checkRange("ggml gemm y", a.y, yOffset, S * m.rows);
-    const [gx, gy] = gemmGrid(this.device, m, S);
-    const set = this.setFor([m.buffer, a.x, a.y]);
-    const pc = pushWords([m.rows, m.cols, S, 0, xOffset, yOffset]);
-    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+    const grid = gemmGrid(this.device, m, S, split);
+    // without a split the partials' bindings are y (never read: splits is 1)
+    const set = this.setFor([m.buffer, a.x, a.y, split?.part ?? a.y, split?.arrived ?? a.y]);
+    const pc = pushWords([m.rows, m.cols, S, 0, xOffset, yOffset, ...splitWords(m, split)]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(...grid);
   }
 }
 
@@ -86,7 +114,8 @@ export interface GgmlGemmIdpArgs extends GgmlGemmArgs {
 /**
  * The integer-dot GEMM of one GGML type (make one object per type): record() quantizes x into the
  * scratch, places a compute barrier, then runs dec_gemm_ggml_idp; recordQuantized() runs the GEMM
- * alone over rows already quantized. The device must have shaderIntegerDotProduct enabled, and the
+ * alone over rows already quantized. Either splits over the columns with a GemmSplitScratch, as
+ * GgmlGemmKernel. The device must have shaderIntegerDotProduct enabled, and the
  * caller must have the integer-dot decision on (the pipeline is created only then: some drivers crash
  * creating it, idp-policy.ts).
  */
@@ -110,12 +139,12 @@ export class GgmlGemmIdpKernel extends DecoderKernel {
   }
 
   /** Records quantize, a compute-to-compute barrier, and the GEMM. The caller places barriers around the whole. */
-  record(cb: CommandBuffer, a: GgmlGemmIdpArgs): CommandBuffer {
+  record(cb: CommandBuffer, a: GgmlGemmIdpArgs, split?: GemmSplitScratch): CommandBuffer {
     const m = a.matrix, xOffset = a.xOffset ?? 0;
-    this.checkArgs(a);
+    this.checkArgs(a, split);
     checkRange("ggml idp gemm x", a.x, xOffset, a.S * m.cols);
     this.quantize.record(cb, a.x, xOffset, a.scratch, m.cols, a.S).barrier("computeToCompute");
-    return this.recordQuantized(cb, a);
+    return this.recordQuantized(cb, a, split);
   }
 
   /**
@@ -123,20 +152,22 @@ export class GgmlGemmIdpKernel extends DecoderKernel {
    * RmsNormQuantKernel, groups of 16); `a.x` is not read. The caller places the barrier after
    * whatever wrote the scratch.
    */
-  recordQuantized(cb: CommandBuffer, a: Omit<GgmlGemmIdpArgs, "x" | "xOffset">): CommandBuffer {
+  recordQuantized(cb: CommandBuffer, a: Omit<GgmlGemmIdpArgs, "x" | "xOffset">, split?: GemmSplitScratch): CommandBuffer {
     const m = a.matrix, S = a.S, sc = a.scratch;
-    this.checkArgs(a);
+    this.checkArgs(a, split);
     const yOffset = a.yOffset ?? 0;
     checkRange("ggml idp gemm y", a.y, yOffset, S * m.rows);
-    const [gx, gy] = gemmGrid(this.device, m, S);
-    const set = this.setFor([m.buffer, sc.xq, sc.xscale, sc.xsum, a.y]);
-    const pc = pushWords([m.rows, m.cols, S, 0, yOffset]);
-    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+    const grid = gemmGrid(this.device, m, S, split);
+    // without a split the partials' bindings are y (never read: splits is 1)
+    const set = this.setFor([m.buffer, sc.xq, sc.xscale, sc.xsum, a.y, split?.part ?? a.y, split?.arrived ?? a.y]);
+    const pc = pushWords([m.rows, m.cols, S, 0, yOffset, ...splitWords(m, split)]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(...grid);
   }
 
-  private checkArgs(a: Omit<GgmlGemmIdpArgs, "x" | "xOffset">): void {
+  private checkArgs(a: Omit<GgmlGemmIdpArgs, "x" | "xOffset">, split: GemmSplitScratch | undefined): void {
     const m = a.matrix, S = a.S, sc = a.scratch;
     checkGemmArgs(this.type, m, S);
+    checkSplit(m, S, split);
     if (sc instanceof GgmlIdpScratch && (sc.cols !== m.cols || sc.maxTokens < S)) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);
     const groups = (S * m.cols) / GGML_IDP_GROUP;
     checkRange("ggml idp gemm xq", sc.xq, 0, 4 * groups);

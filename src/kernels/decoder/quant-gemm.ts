@@ -6,7 +6,8 @@
  *
  * A matrix of few rows (o_proj: 2048 rows, 64 tiles a chunk) would leave most of a GPU's cores idle:
  * given a GemmSplitScratch its tiles' columns are split over several workgroups (gemmSplits), the
- * last of a tile's workgroups adding the partials in split order (shaders/dec_gemm_quant.comp).
+ * last of a tile's workgroups adding the partials in split order (shaders/dec_gemm_quant.comp). The
+ * GGML GEMMs (ggml-gemm.ts) split the same way, their runs whole blocks, over the same scratch.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { QuantFormat } from "../../quant/types.ts";
@@ -40,22 +41,30 @@ export function gemmSplits(device: Device, rows: number, cols: number): number {
   return Math.max(1, Math.min(Math.ceil(SPLIT_TARGET_WORKGROUPS / tiles), Math.floor(cols / SPLIT_MIN_COLS)));
 }
 
-/** Columns a run takes for `splits` runs over `cols` (a multiple of the 32-column step), and the runs that leaves. */
-export function splitRuns(cols: number, splits: number): { splitCols: number; splits: number } {
-  const splitCols = Math.ceil(cols / splits / 32) * 32;
+/**
+ * Columns a run takes for `splits` runs over `cols` (a multiple of `blockCols`: dec_gemm_quant's
+ * 32-column step, or a GGML type's block), and the runs that leaves (fewer where runs round up).
+ */
+export function splitRuns(cols: number, splits: number, blockCols = 32): { splitCols: number; splits: number } {
+  const splitCols = Math.ceil(cols / splits / blockCols) * blockCols;
   return { splitCols, splits: Math.ceil(cols / splitCols) };
 }
 
-/** One matrix's split-call scratch: partial tiles [tile][split][32 x 64] and a word per tile (zero between calls: the last workgroup of a tile resets it). */
+/**
+ * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] and a word per tile (zero
+ * between calls: the last workgroup of a tile resets it). `blockCols`: what a run's columns are a
+ * multiple of (splitRuns); the runs may come out fewer than asked, but at least 2.
+ */
 export class GemmSplitScratch implements Disposable {
   readonly part: Buffer;
   readonly arrived: Buffer;
   readonly splits: number;
   readonly splitCols: number;
 
-  constructor(device: Device, readonly rows: number, readonly cols: number, readonly maxTokens: number, splits: number) {
+  constructor(device: Device, readonly rows: number, readonly cols: number, readonly maxTokens: number, splits: number, readonly blockCols = 32) {
     if (!Number.isInteger(splits) || splits < 2) throw new InvalidArgumentError(`a split scratch needs 2 or more splits, got ${splits}`);
-    ({ splits: this.splits, splitCols: this.splitCols } = splitRuns(cols, splits));
+    ({ splits: this.splits, splitCols: this.splitCols } = splitRuns(cols, splits, blockCols));
+    if (this.splits < 2) throw new InvalidArgumentError(`${cols} columns in runs of whole ${blockCols}-column blocks leave 1 run for ${splits} splits`);
     const tiles = Math.ceil(rows / GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS);
     this.part = new Buffer(device, { size: BigInt(4 * tiles * this.splits * GEMM_ROWS * GEMM_TOKENS), memory: "device" });
     try {

@@ -20,7 +20,8 @@
 //     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8); --rows-lanes N its lanes a row (1, 2, 4)
 //     --prefill  S=64 only (a prompt chunk), the first pair, both shapes: for sweeping the options
 //     --idp      grouped lists (S > 4) also on the integer-dot rows kernel (moe_ggml_rows_idp, x and h
-//                quantized first), in the same run: "idp µs" and "float/idp" columns
+//                quantized first), in the same run: "idp µs" and "float/idp" columns; and with
+//                rowsPrefetch (a lane's next slice read before the current one is computed): "idp pf µs"
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
@@ -173,7 +174,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp"] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -184,6 +185,7 @@ for (const full of SHAPES) {
     using layer = new GgmlExpertLayer(device, Array.from({ length: model.experts }, () => t));
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
     using idpKernels = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true }) : undefined;
+    using idpPrefetch = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true, rowsPrefetch: true }) : undefined;
     shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (${kernels.rowsLanes} lanes a row, ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
@@ -201,6 +203,8 @@ for (const full of SHAPES) {
         // the per-slot lists of S <= 4 stay on the float kernels: only grouped lists take the idp one
         const idpUs = S > 4 ? timeCalls(idpKernels, set) : undefined;
         row.push(idpUs === undefined ? "-" : fmt(idpUs), idpUs === undefined ? "-" : `${(us / idpUs).toFixed(2)}x`);
+        const pfUs = S > 4 && idpPrefetch ? timeCalls(idpPrefetch, set) : undefined;
+        row.push(pfUs === undefined ? "-" : fmt(pfUs), pfUs === undefined ? "-" : `${(us / pfUs).toFixed(2)}x`);
       }
       if (withQ4) {
         const q = q4.get(S);

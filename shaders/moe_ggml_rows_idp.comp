@@ -20,6 +20,9 @@ layout(constant_id = 2) const uint FORMAT = 3u;  // GGML_FMT_* of this mode's ma
 layout(constant_id = 3) const uint TOKENS = 8u;  // slots per register chunk, 1..8
 layout(constant_id = 4) const bool GATEUP = true;
 layout(constant_id = 5) const uint LANES = 1u;   // lanes a row: 1, 2 or 4 (divides the subgroup size)
+// Read the lane's next slice (its quants, scales and mins) before computing the current one, so
+// the next loads are in flight while this slice's dot products run.
+layout(constant_id = 6) const bool PREFETCH = false;
 
 const uint NMAT = GATEUP ? 2u : 1u;
 
@@ -86,12 +89,27 @@ void main() {
         }
         float acc[NMAT][TOKENS];
         [[unroll]] for (uint m = 0u; m < NMAT; ++m) [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[m][k] = 0.0;
+        uvec4 nq0[NMAT], nq1[NMAT];
+        vec2 nd[NMAT], nmn[NMAT];
+        if (PREFETCH && part < slices) {
+            [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+                ggml_slice(FORMAT, base[m] + (part / SLICES_PER_BLOCK) * BLOCK_BYTES, part % SLICES_PER_BLOCK, nq0[m], nq1[m], nd[m], nmn[m]);
+        }
         for (uint u = part; u < slices; u += LANES) {
             const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
             const uint g = (blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s)) >> 4u;
             uvec4 q0[NMAT], q1[NMAT];
             vec2 d[NMAT], mn[NMAT];
-            [[unroll]] for (uint m = 0u; m < NMAT; ++m) ggml_slice(FORMAT, base[m] + blk * BLOCK_BYTES, s, q0[m], q1[m], d[m], mn[m]);
+            if (PREFETCH) {
+                [[unroll]] for (uint m = 0u; m < NMAT; ++m) { q0[m] = nq0[m]; q1[m] = nq1[m]; d[m] = nd[m]; mn[m] = nmn[m]; }
+                const uint un = u + LANES;
+                if (un < slices) {
+                    [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+                        ggml_slice(FORMAT, base[m] + (un / SLICES_PER_BLOCK) * BLOCK_BYTES, un % SLICES_PER_BLOCK, nq0[m], nq1[m], nd[m], nmn[m]);
+                }
+            } else {
+                [[unroll]] for (uint m = 0u; m < NMAT; ++m) ggml_slice(FORMAT, base[m] + blk * BLOCK_BYTES, s, q0[m], q1[m], d[m], mn[m]);
+            }
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                 if (k < nt) {  // uniform
                     const uint at = xrow[k] + g;

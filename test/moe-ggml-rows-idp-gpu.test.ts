@@ -56,6 +56,9 @@ describe.skipIf(noIdp)("moe_ggml_rows_idp: lists grouped by expert on the intege
     { what: "Q6_K/Q6_K D 256, I 512", gu: "Q6_K", dn: "Q6_K", D: 256, I: 512, options: {} },
     { what: "Q5_0 D 96, I 224 (partial row blocks)", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
     { what: "Q4_1/Q5_1 D 96, I 224, 4 lanes a row", gu: "Q4_1", dn: "Q5_1", D: 96, I: 224, options: { rowsLanes: 4 } },
+    // the next slice read ahead: 3 and 7 slices a row over 4 lanes (lanes with none to prefetch), and 2 lanes over 64
+    { what: "Q5_0 D 96, I 224, 4 lanes a row, next slice prefetched", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { rowsLanes: 4, rowsPrefetch: true } },
+    { what: "Q4_K/Q6_K D 256, I 512, next slice prefetched", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsPrefetch: true } },
   ];
   for (const c of cases) {
     test(`${c.what}: S 40 k 2, S 17 k 8; NMSE <= 1e-7 of the quantized CPU reference, <= 1e-3 of the float one`, () => {

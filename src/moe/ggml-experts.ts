@@ -226,6 +226,8 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
    * shaderIntegerDotProduct enabled and subgroup shuffles, and each such call an ExpertQuantScratch).
    */
   integerDot?: boolean;
+  /** moe_ggml_rows_idp reads a lane's next slice before computing the current one (default false). */
+  rowsPrefetch?: boolean;
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -334,7 +336,8 @@ export class GgmlExpertKernels implements Disposable {
     let k = this.modes.get(key);
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
-      k = new MoeGgmlKernel(this.device, idp ? MOE_GGML_ROWS_IDP : MOE_GGML_ROWS, { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: this.rowsLanes }, this.options);
+      const spec = { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: this.rowsLanes };
+      k = new MoeGgmlKernel(this.device, idp ? MOE_GGML_ROWS_IDP : MOE_GGML_ROWS, idp ? { ...spec, 6: this.options.rowsPrefetch ? 1 : 0 } : spec, this.options);
       this.modes.set(key, k);
     }
     return k;

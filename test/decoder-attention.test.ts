@@ -645,10 +645,13 @@ describe("dec_attention's combine writing its rows quantized for the integer-dot
     return { words, scale: 2 ** (e - 7), sum };
   }
 
-  test("decode S 1 and 3, head_dim 128 and 256, with and without the gate: the rows as quantize_act's rule from out; bad calls refused", () => {
+  test("decode S 1 and 3, prompt chunks S 9 and 40, head_dim 128 and 256, with and without the gate: the rows as quantize_act's rule from out; bad calls refused", () => {
     for (const c of [
       { headDim: 128, kvHeads: 4, group: 8, ctx: 700, S: 1, word: 576, gated: false },
       { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 3, word: 40, gated: true },
+      // prompt chunks (the graphs' o_proj reads these rows up to 64 tokens): pass 1 is dec_attention_prefill
+      { headDim: 128, kvHeads: 4, group: 8, ctx: 700, S: 40, word: 100, gated: false },
+      { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 9, word: 7, gated: true },
     ]) {
       const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen, S } = c;
       const H = KV * G, floats = S * H * hd;

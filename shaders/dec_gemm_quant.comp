@@ -11,10 +11,10 @@
 //
 // Split over the columns (pc.splits > 1, grid z = splits): a matrix of few rows (o_proj: 2048 rows,
 // 64 tiles) leaves most of a GPU's cores idle, so each tile's columns are cut into `splits` runs of
-// pc.splitCols, one workgroup each. Each writes its partial tile to `part`, then counts itself in
-// the tile's `arrived` word; the last to arrive adds the tile's partials in split order (the same
-// sum whichever workgroup is last) into y and sets the word back to 0 for the next call.
+// pc.splitCols, one workgroup each, ended by gemm_split.glsl (the last workgroup of a tile adds
+// the partials in split order).
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint QBITS = 4u;        // 4 or 8
@@ -30,9 +30,6 @@ layout(std430, binding = 1) readonly restrict buffer SC { uint sWords[]; };
 layout(std430, binding = 2) readonly restrict buffer XS { float xs[]; };
 layout(std430, binding = 2) readonly restrict buffer XV { vec4 xv[]; };
 layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; };
-// split runs only: [tile][split][BM * BN] partial tiles, and a word per tile (0 between calls)
-layout(std430, binding = 4) coherent restrict buffer PT { float part[]; };
-layout(std430, binding = 5) coherent restrict buffer AR { uint arrived[]; };
 layout(push_constant, std430) uniform PC {
     uint O;
     uint I;
@@ -46,6 +43,11 @@ layout(push_constant, std430) uniform PC {
     uint splits;        // column runs a tile is split into (grid z); 1: no split
     uint splitCols;     // columns a run, a multiple of 32
 } pc;
+
+// split runs only: partial tiles (binding 4) and arrival words (binding 5), as the GGML GEMMs
+#define SPLIT_PART_BINDING 4
+#define SPLIT_ARRIVED_BINDING 5
+#include "gemm_split.glsl"
 
 // [column][row / 4] and [column][token / 4]: the compute loop reads one vec4 of each per column
 shared vec4 wTile[BK][BM / 4u];
@@ -94,31 +96,6 @@ void loadStep(uint k0, uint wRow, bool xAligned) {
     }
 }
 
-shared bool lastToArrive;
-
-// Split runs: stores this workgroup's partial tile; true in the tile's last workgroup to arrive,
-// with acc then holding the sum of every split's partial, added in split order.
-bool lastSplit(inout float acc[4][4]) {
-    const uint t = gl_LocalInvocationIndex;
-    const uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    const uint TILE = BM * BN;
-    [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++)
-        part[(tile * pc.splits + gl_WorkGroupID.z) * TILE + (i * 4u + j) * 128u + t] = acc[i][j];
-    memoryBarrierBuffer();
-    barrier();
-    if (t == 0u) lastToArrive = atomicAdd(arrived[tile], 1u) == pc.splits - 1u;
-    barrier();
-    if (!lastToArrive) return false;  // uniform
-    memoryBarrierBuffer();
-    [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) {
-        float v = 0.0;
-        for (uint z = 0u; z < pc.splits; z++) v += part[(tile * pc.splits + z) * TILE + (i * 4u + j) * 128u + t];
-        acc[i][j] = v;
-    }
-    if (t == 0u) arrived[tile] = 0u;
-    return true;
-}
-
 void main() {
     const uint t = gl_LocalInvocationIndex;
     const uint rowBase = gl_WorkGroupID.x * BM;
@@ -160,7 +137,7 @@ void main() {
         barrier();
     }
     if (pc.splits > 1u) {  // uniform
-        if (!lastSplit(acc)) return;
+        if (!lastSplit(acc, pc.splits)) return;
     }
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         const uint s = tokBase + tx * 4u + j;

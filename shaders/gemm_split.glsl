@@ -1,5 +1,5 @@
-// gemm_split.glsl: the split-over-columns ending of dec_gemm_ggml and dec_gemm_ggml_idp, as
-// dec_gemm_quant's lastSplit (which keeps its own copy). A tile's columns are cut into `splits`
+// gemm_split.glsl: the split-over-columns ending of the prompt-chunk GEMMs (dec_gemm_quant,
+// dec_gemm_ggml, dec_gemm_ggml_idp). A tile's columns are cut into `splits`
 // runs (grid z), one workgroup each; each stores its partial tile to `part`, then counts itself in
 // the tile's `arrived` word; the last to arrive adds the tile's partials in split order (the same
 // sum whichever workgroup is last) and sets the word back to 0 for the next call on the scratch.

@@ -23,7 +23,24 @@
 // limit) positions of its own sequence, whose rows start at positions[posIndex + BATCH_WORDS + t]
 // - positions[posIndex + t].  Push constants: dec_attention's; kOffset (uvec4) locates both the
 // keys and the values (one layout), vOffset, tokensPerGroup and iters are not read.
+//
+// ROPE_FOLD (not batched): dec_rope_kv's work folded in, one dependent step fewer.  q (binding 0)
+// and the new k, v (bindings 5, 6) are the q/k/v GEMVs' raw outputs; token t is at position
+// contextN() - 1 + t (dec_rope_kv's pos0 + t + positions word when n = pos0 + 1).  Every
+// workgroup normalises and rotates its ROWS q heads itself (q is tiny) into shared memory; the
+// new k/v rows of tokens u <= t that lie in a chunk it walks it computes too (normalised, rotated,
+// rounded to f16) and uses from shared memory in place of the cache's rows, which it does not read:
+// the workgroup of token u (z = u) whose chunk holds u's position writes u's k and v rows to the
+// cache (bindings 9, 10 alias 1, 2), and no workgroup of this dispatch reads a row written in it.
+// The arithmetic is rope.glsl's, the sums of squares dec_rope_kv's: each head in a slice of
+// ROPE_WG logical threads (whole subgroups), subgroupAdd then the tree over the slice's subgroups
+// (USE_SUBGROUP), or the shared tree over the slice, so the bits are dec_rope_kv's (64 threads) on
+// a device whose two pipelines get the same subgroup size.  One extra barrier before the chunks
+// (plus the norm's, with flags bit 0 of foldFlags).
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 layout(local_size_x = 128, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HEAD_DIM = 128u;   // 32, 64, 128 or 256
@@ -31,6 +48,8 @@ layout(constant_id = 2) const uint CHUNK = 32u;       // positions per record
 layout(constant_id = 3) const uint ROWS = 8u;         // heads / kvHeads; ROWS * HEAD_DIM / 8 <= WG
 layout(constant_id = 4) const bool UNROLL = false;    // unrolled loops, value loads before the barrier (GPUs)
 layout(constant_id = 5) const uint LANES = 4u;        // threads per position (a power of two dividing HEAD_DIM / 8)
+layout(constant_id = 6) const bool ROPE_FOLD = false; // q/k head norms, RoPE and the KV append folded in (see above)
+layout(constant_id = 7) const bool USE_SUBGROUP = true; // ROPE_FOLD's head norm: as dec_rope_kv's (subgroups of at most ROPE_WG)
 
 const uint WG = gl_WorkGroupSize.x;
 const uint HD4 = HEAD_DIM / 4u;
@@ -41,12 +60,22 @@ const uint POS_STEP = WG / LANES;        // positions per pass of the score loop
 const uint PASSES = (CHUNK + POS_STEP - 1u) / POS_STEP;
 const uint PREFETCH = CHUNK < 32u ? CHUNK : 32u; // value loads held in registers across the barrier (UNROLL)
 const uint BATCH_WORDS = 64u;
+const uint ROPE_WG = 64u;                // dec_rope_kv's threads a head (its default workgroup)
+const uint NEW_ROWS = 4u;                // new positions a call at most (DECODE_ATTENTION_TOKENS)
+const uint FOLD_HEADS = ROWS + NEW_ROWS; // heads a workgroup normalises at most
 
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q4[]; };
 layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
 layout(set = 0, binding = 2) readonly buffer V { uvec4 v8[]; };
 layout(set = 0, binding = 3) writeonly buffer P { vec4 part4[]; };
 layout(set = 0, binding = 4) readonly buffer Pos { uint positions[]; };
+// ROPE_FOLD only
+layout(set = 0, binding = 5) readonly buffer KR { float kRaw[]; };
+layout(set = 0, binding = 6) readonly buffer VR { float vRaw[]; };
+layout(set = 0, binding = 7) readonly buffer Inv { float invFreq[]; };
+layout(set = 0, binding = 8) readonly buffer Norm { float normW[]; };
+layout(set = 0, binding = 9) writeonly buffer KC { uint kCache[]; };
+layout(set = 0, binding = 10) writeonly buffer VC { uint vCache[]; };
 
 layout(push_constant) uniform Params {
   uint n;
@@ -63,10 +92,28 @@ layout(push_constant) uniform Params {
   uint flags;
   uint limit;
   uint iters;          // (unread: 1)
+  // ROPE_FOLD only
+  uint kRawOffset;     // floats: token u's KV head h at kRawOffset + (u * kvHeads + h) * HEAD_DIM
+  uint vRawOffset;     // floats, as kRawOffset
+  uint invOffset;      // floats
+  uint qNormOffset;    // floats in normW (foldFlags bit 0)
+  uint kNormOffset;    // floats in normW (foldFlags bit 0)
+  float eps;           // (foldFlags bit 0)
+  uint rotaryDim;      // dims of each head that rotate (multiple of 4, <= HEAD_DIM); 0: HEAD_DIM
+  uint foldFlags;      // bit 0: head norm
 } p;
 
 // the lane partials of each (row, position) score
 shared float sp[ROWS * CHUNK * LANES];
+// ROPE_FOLD: the workgroup's q rows (normalised, rotated), the new positions' k and v rows (f16
+// pairs as the cache holds them, token u's at u * HD8), the head norms' partial sums
+shared vec4 qs4[ROPE_FOLD ? ROWS * HD4 : 1u];
+shared uvec4 newK8[ROPE_FOLD ? NEW_ROWS * HD8 : 1u];
+shared uvec4 newV8[ROPE_FOLD ? NEW_ROWS * HD8 : 1u];
+shared float partial[ROPE_FOLD ? FOLD_HEADS * ROPE_WG : 1u];
+uint newStart = 0xFFFFFFFFu;  // ROPE_FOLD: token 0's position (the new rows are newStart + u)
+
+#include "rope.glsl"
 
 uint contextN() {
   const uint extra = (p.flags & 1u) != 0u ? positions[p.posIndex] : 0u;
@@ -82,6 +129,111 @@ float score(uint r, uint j) {
   return s * p.scale;
 }
 
+// vec4 i = r * HD4 + d of the workgroup's q rows: the folded ones, else q's from q0.
+vec4 qAt(uint q0, uint i) { return ROPE_FOLD ? qs4[i] : q4[q0 + i]; }
+
+// uvec4 `col` of position pos's key (value) row, at k8[gi] (v8[gi]) unless it is a new row.
+uvec4 keyAt(uint gi, uint pos, uint col) { return ROPE_FOLD && pos >= newStart ? newK8[(pos - newStart) * HD8 + col] : k8[gi]; }
+uvec4 valueAt(uint gi, uint pos, uint col) { return ROPE_FOLD && pos >= newStart ? newV8[(pos - newStart) * HD8 + col] : v8[gi]; }
+
+uint ceilPow2(uint n) { return n <= 1u ? 1u : 1u << uint(findMSB(n - 1u) + 1); }
+
+// The index of the i-th set bit of mask.
+uint nthBit(uint mask, uint i) {
+  for (uint k = 0u; k < i; k++) mask &= mask - 1u;
+  return uint(findLSB(mask));
+}
+
+// Elements e, e + 1 of a head at base: of raw q (isQ), else of raw k.
+vec2 foldLoad(bool isQ, uint base, uint e) {
+  return isQ ? vec2(q4[(base + e) >> 2u][(base + e) & 3u], q4[(base + e + 1u) >> 2u][(base + e + 1u) & 3u]) : vec2(kRaw[base + e], kRaw[base + e + 1u]);
+}
+
+// ROPE_FOLD's prologue (uniform; ends with a barrier): qs4 from the raw q rows of token t, newK8 /
+// newV8 for the new rows of tokens u <= t in the chunks this workgroup walks (and the cache rows of
+// token t's own), everything as dec_rope_kv computes it.
+void foldRope(uint kh, uint t) {
+  const uint tid = USE_SUBGROUP ? gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID : gl_LocalInvocationIndex;
+  const uint slices = WG / ROPE_WG, slice = tid / ROPE_WG, lj = tid % ROPE_WG;
+  const uint groups = HEAD_DIM / 4u, rd = p.rotaryDim == 0u ? HEAD_DIM : p.rotaryDim, half_ = rd >> 1u, rgroups = rd >> 2u;
+  const bool norm = (p.foldFlags & 1u) != 0u;
+  uint mask = 0u;  // tokens u <= t whose new row lies in a chunk of this workgroup
+  for (uint u = 0u; u <= t; u++) {
+    if (((newStart + u) / CHUNK) % gl_NumWorkGroups.x == gl_WorkGroupID.x) mask |= 1u << u;
+  }
+  const uint heads = ROWS + bitCount(mask), rounds = (heads + slices - 1u) / slices;
+  // slice width of the norm's tree: the slice's subgroups, or its threads
+  const uint sgs = USE_SUBGROUP ? ROPE_WG / gl_SubgroupSize : ROPE_WG;
+  const uint count = USE_SUBGROUP ? sgs : min(ROPE_WG, groups);
+  if (norm) {  // uniform
+    for (uint r = 0u; r < rounds; r++) {
+      const uint h = r * slices + slice;
+      const bool isQ = h < ROWS;
+      const uint u = isQ ? t : nthBit(mask, h - ROWS);
+      const uint base = isQ ? 4u * p.qOffset + (t * p.heads + kh * ROWS + h) * HEAD_DIM : p.kRawOffset + (u * p.kvHeads + kh) * HEAD_DIM;
+      precise float ss = 0.0;
+      if (h < heads && lj < groups) {
+        const uvec2 e = groupPairs(lj, rgroups, half_, rd);
+        ss = ropeSquares(ss, foldLoad(isQ, base, e.x), foldLoad(isQ, base, e.y));
+      }
+      if (USE_SUBGROUP) {
+        const float v = subgroupAdd(ss);
+        if (h < heads && subgroupElect()) partial[h * sgs + (gl_SubgroupID % sgs)] = v;
+      } else if (h < heads) {
+        partial[h * ROPE_WG + lj] = ss;
+      }
+    }
+    barrier();
+    for (uint s = ceilPow2(count) >> 1u; s > 0u; s >>= 1u) {
+      for (uint i = gl_LocalInvocationIndex; i < heads * sgs; i += WG) {
+        const uint li = i % sgs;
+        if (li < s && li + s < count) partial[i] += partial[i + s];
+      }
+      barrier();
+    }
+  }
+  const uint row0 = 4u * p.kOffset;  // the layer's first cache uint
+  // this thread's group of every q head: one position, so one set of weights, angles, cos and sin
+  const bool rotate = lj < rgroups;
+  const uvec2 e = groupPairs(min(lj, groups - 1u), rgroups, half_, rd);
+  const vec2 f = rotate ? vec2(invFreq[p.invOffset + 2u * lj], invFreq[p.invOffset + 2u * lj + 1u]) : vec2(0.0);
+  const vec4 qcs = rotate ? ropeCosSin(float(newStart + t), f) : vec4(0.0);
+  const vec2 qw1 = norm ? vec2(normW[p.qNormOffset + e.x], normW[p.qNormOffset + e.x + 1u]) : vec2(1.0);
+  const vec2 qw2 = norm ? vec2(normW[p.qNormOffset + e.y], normW[p.qNormOffset + e.y + 1u]) : vec2(1.0);
+  for (uint r = 0u; r < rounds; r++) {
+    const uint h = r * slices + slice;
+    if (h >= heads || lj >= groups) continue;
+    const bool isQ = h < ROWS;
+    const uint u = isQ ? t : nthBit(mask, h - ROWS);
+    const uint base = isQ ? 4u * p.qOffset + (t * p.heads + kh * ROWS + h) * HEAD_DIM : p.kRawOffset + (u * p.kvHeads + kh) * HEAD_DIM;
+    vec2 x1 = foldLoad(isQ, base, e.x), x2 = foldLoad(isQ, base, e.y);
+    const float inv = norm ? ropeInvNorm(partial[h * sgs], HEAD_DIM, p.eps) : 1.0;
+    const vec2 w1 = !isQ && norm ? vec2(normW[p.kNormOffset + e.x], normW[p.kNormOffset + e.x + 1u]) : qw1;
+    const vec2 w2 = !isQ && norm ? vec2(normW[p.kNormOffset + e.y], normW[p.kNormOffset + e.y + 1u]) : qw2;
+    const vec4 cs = !isQ && rotate ? ropeCosSin(float(newStart + u), f) : qcs;
+    ropeGroup(x1, x2, norm, inv, w1, w2, rotate, cs);
+    if (isQ) {
+      const uint i1 = h * HEAD_DIM + e.x, i2 = h * HEAD_DIM + e.y;
+      qs4[i1 >> 2u][i1 & 3u] = x1.x; qs4[(i1 + 1u) >> 2u][(i1 + 1u) & 3u] = x1.y;
+      qs4[i2 >> 2u][i2 & 3u] = x2.x; qs4[(i2 + 1u) >> 2u][(i2 + 1u) & 3u] = x2.y;
+    } else {
+      // uints e.x / 2 and e.y / 2 of the row, two halves each
+      const uint vb = p.vRawOffset + (u * p.kvHeads + kh) * HEAD_DIM;
+      const uint k1 = pack2(x1.x, x1.y), k2 = pack2(x2.x, x2.y);
+      const uint v1 = pack2(vRaw[vb + e.x], vRaw[vb + e.x + 1u]), v2 = pack2(vRaw[vb + e.y], vRaw[vb + e.y + 1u]);
+      const uint w1i = u * (HEAD_DIM / 2u) + (e.x >> 1u), w2i = u * (HEAD_DIM / 2u) + (e.y >> 1u);
+      newK8[w1i >> 2u][w1i & 3u] = k1; newK8[w2i >> 2u][w2i & 3u] = k2;
+      newV8[w1i >> 2u][w1i & 3u] = v1; newV8[w2i >> 2u][w2i & 3u] = v2;
+      if (u == t) {  // the one writer of this row (no workgroup of this dispatch reads it from the cache)
+        const uint c = row0 + ((newStart + u) * p.kvHeads + kh) * (HEAD_DIM / 2u);
+        kCache[c + (e.x >> 1u)] = k1; kCache[c + (e.y >> 1u)] = k2;
+        vCache[c + (e.x >> 1u)] = v1; vCache[c + (e.y >> 1u)] = v2;
+      }
+    }
+  }
+  barrier();
+}
+
 void main() {
   const uint tid = gl_LocalInvocationIndex;
   const uint kh = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -93,6 +245,11 @@ void main() {
   const uint vr = tid / HD8, vu = tid % HD8;               // value loop: row, column
   const bool valueThread = vr < ROWS;
   const uint q0 = p.qOffset + (t * p.heads + kh * ROWS) * HD4;
+  if (ROPE_FOLD) {
+    if (gl_WorkGroupID.x * CHUNK >= seen) return;  // uniform: no chunk here (so none with a new row)
+    newStart = contextN() - 1u;
+    foldRope(kh, t);
+  }
 
   for (uint c = gl_WorkGroupID.x; c < p.numChunks; c += gl_NumWorkGroups.x) {
     const uint start = c * CHUNK;
@@ -108,18 +265,18 @@ void main() {
         const uint row = base + ((start + j) * p.kvHeads + kh) * HD8 + lane;
         if (UNROLL) {
           uvec4 w[PER_LANE];
-          [[unroll]] for (uint i = 0u; i < PER_LANE; i++) w[i] = k8[row + i * LANES];
+          [[unroll]] for (uint i = 0u; i < PER_LANE; i++) w[i] = keyAt(row + i * LANES, start + j, lane + i * LANES);
           [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
             const uint d = 2u * (i * LANES + lane);
             const vec4 lo = lo4(w[i]), hi = hi4(w[i]);
-            [[unroll]] for (uint r = 0u; r < ROWS; r++) acc[r] += dot(q4[q0 + r * HD4 + d], lo) + dot(q4[q0 + r * HD4 + d + 1u], hi);
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) acc[r] += dot(qAt(q0, r * HD4 + d), lo) + dot(qAt(q0, r * HD4 + d + 1u), hi);
           }
         } else {
           for (uint i = 0u; i < PER_LANE; i++) {
-            const uvec4 w = k8[row + i * LANES];
+            const uvec4 w = keyAt(row + i * LANES, start + j, lane + i * LANES);
             const uint d = 2u * (i * LANES + lane);
             const vec4 lo = lo4(w), hi = hi4(w);
-            [[unroll]] for (uint r = 0u; r < ROWS; r++) acc[r] += dot(q4[q0 + r * HD4 + d], lo) + dot(q4[q0 + r * HD4 + d + 1u], hi);
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) acc[r] += dot(qAt(q0, r * HD4 + d), lo) + dot(qAt(q0, r * HD4 + d + 1u), hi);
           }
         }
       }
@@ -132,7 +289,7 @@ void main() {
     const uint vstep = p.kvHeads * HD8;
     uvec4 vv[PREFETCH];
     if (UNROLL && valueThread) {
-      [[unroll]] for (uint j = 0u; j < PREFETCH; j++) vv[j] = j < len ? v8[vrow + j * vstep] : uvec4(0u);
+      [[unroll]] for (uint j = 0u; j < PREFETCH; j++) vv[j] = j < len ? valueAt(vrow + j * vstep, start + j, vu) : uvec4(0u);
     }
     barrier();
 
@@ -147,7 +304,7 @@ void main() {
         [[unroll]] for (uint j = 0u; j < CHUNK; j++) {
           if (j < len) {
             const float e = exp(score(vr, j) - m);
-            const uvec4 w = j < PREFETCH ? vv[j] : v8[vrow + j * vstep];
+            const uvec4 w = j < PREFETCH ? vv[j] : valueAt(vrow + j * vstep, start + j, vu);
             l += e;
             a0 += e * lo4(w);
             a1 += e * hi4(w);
@@ -157,7 +314,7 @@ void main() {
         for (uint j = 0u; j < len; j++) m = max(m, score(vr, j));
         for (uint j = 0u; j < len; j++) {
           const float e = exp(score(vr, j) - m);
-          const uvec4 w = v8[vrow + j * vstep];
+          const uvec4 w = valueAt(vrow + j * vstep, start + j, vu);
           l += e;
           a0 += e * lo4(w);
           a1 += e * hi4(w);

@@ -19,6 +19,8 @@ const envSchema = z.strictObject({
   VKMOE_FLOAT_ATOMICS: z.enum(["auto", "off"]).default("auto"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
+  /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */
+  VKMOE_ROPE_FOLD: z.enum(["auto", "off"]).default("auto"),
   VKMOE_VALIDATION: z.stringbool().default(false),
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
   VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),

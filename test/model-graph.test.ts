@@ -106,6 +106,29 @@ describe("resident: the whole token on the GPU equals the CPU decoder", () => {
   }
 });
 
+describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
+  // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
+  test("off: the separate dec_rope_kv step, one dispatch more a layer, the same logits bit for bit", async () => {
+    const ps = prompts();
+    using folded = await load("qwen3-moe-tiny.Q8_0.gguf", baseEnv({ VKMOE_FLOAT_ATOMICS: "off" }));
+    if (!ps || !folded) return;
+    const ids = ps[0]!;
+    using a = folded.session({ ctx: 128 });
+    expect(a.path).toBe("device");
+    const foldedLogits = runAll(a, ids).logits, foldedDispatches = a.dispatchesPerToken;
+    const saved = process.env.VKMOE_ROPE_FOLD;
+    process.env.VKMOE_ROPE_FOLD = "off"; // the graphs read it from the process env when they are made
+    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_ROPE_FOLD : (process.env.VKMOE_ROPE_FOLD = saved)) };
+    using separate = await load("qwen3-moe-tiny.Q8_0.gguf", baseEnv({ VKMOE_ROPE_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
+    using b = separate!.session({ ctx: 128 });
+    const separateLogits = runAll(b, ids).logits;
+    expect(b.dispatchesPerToken - foldedDispatches).toBe(folded.config.layers);
+    expect(foldedLogits).toEqual(separateLogits);
+    expect(folded.takeValidationMessages()).toEqual([]);
+    expect(separate!.takeValidationMessages()).toEqual([]);
+  }, 240_000);
+});
+
 describe("negative controls", () => {
   test("the oracle's f16 cache matters: the same GPU run against an f32-cache CPU decoder differs by more than the run-to-run noise", async () => {
     const ps = prompts();

@@ -3,7 +3,8 @@
  * buffer and replayed, one submit and one wait per token. The host writes the token's embedding
  * row and its position into mapped memory; the GPU runs per layer
  *   RMSNorm (+ the residual) → q, k, v → q/k head norms, RoPE and the f16 KV-cache append →
- *   split attention (+ combine) → o → RMSNorm (+ residual) → router → dec_route (softmax, top-k,
+ *   split attention (+ combine) (decode tokens: the two in one step, the attention's ROPE_FOLD) →
+ *   o → RMSNorm (+ residual) → router → dec_route (softmax, top-k,
  *   the MoE tables from the resident experts' handles) → the MoE call,
  * then the final norm, lm_head and either nothing (prefill), the logits copied to host memory,
  * or the greedy argmax.
@@ -12,6 +13,7 @@
  * stage); `GraphSequence` one sequence's KV cache and recordings. Sequences run one at a time
  * (each call waits), so they share the scratch.
  */
+import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
@@ -58,9 +60,10 @@ export class DecodeGraph implements Disposable {
   private readonly linears: LinearKernels;
   private readonly layers: LayerOnDevice[] = [];
   private readonly lmHead: DeviceLinear;
-  private readonly norms: Buffer;
+  /** Every norm vector (the attention's folded head norms read q_norm / k_norm here). */
+  readonly norms: Buffer;
   private readonly finalNorm: number;
-  private readonly invFreq: Buffer;
+  readonly invFreq: Buffer;
   /** The RMSNorms, and the quantized rows they write for integer-dot readers. */
   private readonly norm: NormFeed;
   /** o's input quantized by the attention's combine, where the o matrices take the integer-dot path. */
@@ -230,19 +233,24 @@ export class DecodeGraph implements Disposable {
       cb.barrier("computeToCompute");
       op("q, k, v", L.q.recordFrom(cb, s.xn, xq, s.q, S) + L.k.recordFrom(cb, s.xn, xq, s.k, S) + L.v.recordFrom(cb, s.xn, xq, s.v, S));
       cb.barrier("computeToCompute");
-      // the per-head q/k RMSNorm runs inside the RoPE kernel (one head of one token per workgroup)
-      // a batch: each token at its own position and cache row, in a cache of kv.rows rows
-      kv.rope.record(cb, {
-        q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: kv.keys[l]!, vCache: kv.values[l]!,
-        S, heads: H, kvHeads: KV, headDim: hd, ctx: kv.rows, pos0: 0, positions: s.positions, posIndex: 0, batched: r.batch !== undefined,
-        norm: { weights: this.norms, qOffset: L.qNorm, kOffset: L.kNorm, eps },
-      });
-      op("q/k norms + rope + kv append");
-      cb.barrier("computeToCompute");
+      const norm = { qOffset: L.qNorm, kOffset: L.kNorm, eps };
+      // decode calls of one sequence: the attention does the head norms, RoPE and KV append itself (one barrier fewer)
+      const fold = kv.attention.foldsRope(S, r.batch !== undefined);
+      if (!fold) {
+        // the per-head q/k RMSNorm runs inside the RoPE kernel (one head of one token per workgroup)
+        // a batch: each token at its own position and cache row, in a cache of kv.rows rows
+        kv.rope.record(cb, {
+          q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: kv.keys[l]!, vCache: kv.values[l]!,
+          S, heads: H, kvHeads: KV, headDim: hd, ctx: kv.rows, pos0: 0, positions: s.positions, posIndex: 0, batched: r.batch !== undefined,
+          norm: { weights: this.norms, ...norm },
+        });
+        op("q/k norms + rope + kv append");
+        cb.barrier("computeToCompute");
+      }
       // o reads the combine's quantized rows where it takes the integer-dot path
       const oq = this.attnQuant && L.o.takesQuantized(S) ? this.attnQuant : undefined;
-      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined });
-      op("attention", 2);
+      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined, ...(fold && { rope: { norm } }) });
+      op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", 2);
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
@@ -335,10 +343,14 @@ export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: nu
   // GPUs: 32 positions per workgroup and 128 threads (H200, 30B-A3B shape at position 812: 37 µs
   // a layer against 48 with the kernel's 64 / 64; scripts/profile-graph.ts). CPU devices keep 64 / 64.
   const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
-  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ...shape }));
+  // ropeFold: decode calls of one sequence fold the RoPE step into the attention (RopeKvKernel's
+  // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
+  // as LinearKernels' integer-dot decision)
+  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
-  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
+  const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.norms } } : {};
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, ...fold, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
   return { ctx, rows, keys, values, rope, attention, bindings, bytes: 2 * cfg.layers * Math.ceil(layerBytes / 16) * 16 };
 }
 

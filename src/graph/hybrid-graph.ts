@@ -6,7 +6,8 @@
  *   linear layers: qkv, z, a, b → dec_conv1d (its rolling state) → dec_delta_rule (q/k L2 norms,
  *     the gates, the recurrent state, the gated RMSNorm with z fused) → out_proj;
  *   full layers: q, gate (q_proj's rows split per head at load), k, v → q/k norms + partial RoPE +
- *     f16 KV append (dec_rope_kv) → split attention (+ combine) → × sigmoid(gate) → o_proj;
+ *     f16 KV append (dec_rope_kv) → split attention (+ combine) → × sigmoid(gate) → o_proj (decode
+ *     tokens: the rope step folded into the attention's pass 1, ROPE_FOLD);
  *   → RMSNorm (+ residual) → router, the shared expert's gate/up/scale → dec_route, SwiGLU →
  *   the MoE call, the shared expert's down → += sigmoid(scale) · shared,
  * then the final norm, lm_head and nothing / the logits / the greedy argmax, as DecodeGraph.
@@ -29,6 +30,7 @@
  * `HybridBatch` (hybrid-batch.ts) several sequences' states, run together by `recordBatch`.
  * Sequences and batches run one at a time (each call waits), so they share the scratch.
  */
+import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBinding } from "../kernels/decoder/attention.ts";
@@ -121,8 +123,8 @@ export class HybridGraph implements Disposable {
   private readonly linears: LinearKernels;
   private readonly layers: LayerOnDevice[] = [];
   private readonly lmHead: DeviceLinear;
-  /** Norm weights, conv taps, negA, dt_bias, gated-norm weights: one buffer. */
-  private readonly params: Buffer;
+  /** Norm weights, conv taps, negA, dt_bias, gated-norm weights: one buffer (the attention's folded head norms read it). */
+  readonly params: Buffer;
   private readonly finalNorm: number;
   readonly invFreq: Buffer;
   /** The RMSNorms, and the quantized rows they write for integer-dot readers. */
@@ -423,18 +425,26 @@ export class HybridGraph implements Disposable {
       } else {
         op("q, gate, k, v", linq(m.q, s.q) + linq(m.gate, s.gate) + linq(m.k, s.k) + linq(m.v, s.v));
         cb.barrier("computeToCompute");
-        state.rope.record(cb, {
-          q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: state.keys[m.slot]!, vCache: state.values[m.slot]!,
-          S, heads: H, kvHeads: KV, headDim: hd, ctx: state.rows, pos0: 0, positions: s.positions, posIndex: 0, batched,
-          norm: { weights: P, qOffset: m.qNorm, kOffset: m.kNorm, eps }, rotaryDim: cfg.rotaryDim,
-        });
-        op("q/k norms + partial rope + kv append");
-        cb.barrier("computeToCompute");
+        const norm = { qOffset: m.qNorm, kOffset: m.kNorm, eps };
+        // decode calls of one sequence: the attention does the head norms, partial RoPE and KV append itself (one barrier
+        // fewer); q is the query half of q_proj (its gate rows are a matrix of their own since load: no offset)
+        const fold = state.attention.foldsRope(S, batched);
+        if (!fold) {
+          state.rope.record(cb, {
+            q: s.q, k: s.k, v: s.v, invFreq: this.invFreq, kCache: state.keys[m.slot]!, vCache: state.values[m.slot]!,
+            S, heads: H, kvHeads: KV, headDim: hd, ctx: state.rows, pos0: 0, positions: s.positions, posIndex: 0, batched,
+            norm: { weights: P, ...norm }, rotaryDim: cfg.rotaryDim,
+          });
+          op("q/k norms + partial rope + kv append");
+          cb.barrier("computeToCompute");
+        }
         // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass (the binding's gate)
         // o_proj reads the combine's quantized rows where it takes the integer-dot path
         const oq = this.attnQuant && m.o.takesQuantized(S) ? this.attnQuant : undefined;
-        state.attention.record(cb, state.bindings[m.slot]!, { n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined });
-        op("attention + output gate", 2);
+        state.attention.record(cb, state.bindings[m.slot]!, {
+          n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined, ...(fold && { rope: { norm, rotaryDim: cfg.rotaryDim } }),
+        });
+        op(fold ? "attention + output gate (+ q/k norms, partial rope, kv append)" : "attention + output gate", 2);
         cb.barrier("computeToCompute");
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
@@ -563,10 +573,14 @@ export function openSequenceState(graph: HybridGraph, ctx: number, owned: Dispos
   const rope = owned.use(new RopeKvKernel(device, { maxSets: Math.max(1, graph.fullLayers) }));
   // as openSequenceCache: GPUs take 32 positions a workgroup and 128 threads, CPU devices the kernel's defaults
   const shape = device.info.type === 4 ? {} : { chunk: 32, workgroupSize: 128 };
-  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ...shape }));
+  // ropeFold: decode calls of one sequence fold the RoPE step into the attention (RopeKvKernel's
+  // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
+  // as LinearKernels' integer-dot decision)
+  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
-  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, gate: s.gate, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
+  const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.params } } : {};
+  const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, gate: s.gate, ...fold, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
   const conv = buffer(4 * slots * slotConvFloats);
   const delta = buffer(deltaBytes);
   const bytes = 2 * graph.fullLayers * Math.ceil(layerBytes / 16) * 16 + Number(conv.size) + Number(delta.size);

@@ -23,6 +23,15 @@
  * loaded into shared memory once for all of them, register tiles for the scores and the values.
  * Same spans (so the same partials and numChunks), same records, same combine.
  *
+ * RoPE fold (`ropeFold`, decode calls of one sequence): dec_attention_decode with ROPE_FOLD does
+ * dec_rope_kv's work itself (the q/k head norms, RoPE, the f16 KV append of the new positions), so
+ * a decode token's layer runs GEMVs → attention with no rope step and barrier between: the binding
+ * gains the raw k and v (the GEMVs' outputs), the inverse frequencies and the norm weights
+ * (`AttentionBuffers.fold`), and a call with `rope` reads q raw (not rotated in place: q and k are
+ * left as the GEMVs wrote them) and writes the new k/v rows to the cache as dec_rope_kv does, bit
+ * for bit (token t at position n - 1 + t (+ the positions word): dec_rope_kv's pos0 = n - 1). Prompt
+ * chunks and batched calls keep the separate step.
+ *
  * Output gate (Qwen3.5): a binding made with a `gate` buffer (laid out as out, at the call's
  * gateOffset) has the combine write out * sigmoid(gate), as GatingKernel's "sigmoid-gate" computes
  * it, so the gate needs no dispatch and barrier of its own.
@@ -54,7 +63,7 @@ import type { Buffer } from "../../vk/memory.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
 import type { QuantizedRows } from "./rmsnorm.ts";
-import { BATCH_WORDS } from "./rope-kv.ts";
+import { BATCH_WORDS, ROPE_MAX_POSITION } from "./rope-kv.ts";
 
 /**
  * Pass 1: q, keys, values, partials, positions; push n, S, heads, kvHeads, kOffset (uvec4), vOffset
@@ -62,8 +71,15 @@ import { BATCH_WORDS } from "./rope-kv.ts";
  * positions[posIndex]), limit (n capped at limit - (S - 1)), iters (chunks per span): 56 B.
  */
 export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushConstantBytes: 56 } as const;
-/** Decode's pass 1 (one token per workgroup, spans of one chunk): pass 1's buffers and push constants. */
-export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffers: 5, pushConstantBytes: 56 } as const;
+/**
+ * Decode's pass 1 (one token per workgroup, spans of one chunk): pass 1's buffers and push constants,
+ * then (ROPE_FOLD; pushed as zeros otherwise) kRawOffset, vRawOffset, invOffset, qNormOffset,
+ * kNormOffset (floats), eps (f32), rotaryDim, foldFlags (bit 0 head norm): 88 B. Bindings 5..10 (read
+ * with ROPE_FOLD only, any buffer otherwise; declared in both variants' layout, which the validation
+ * layer checks against the shader's declarations): raw k, raw v, inverse frequencies, norm weights,
+ * and the key / value caches again (written).
+ */
+export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffers: 11, pushConstantBytes: 88 } as const;
 /** Prompt chunks' pass 1 (tiled, a block of tokens per workgroup): pass 1's buffers and push constants. */
 export const DEC_ATTENTION_PREFILL = { name: "dec_attention_prefill", storageBuffers: 5, pushConstantBytes: 56 } as const;
 /**
@@ -95,6 +111,8 @@ export const DEFAULT_PREFILL_TILE = 32;
 /** dec_attention_prefill's threads before the value tiles ask for more (at most 16 vec4 of accumulators a thread). */
 const PREFILL_THREADS = 128;
 const MAX_PREFILL_VALUE_QUADS = 16;
+/** ROPE_FOLD normalises each head over this many threads, as dec_rope_kv's default workgroup (RopeKvKernel), for the same sums. */
+const ROPE_FOLD_THREADS = 64;
 
 /**
  * dec_attention_prefill's shape for one rows count: rows (tokens x heads per KV head) and keys
@@ -147,6 +165,38 @@ export interface DecoderAttentionOptions {
   prefillKernel?: boolean;
   /** dec_attention_prefill's rows, tile and tile type (benchmarks and tests; the defaults otherwise). */
   prefillShape?: PrefillShapeOptions;
+  /** Build dec_attention_decode's ROPE_FOLD variant where the decode kernel runs (default false; see `ropeFold`). */
+  ropeFold?: boolean;
+  /**
+   * The fold's head norm sums with subgroupAdd first, as a RopeKvKernel made with the same
+   * `useSubgroup` (default: where the device has subgroup arithmetic and subgroups of at most 64).
+   */
+  ropeFoldSubgroup?: boolean;
+}
+
+/** The buffers a binding adds for calls with `rope` (the folded head norms, RoPE and KV append). */
+export interface AttentionFoldBuffers {
+  /** [S][kvHeads][headDim] f32: k as the GEMV wrote it (not normalised, not rotated). */
+  k: Buffer;
+  /** [S][kvHeads][headDim] f32. */
+  v: Buffer;
+  /** rotaryDim / 2 f32 inverse frequencies (ops.ts ropeInverseFrequencies). */
+  invFreq: Buffer;
+  /** The head norms' weights (calls with `rope.norm`; default: none). */
+  normWeights?: Buffer;
+}
+
+/** A call's folded RoPE (dec_rope_kv's arguments that the attention call does not already give). */
+export interface AttentionRope {
+  /** Floats: raw k and v in the binding's fold buffers (default 0). */
+  kOffset?: number;
+  vOffset?: number;
+  /** Floats (default 0). */
+  invOffset?: number;
+  /** Dims of each head that rotate (a multiple of 4, default headDim): Qwen3.5's partial rotary. */
+  rotaryDim?: number;
+  /** Each q and k head RMS-normalised first, as dec_rope_kv's `norm` (weights in the fold's normWeights). */
+  norm?: { qOffset: number; kOffset: number; eps: number };
 }
 
 /** The buffers of one binding; see the module comment for layouts. */
@@ -166,6 +216,8 @@ export interface AttentionBuffers {
   gate?: Buffer;
   /** Where a call with `quantize` also writes out quantized for the integer-dot GGML GEMV (cols = heads x head_dim). */
   quantized?: QuantizedRows;
+  /** The folded RoPE's buffers (calls with `rope`; needs a DecoderAttention made with `ropeFold`). */
+  fold?: AttentionFoldBuffers;
 }
 
 /** Descriptor sets of both passes for one set of buffers (from `bind`). */
@@ -179,6 +231,10 @@ export interface AttentionBinding {
   readonly gate?: Buffer;
   /** The quantized rows of `AttentionBuffers`, if any. */
   readonly quantized?: QuantizedRows;
+  /** dec_attention_decode's set (both variants: 11 bindings, the fold's buffers or stand-ins); 0n without the decode kernel. */
+  readonly decode: bigint;
+  /** Whether the binding was made with fold buffers (calls may take `rope`). */
+  readonly fold: boolean;
 }
 
 export interface AttentionCall {
@@ -216,6 +272,12 @@ export interface AttentionCall {
   gateOffset?: number;
   /** Also write out quantized into the binding's `quantized` rows (outOffset 0, S <= their maxTokens). */
   quantize?: boolean;
+  /**
+   * Fold dec_rope_kv into pass 1 (`foldsRope(S, batched)` must hold; a binding made with `fold`):
+   * q is read raw, token t's k and v (the fold's buffers) are normalised, rotated at position
+   * n - 1 + t (+ the positions word) and written to the cache rows of those positions.
+   */
+  rope?: AttentionRope;
 }
 
 /** dec_attention_decode's shape for one DecoderAttention (see `decodeShape`). */
@@ -239,11 +301,13 @@ export class DecoderAttention implements Disposable {
   /** What dec_attention_prefill's shape may be; undefined: prompt chunks run the general pass 1. */
   readonly prefill: { rows: number; tile: number; halfTiles?: boolean; workgroupSize?: number } | undefined;
   private readonly decodePipeline: ComputePipeline | undefined;
+  /** dec_attention_decode with ROPE_FOLD (undefined: not asked for, or decode calls do not run dec_attention_decode). */
+  private readonly foldPipeline: ComputePipeline | undefined;
   private readonly prefillPipelines = new Map<number, { shape: PrefillShape; pipeline: ComputePipeline }>();
   private readonly splitPipelines = new Map<number, ComputePipeline>();
   private readonly combinePipeline: ComputePipeline;
   private readonly pool: DescriptorPool;
-  private readonly pc = new DataView(new ArrayBuffer(DEC_ATTENTION.pushConstantBytes));
+  private readonly pc = new DataView(new ArrayBuffer(DEC_ATTENTION_DECODE.pushConstantBytes));
 
   constructor(device: Device, options: DecoderAttentionOptions) {
     const { heads, kvHeads, headDim } = options;
@@ -291,12 +355,23 @@ export class DecoderAttention implements Disposable {
         spirv: shaderFile(DEC_ATTENTION_DECODE.name), storageBuffers: DEC_ATTENTION_DECODE.storageBuffers, pushConstantBytes: DEC_ATTENTION_DECODE.pushConstantBytes,
         specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes },
       });
+      if (options.ropeFold && this.foldSharedBytes() <= device.info.limits.maxComputeSharedMemorySize) {
+        // the head norm's sums as dec_rope_kv's (subgroupAdd where subgroups fit its 64-thread heads)
+        const fits = device.info.subgroup.arithmetic && device.info.subgroup.maxSize <= ROPE_FOLD_THREADS;
+        if (options.ropeFoldSubgroup && !fits) throw new InvalidArgumentError(`ropeFoldSubgroup needs subgroup arithmetic and subgroups of at most ${ROPE_FOLD_THREADS}`);
+        const sub = options.ropeFoldSubgroup ?? fits;
+        this.foldPipeline = new ComputePipeline(device, {
+          spirv: shaderFile(DEC_ATTENTION_DECODE.name), storageBuffers: DEC_ATTENTION_DECODE.storageBuffers, pushConstantBytes: DEC_ATTENTION_DECODE.pushConstantBytes,
+          specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes, 6: 1, 7: sub ? 1 : 0 },
+        });
+      }
     }
     this.combinePipeline = new ComputePipeline(device, {
       spirv: shaderFile(DEC_ATTENTION_COMBINE.name), storageBuffers: DEC_ATTENTION_COMBINE.storageBuffers,
       pushConstantBytes: DEC_ATTENTION_COMBINE.pushConstantBytes, specialization: { 0: wg, 1: headDim },
     });
-    this.pool = new DescriptorPool(device, 2 * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers) * maxBindings);
+    const decodeSets = this.decodePipeline ? 1 : 0;
+    this.pool = new DescriptorPool(device, (2 + decodeSets) * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers + decodeSets * DEC_ATTENTION_DECODE.storageBuffers) * maxBindings);
   }
 
   /**
@@ -313,6 +388,22 @@ export class DecoderAttention implements Disposable {
     while (lanes * 2 <= hd8 && lanes * 2 * this.chunk <= wg) lanes *= 2;
     if (4 * this.group * this.chunk * lanes > this.device.info.limits.maxComputeSharedMemorySize) return undefined;
     return { workgroupSize: wg, lanes };
+  }
+
+  /** ROPE_FOLD's shared memory: the decode kernel's scores, q rows, new k/v rows and the head norms' partial sums. */
+  private foldSharedBytes(): number {
+    const d = this.decode!;
+    return 4 * this.group * this.chunk * d.lanes + 4 * this.group * this.headDim + 2 * 2 * DECODE_ATTENTION_TOKENS * this.headDim + 4 * (this.group + DECODE_ATTENTION_TOKENS) * ROPE_FOLD_THREADS;
+  }
+
+  /** Whether this object folds the RoPE step into its decode calls of one sequence (`ropeFold`, where it fits). */
+  get ropeFold(): boolean {
+    return this.foldPipeline !== undefined;
+  }
+
+  /** Whether a call of S tokens may take `rope` (decode calls of one sequence, on an object made with `ropeFold`). */
+  foldsRope(S: number, batched = false): boolean {
+    return this.foldPipeline !== undefined && !batched && S >= 1 && S <= DECODE_ATTENTION_TOKENS;
   }
 
   /**
@@ -441,7 +532,19 @@ export class DecoderAttention implements Disposable {
       { buffer: b.partials }, { buffer: b.out }, { buffer: pos }, { buffer: b.gate ?? b.partials },
       { buffer: qr?.xq ?? b.partials }, { buffer: qr?.xscale ?? b.partials }, { buffer: qr?.xsum ?? b.partials },
     ]);
-    return { split, combine, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }), ...(qr && { quantized: qr }) };
+    // dec_attention_decode's set: pass 1's buffers, then the fold's (q stands in for them without)
+    const f = b.fold;
+    if (f && !this.foldPipeline) throw new InvalidArgumentError("fold buffers need a DecoderAttention made with ropeFold (where its decode kernel runs)");
+    const decode = this.decodePipeline
+      ? this.pool.allocate(this.decodePipeline, [
+        { buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos },
+        { buffer: f?.k ?? b.q }, { buffer: f?.v ?? b.q }, { buffer: f?.invFreq ?? b.q }, { buffer: f?.normWeights ?? f?.invFreq ?? b.q },
+        { buffer: f ? b.keys : b.q }, { buffer: f ? b.values : b.q },
+      ])
+      : 0n;
+    return {
+      split, combine, decode, fold: f !== undefined, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }), ...(qr && { quantized: qr }),
+    };
   }
 
   /**
@@ -491,6 +594,15 @@ export class DecoderAttention implements Disposable {
       if (qr.maxTokens < S) throw new InvalidArgumentError(`quantized rows for ${qr.maxTokens} tokens, the call has ${S}`);
       if (outOffset !== 0) throw new InvalidArgumentError("a quantizing call writes out at offset 0");
     }
+    const rope = call.rope;
+    if (rope) {
+      if (!this.foldsRope(S, batched)) throw new InvalidArgumentError(`rope folds into decode calls of one sequence (S <= ${DECODE_ATTENTION_TOKENS}, not batched) on a DecoderAttention made with ropeFold`);
+      if (!binding.fold) throw new InvalidArgumentError("rope needs a binding made with fold buffers");
+      const rd = rope.rotaryDim ?? this.headDim;
+      if (!Number.isInteger(rd) || rd < 4 || rd % 4 !== 0 || rd > this.headDim) throw new InvalidArgumentError(`rotaryDim must be a multiple of 4 in 4..headDim (${this.headDim}), got ${rd}`);
+      if (rope.norm && !(rope.norm.eps >= 0 && Number.isFinite(rope.norm.eps))) throw new InvalidArgumentError(`norm eps must be finite and >= 0, got ${rope.norm.eps}`);
+      if (!fromBuffer && n - 1 + S > ROPE_MAX_POSITION) throw new InvalidArgumentError(`positions must lie in 0..2^24, got ${n - 1}+${S}`);
+    }
     const iters = this.itersPerSpan(positions, S);
     const numChunks = this.spans(positions, S);
     const need = this.partialBytes(positions, S);
@@ -503,15 +615,21 @@ export class DecoderAttention implements Disposable {
     // prompt chunks of one sequence: a block of shape.rows / group tokens per workgroup
     const prefill = batched ? undefined : this.prefillFor(S);
     const T = batched || decode ? 1 : prefill ? prefill.shape.rows / this.group : this.tokensPerGroup(S);
-    const split = decode ? this.decodePipeline! : prefill ? prefill.pipeline : this.splitPipeline(this.group * T);
+    const split = rope ? this.foldPipeline! : decode ? this.decodePipeline! : prefill ? prefill.pipeline : this.splitPipeline(this.group * T);
     const pc = this.pc;
     const flags = batched ? 2 : fromBuffer ? 1 : 0;
     const words = [n, S, this.heads, this.kvHeads, cacheOffset / 8, cacheOffset / 2, qOffset / 4, numChunks, T];
     words.forEach((w, i) => pc.setUint32(4 * i, w, true));
     pc.setFloat32(36, 1 / Math.sqrt(this.headDim), true);
     [posIndex, flags, positions, iters].forEach((w, i) => pc.setUint32(40 + 4 * i, w, true));
+    // dec_attention_decode's fold words (zeros without rope: unread)
+    const norm = rope?.norm;
+    [rope?.kOffset ?? 0, rope?.vOffset ?? 0, rope?.invOffset ?? 0, norm?.qOffset ?? 0, norm?.kOffset ?? 0].forEach((w, i) => pc.setUint32(56 + 4 * i, w, true));
+    pc.setFloat32(76, norm?.eps ?? 0, true);
+    [rope ? rope.rotaryDim ?? this.headDim : 0, norm ? 1 : 0].forEach((w, i) => pc.setUint32(80 + 4 * i, w, true));
     const gridX = decode ? Math.min(numChunks, this.maxDecodeGroups) : numChunks;
-    cb.bind(split, binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, DEC_ATTENTION.pushConstantBytes)).dispatch(gridX, this.kvHeads, Math.ceil(S / T));
+    const pushBytes = decode ? DEC_ATTENTION_DECODE.pushConstantBytes : DEC_ATTENTION.pushConstantBytes;
+    cb.bind(split, decode ? binding.decode : binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, pushBytes)).dispatch(gridX, this.kvHeads, Math.ceil(S / T));
     cb.barrier("computeToCompute");
     const combineFlags = flags | (binding.gate ? 4 : 0) | (call.quantize ? 8 : 0);
     [n, S, this.heads, numChunks, outOffset, posIndex, combineFlags, positions, this.chunk * iters, gateOffset].forEach((w, i) => pc.setUint32(4 * i, w, true));
@@ -522,6 +640,7 @@ export class DecoderAttention implements Disposable {
     this.pool[Symbol.dispose]();
     for (const p of this.splitPipelines.values()) p[Symbol.dispose]();
     this.decodePipeline?.[Symbol.dispose]();
+    this.foldPipeline?.[Symbol.dispose]();
     for (const e of this.prefillPipelines.values()) e.pipeline[Symbol.dispose]();
     this.prefillPipelines.clear();
     this.splitPipelines.clear();

@@ -96,6 +96,25 @@ function randomHalves(words: number, seed: number): Uint8Array {
   return new Uint8Array(w.buffer);
 }
 
+/** flags.layers caches of random halves (keys and values, layerBytes each), disposed together. */
+function randomCaches(layerBytes: number): { keys: Buffer[]; values: Buffer[] } & Disposable {
+  const keys: Buffer[] = [], values: Buffer[] = [];
+  const dispose = () => { for (const b of [...keys, ...values]) b[Symbol.dispose](); };
+  try {
+    for (let l = 0; l < flags.layers; l++) {
+      for (const list of [keys, values]) {
+        const b = new Buffer(device, { size: BigInt(layerBytes), memory: "device" });
+        list.push(b);
+        uploadBytes(device, b, 0n, randomHalves(layerBytes / 4, 1 + l * 2 + list.length));
+      }
+    }
+  } catch (e) {
+    dispose();
+    throw e;
+  }
+  return { keys, values, [Symbol.dispose]: dispose };
+}
+
 /** GPU µs per call: `record` repeated flags.calls times (each then a barrier), median of reps. */
 function time(record: (cb: CommandBuffer, call: number) => void): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
@@ -133,54 +152,44 @@ function decodeTables(): void {
     const { heads: H, kvHeads: KV, headDim: hd } = shape;
     for (const cacheLen of [...new Set(POINTS.map(([c]) => c))]) {
       const layerBytes = cacheLen * KV * hd * 2;
-      const keys: Buffer[] = [], values: Buffer[] = [];
-      try {
-        for (let l = 0; l < flags.layers; l++) {
-          for (const list of [keys, values]) {
-            const b = new Buffer(device, { size: BigInt(layerBytes), memory: "device" });
-            list.push(b);
-            uploadBytes(device, b, 0n, randomHalves(layerBytes / 4, 1 + l * 2 + list.length));
-          }
-        }
-        using q = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
-        uploadBytes(device, q, 0n, randomHalves(H * hd, 99)); // any finite floats
-        using gate = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
-        uploadBytes(device, gate, 0n, randomHalves(H * hd, 98));
-        using out = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
-        using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
-        const word = new Uint32Array(positions.host(), 0, 1);
-        for (const chunk of flags.chunk) {
-          for (const decodeKernel of kernels) {
-            const gated = shape.gated && decodeKernel;
-            using op = new DecoderAttention(device, {
-              heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: 2 * flags.layers, decodeKernel, maxDecodeGroups: flags.groups,
-            });
-            using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, 1)), memory: "device" });
-            const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
-            const gatedBindings = gated ? keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions, gate })) : [];
-            using gating = new GatingKernel(device, { maxSets: 4 });
-            for (const [c, position] of POINTS) {
-              if (c !== cacheLen) continue;
-              word[0] = position; // token at `position` sees position + 1 positions
-              const call = { n: 1, S: 1, maxPositions: cacheLen, posIndex: 0 };
-              const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
-              const kvBytes = 2 * (position + 1) * KV * hd * 2;
-              const gbs = kvBytes / (us * 1e3);
-              console.log(`| ${shape.label} | ${cacheLen} | ${position} | ${decodeKernel ? "decode" : "general"} | ${chunk} | ${us.toFixed(2)} | ${(kvBytes / 1e6).toFixed(2)} | ${gbs.toFixed(0)} | ${bw ? `${((100 * gbs) / bw.gbs).toFixed(1)}%` : "-"} |`);
-              if (gated) {
-                const folded = time((cb, i) => op.record(cb, gatedBindings[i % flags.layers]!, call));
-                const separate = time((cb, i) => {
-                  op.record(cb, bindings[i % flags.layers]!, call);
-                  cb.barrier("computeToCompute");
-                  gating.record(cb, { mode: "sigmoid-gate", x: out, g: gate, y: out, S: 1, n: H * hd });
-                });
-                gateRows.push(`| ${shape.label} | ${cacheLen} | ${position} | ${chunk} | ${separate.toFixed(2)} | ${folded.toFixed(2)} | ${(separate - folded).toFixed(2)} |`);
-              }
+      using caches = randomCaches(layerBytes);
+      const { keys, values } = caches;
+      using q = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      uploadBytes(device, q, 0n, randomHalves(H * hd, 99)); // any finite floats
+      using gate = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      uploadBytes(device, gate, 0n, randomHalves(H * hd, 98));
+      using out = new Buffer(device, { size: BigInt(4 * H * hd), memory: "device" });
+      using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
+      const word = new Uint32Array(positions.host(), 0, 1);
+      for (const chunk of flags.chunk) {
+        for (const decodeKernel of kernels) {
+          const gated = shape.gated && decodeKernel;
+          using op = new DecoderAttention(device, {
+            heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: 2 * flags.layers, decodeKernel, maxDecodeGroups: flags.groups,
+          });
+          using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, 1)), memory: "device" });
+          const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
+          const gatedBindings = gated ? keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions, gate })) : [];
+          using gating = new GatingKernel(device, { maxSets: 4 });
+          for (const [c, position] of POINTS) {
+            if (c !== cacheLen) continue;
+            word[0] = position; // token at `position` sees position + 1 positions
+            const call = { n: 1, S: 1, maxPositions: cacheLen, posIndex: 0 };
+            const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
+            const kvBytes = 2 * (position + 1) * KV * hd * 2;
+            const gbs = kvBytes / (us * 1e3);
+            console.log(`| ${shape.label} | ${cacheLen} | ${position} | ${decodeKernel ? "decode" : "general"} | ${chunk} | ${us.toFixed(2)} | ${(kvBytes / 1e6).toFixed(2)} | ${gbs.toFixed(0)} | ${bw ? `${((100 * gbs) / bw.gbs).toFixed(1)}%` : "-"} |`);
+            if (gated) {
+              const folded = time((cb, i) => op.record(cb, gatedBindings[i % flags.layers]!, call));
+              const separate = time((cb, i) => {
+                op.record(cb, bindings[i % flags.layers]!, call);
+                cb.barrier("computeToCompute");
+                gating.record(cb, { mode: "sigmoid-gate", x: out, g: gate, y: out, S: 1, n: H * hd });
+              });
+              gateRows.push(`| ${shape.label} | ${cacheLen} | ${position} | ${chunk} | ${separate.toFixed(2)} | ${folded.toFixed(2)} | ${(separate - folded).toFixed(2)} |`);
             }
           }
         }
-      } finally {
-        for (const b of [...keys, ...values]) b[Symbol.dispose]();
       }
     }
   }
@@ -206,50 +215,40 @@ function prefillTable(): void {
   for (const name of shapes) {
     const { label, heads: H, kvHeads: KV, headDim: hd } = SHAPES[name];
     const layerBytes = cacheLen * KV * hd * 2;
-    const keys: Buffer[] = [], values: Buffer[] = [];
-    try {
-      for (let l = 0; l < flags.layers; l++) {
-        for (const list of [keys, values]) {
-          const b = new Buffer(device, { size: BigInt(layerBytes), memory: "device" });
-          list.push(b);
-          uploadBytes(device, b, 0n, randomHalves(layerBytes / 4, 1 + l * 2 + list.length));
+    using caches = randomCaches(layerBytes);
+    const { keys, values } = caches;
+    using q = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "device" });
+    uploadBytes(device, q, 0n, randomHalves(S * H * hd, 99)); // any finite floats
+    using out = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "device" });
+    using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
+    const word = new Uint32Array(positions.host(), 0, 1);
+    for (const chunk of flags.chunk) {
+      const general = new Map<number, number>();
+      for (const shape of variants) {
+        using op = new DecoderAttention(device, {
+          heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: flags.layers, prefillKernel: shape !== undefined, ...(shape && { prefillShape: shape }),
+        });
+        const ran = op.prefillFor(S)?.shape;
+        if (shape && !ran) {
+          console.log(`| ${label} | - | ${chunk} | prefill | ${JSON.stringify(shape)}: does not fit this device | - | - | - | - |`);
+          continue;
+        }
+        const shapeLabel = ran ? `rows ${ran.rows}, tile ${ran.tile} ${ran.halfTiles ? "halves" : "floats"}, ${ran.workgroupSize} threads (${ran.ra}x${ran.ka}, ${ran.rc}x${ran.qc}), ${(ran.sharedBytes / 1024).toFixed(1)} KiB` : "-";
+        using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, S)), memory: "device" });
+        const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
+        for (const position of PREFILL_POSITIONS) {
+          word[0] = position; // token t at position + t sees position + t + 1 positions
+          const call = { n: 1, S, maxPositions: cacheLen, posIndex: 0 };
+          const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
+          // QK^T and PV: 2 x 2 flops per (row, position, dim)
+          let seen = 0;
+          for (let t = 0; t < S; t++) seen += position + t + 1;
+          const gflop = (4 * H * hd * seen) / 1e9;
+          if (!ran) general.set(position, us);
+          const ratio = ran && general.has(position) ? `${(general.get(position)! / us).toFixed(2)}x` : "-";
+          console.log(`| ${label} | ${position} | ${chunk} | ${ran ? "prefill" : "general"} | ${shapeLabel} | ${us.toFixed(2)} | ${gflop.toFixed(3)} | ${(gflop / (us * 1e-6) / 1e3).toFixed(2)} | ${ratio} |`);
         }
       }
-      using q = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "device" });
-      uploadBytes(device, q, 0n, randomHalves(S * H * hd, 99)); // any finite floats
-      using out = new Buffer(device, { size: BigInt(4 * S * H * hd), memory: "device" });
-      using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
-      const word = new Uint32Array(positions.host(), 0, 1);
-      for (const chunk of flags.chunk) {
-        const general = new Map<number, number>();
-        for (const shape of variants) {
-          using op = new DecoderAttention(device, {
-            heads: H, kvHeads: KV, headDim: hd, chunk, workgroupSize: 128, maxBindings: flags.layers, prefillKernel: shape !== undefined, ...(shape && { prefillShape: shape }),
-          });
-          const ran = op.prefillFor(S)?.shape;
-          if (shape && !ran) {
-            console.log(`| ${label} | - | ${chunk} | prefill | ${JSON.stringify(shape)}: does not fit this device | - | - | - | - |`);
-            continue;
-          }
-          const shapeLabel = ran ? `rows ${ran.rows}, tile ${ran.tile} ${ran.halfTiles ? "halves" : "floats"}, ${ran.workgroupSize} threads (${ran.ra}x${ran.ka}, ${ran.rc}x${ran.qc}), ${(ran.sharedBytes / 1024).toFixed(1)} KiB` : "-";
-          using partials = new Buffer(device, { size: BigInt(op.partialBytes(cacheLen, S)), memory: "device" });
-          const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
-          for (const position of PREFILL_POSITIONS) {
-            word[0] = position; // token t at position + t sees position + t + 1 positions
-            const call = { n: 1, S, maxPositions: cacheLen, posIndex: 0 };
-            const us = time((cb, i) => op.record(cb, bindings[i % flags.layers]!, call));
-            // QK^T and PV: 2 x 2 flops per (row, position, dim)
-            let seen = 0;
-            for (let t = 0; t < S; t++) seen += position + t + 1;
-            const gflop = (4 * H * hd * seen) / 1e9;
-            if (!ran) general.set(position, us);
-            const ratio = ran && general.has(position) ? `${(general.get(position)! / us).toFixed(2)}x` : "-";
-            console.log(`| ${label} | ${position} | ${chunk} | ${ran ? "prefill" : "general"} | ${shapeLabel} | ${us.toFixed(2)} | ${gflop.toFixed(3)} | ${(gflop / (us * 1e-6) / 1e3).toFixed(2)} | ${ratio} |`);
-          }
-        }
-      }
-    } finally {
-      for (const b of [...keys, ...values]) b[Symbol.dispose]();
     }
   }
 }

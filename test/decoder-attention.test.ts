@@ -22,6 +22,7 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { DecoderAttention, type DecoderAttentionOptions } from "../src/kernels/decoder/attention.ts";
 import { GatingKernel } from "../src/kernels/decoder/gating.ts";
 import { attendCpu } from "../src/model/ops.ts";
+import { quantizeGroup } from "../src/quant/intdot.ts";
 import { nmse, randomGaussianF32 } from "../src/quant/index.ts";
 import { CommandPool } from "../src/vk/commands.ts";
 import { Buffer } from "../src/vk/memory.ts";
@@ -626,23 +627,13 @@ describe("dec_attention with the output gate folded into the combine", () => {
 });
 
 describe("dec_attention's combine writing its rows quantized for the integer-dot o_proj (flags bit 3)", () => {
-  /** quantize_act's rule for one group of 16 on the CPU: packed words, scale, sum of q. */
-  function quantizeGroup(y: Float32Array, at: number): { words: number[]; scale: number; sum: number } {
-    let amax = 0;
-    for (let i = 0; i < 16; i++) amax = Math.max(amax, Math.abs(y[at + i]!));
-    if (amax === 0) return { words: [0, 0, 0, 0], scale: 0, sum: 0 };
-    let e = Math.floor(Math.log2(amax)) + 1;
-    while (amax >= 2 ** e) e++;
-    while (amax < 2 ** (e - 1)) e--;
-    const words = [0, 0, 0, 0];
-    let sum = 0;
-    for (let i = 0; i < 16; i++) {
-      const x = y[at + i]! * 2 ** (7 - e), f = Math.floor(x), d = x - f;
-      const q = Math.min(127, Math.max(-127, d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f));
-      sum += q;
-      words[i >> 2] = (words[i >> 2]! | ((q & 0xff) << (8 * (i & 3)))) >>> 0;
-    }
-    return { words, scale: 2 ** (e - 7), sum };
+  /** quantize_act's rule for one group of 16 on the CPU (quantizeGroup): packed words, scale, sum of q. */
+  function quantizeGroup16(y: Float32Array, at: number): { words: number[]; scale: number; sum: number } {
+    const q = new Int8Array(16);
+    const { scale, sum } = quantizeGroup(y, at, at + 16, q, 0);
+    const bytes = new DataView(q.buffer);
+    const words = [0, 1, 2, 3].map((w) => bytes.getUint32(4 * w, true)); // byte j of a word: q[4w + j]
+    return { words, scale, sum };
   }
 
   test("decode S 1 and 3, prompt chunks S 9 and 40, head_dim 128 and 256, with and without the gate: the rows as quantize_act's rule from out; bad calls refused", () => {
@@ -684,7 +675,7 @@ describe("dec_attention's combine writing its rows quantized for the integer-dot
       expect(fence.wait()).toBe(true);
       const y = f32(out, floats);
       for (let g = 0; g < groups; g++) {
-        const want = quantizeGroup(y, 16 * g);
+        const want = quantizeGroup16(y, 16 * g);
         expect({ g, words: [...u32(xq, 4, 4 * g)] }).toEqual({ g, words: want.words });
         expect({ g, scale: f32(xscale, 1, g)[0] }).toEqual({ g, scale: want.scale });
         expect({ g, sum: new Int32Array(xsum.host(), 4 * g, 1)[0] }).toEqual({ g, sum: want.sum });

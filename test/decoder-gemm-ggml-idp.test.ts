@@ -39,6 +39,7 @@ import { DEC_GEMM_GGML_IDP, IDP_PIPELINES } from "../src/kernels/shaders.ts";
 import { DeviceLinear, GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { dequantizedActivations } from "../src/quant/intdot.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { Buffer } from "../src/vk/memory.ts";
@@ -67,25 +68,6 @@ afterAll(() => {
 
 const fixtureTensors = (type: GgmlBlockType) =>
   [...fixture.tensors.values()].filter((t) => t.dtype === type).map((v) => ggmlBlockTensor(type, v.bytes, v.shape[0]!, v.shape[1]!, v.name));
-
-/** quantize_act's arithmetic on the CPU for groups of 16: the x the GPU's integer dots see, dequantized (q * 2^(e-7)). */
-function quantizedX(x: Float32Array): Float64Array {
-  const out = new Float64Array(x.length);
-  for (let g = 0; g < x.length; g += GGML_IDP_GROUP) {
-    let amax = 0;
-    for (let i = g; i < g + GGML_IDP_GROUP; i++) amax = Math.max(amax, Math.abs(x[i]!));
-    if (amax === 0) continue;
-    let e = Math.floor(Math.log2(amax)) + 1; // frexp: amax = m * 2^e, m in [0.5, 1); log2 may round at the edges:
-    while (amax >= 2 ** e) e++;
-    while (amax < 2 ** (e - 1)) e--;
-    for (let i = g; i < g + GGML_IDP_GROUP; i++) {
-      const v = x[i]! * 2 ** (7 - e), f = Math.floor(v), d = v - f;
-      const q = Math.min(127, Math.max(-127, d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f));
-      out[i] = q * 2 ** (e - 7);
-    }
-  }
-  return out;
-}
 
 /** y[s, r] = Σ_c W[r, c] * xd[s, c] in f64 over GGML's exact weights. */
 function exactGemm(w: GgmlBlockTensor, xd: Float64Array, S: number): Float64Array {
@@ -158,7 +140,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
       const results = cases.map(({ w, S, xOffset, yOffset }) => {
         const x = randomGaussianF32(S * w.cols, seed++);
         const got = gpuIdp(w, x, S, xOffset, yOffset);
-        const vsExact = nmse(exactGemm(w, quantizedX(x), S), got);
+        const vsExact = nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
         if (!(vsExact <= 1e-9)) throw new Error(`${type} ${w.rows}x${w.cols} S=${S}: NMSE ${vsExact} against the exact GEMM of the quantized x (bound 1e-9)`);
         worstExact = Math.max(worstExact, vsExact);
         return { ref: gpuFloat(w, x, S), got };
@@ -178,7 +160,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
       const w = randomTensor(type, 35, blocks, seed++), S = 19;
       const x = randomGaussianF32(S * w.cols, seed++);
       const one = gpuIdp(w, x, S, 0, 1);
-      expect(nmse(exactGemm(w, quantizedX(x), S), one)).toBeLessThanOrEqual(1e-9);
+      expect(nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), one)).toBeLessThanOrEqual(1e-9);
       for (const step of steps) expect({ step, y: bits(gpuIdp(w, x, S, 0, 1, step)) }).toEqual({ step, y: bits(one) });
     }
   }, 60_000);
@@ -199,7 +181,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
       submitAndWait(device, (cb) => k.recordQuantized(cb, { matrix, y: y2, S, yOffset: 2, scratch }));
       expect(Array.from(u32(y2, S * w.rows, 2))).toEqual(Array.from(u32(y1, S * w.rows)));
       expect(Array.from(u32(y2, 2))).toEqual([SENTINEL, SENTINEL]);
-      expect(nmse(exactGemm(w, quantizedX(x), S), f32(y1, S * w.rows))).toBeLessThanOrEqual(1e-9);
+      expect(nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), f32(y1, S * w.rows))).toBeLessThanOrEqual(1e-9);
     }
   }, 60_000);
 });
@@ -241,7 +223,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScrat
           });
           for (const y of [y2, y3]) expect(Array.from(u32(y, S * w.rows, yOffset))).toEqual(Array.from(u32(first, S * w.rows, yOffset)));
         });
-        const eExact = nmse(exactGemm(w, quantizedX(x), S), ys), eUnsplit = nmse(gpuIdp(w, x, S), ys);
+        const eExact = nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), ys), eUnsplit = nmse(gpuIdp(w, x, S), ys);
         if (!(eExact <= 1e-9 && eUnsplit <= 1e-9)) throw new Error(`${type} ${w.rows}x${w.cols} S=${S}, ${split.splits} runs: NMSE ${eExact} vs the quantized x's exact GEMM, ${eUnsplit} vs the unsplit kernel`);
         worstExact = Math.max(worstExact, eExact);
         worstUnsplit = Math.max(worstUnsplit, eUnsplit);
@@ -258,7 +240,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScrat
       const x = randomGaussianF32(S * w.cols, seed++);
       using split = new GemmSplitScratch(device, w.rows, w.cols, S, splits, GGML_BLOCK_LAYOUTS[type].blockElements);
       const one = gpuIdp(w, x, S, 0, 1, 1, split);
-      expect(nmse(exactGemm(w, quantizedX(x), S), one)).toBeLessThanOrEqual(1e-9);
+      expect(nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), one)).toBeLessThanOrEqual(1e-9);
       expect(bits(gpuIdp(w, x, S, 0, 1, step, split))).toEqual(bits(one));
     }
   }, 60_000);

@@ -22,6 +22,7 @@ import { DeviceLinear, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/d
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
+import { dequantizedActivations } from "../src/quant/intdot.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
@@ -51,25 +52,6 @@ afterAll(() => {
 
 const fixtureTensors = (type: GgmlBlockType) =>
   [...fixture.tensors.values()].filter((t) => t.dtype === type).map((v) => ggmlBlockTensor(type, v.bytes, v.shape[0]!, v.shape[1]!, v.name));
-
-/** quantize_act's arithmetic on the CPU for groups of 16: the x the GPU's integer dots see, dequantized (q * 2^(e-7)). */
-function quantizedX(x: Float32Array): Float64Array {
-  const out = new Float64Array(x.length);
-  for (let g = 0; g < x.length; g += GGML_IDP_GROUP) {
-    let amax = 0;
-    for (let i = g; i < g + GGML_IDP_GROUP; i++) amax = Math.max(amax, Math.abs(x[i]!));
-    if (amax === 0) continue;
-    let e = Math.floor(Math.log2(amax)) + 1; // frexp: amax = m * 2^e, m in [0.5, 1); log2 may round at the edges:
-    while (amax >= 2 ** e) e++;
-    while (amax < 2 ** (e - 1)) e--;
-    for (let i = g; i < g + GGML_IDP_GROUP; i++) {
-      const v = x[i]! * 2 ** (7 - e), f = Math.floor(v), d = v - f;
-      const q = Math.min(127, Math.max(-127, d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f));
-      out[i] = q * 2 ** (e - 7);
-    }
-  }
-  return out;
-}
 
 /** y[s, r] = Σ_c W[r, c] * xd[s, c] in f64 over GGML's exact weights. */
 function exactGemv(weights: Float32Array, rows: number, cols: number, xd: Float64Array, S: number): Float64Array {
@@ -113,7 +95,7 @@ function gpuGemv(w: GgmlBlockTensor, x: Float32Array, S: number, o: { xOffset?: 
 function check(w: GgmlBlockTensor, S: number, seed: number, o: Parameters<typeof gpuGemv>[3] = {}): { ref: Float32Array; got: Float32Array; vsExact: number } {
   const x = randomGaussianF32(S * w.cols, seed);
   const got = gpuGemv(w, x, S, o);
-  const vsExact = nmse(exactGemv(dequantizeGgml(w), w.rows, w.cols, quantizedX(x), S), got);
+  const vsExact = nmse(exactGemv(dequantizeGgml(w), w.rows, w.cols, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
   if (!(vsExact <= 1e-9)) throw new Error(`${w.type} ${w.rows}x${w.cols} S=${S}: NMSE ${vsExact} against the exact GEMV of the quantized x (bound 1e-9)`);
   return { ref: cpuGemv(w, x, S), got, vsExact };
 }

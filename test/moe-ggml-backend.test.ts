@@ -11,7 +11,7 @@ import { describe, expect, test } from "bun:test";
 import { readConfig, type VkmoeEnv } from "../src/config.ts";
 import { InvalidArgumentError } from "../src/errors.ts";
 import { GgmlMoeBackend } from "../src/moe/ggml-backend.ts";
-import { RoutingError, type Routing } from "../src/moe/routing.ts";
+import { RoutingError } from "../src/moe/routing.ts";
 import { openExperts, type ExpertConfig, type ExpertSource } from "../src/model/experts.ts";
 import { FloatLinear, GgmlBlockLinear } from "../src/model/linear.ts";
 import type { ExpertMatrices, LayerWeights } from "../src/model/weights.ts";
@@ -19,8 +19,10 @@ import { type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { randomGgmlBlocks as randomBlocks } from "./support/ggml-blocks.ts";
+import { randomRouting } from "./support/moe-ggml-cases.ts";
 
-const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o });
+// the float path (its bounds are the float path's): the integer-dot one is tested in moe-ggml-rows-idp-gpu.test.ts
+const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), VKMOE_IDP: "off", ...o });
 
 /** Per layer: gate/up type, down type ("F32": a float down matrix, which the GPU kernels do not take). */
 type LayerTypes = [GgmlBlockType, GgmlBlockType | "F32"];
@@ -38,24 +40,6 @@ function source(types: LayerTypes[], E: number, D: number, I: number, seed: numb
     expertFormat: "ggml", expertTypes: [...new Set([gu, dn])], expertBytes: 0,
   }));
   return { layers, expert: (l, e) => experts[l]![e]!, releaseExperts: () => {} };
-}
-
-/** S tokens, k distinct experts each of E, random positive weights. */
-function randomRouting(S: number, k: number, E: number, seed: number): Routing {
-  const rand = mulberry32(seed);
-  const ids = new Int32Array(S * k), weights = new Float32Array(S * k);
-  for (let s = 0; s < S; s++) {
-    const perm = Array.from({ length: E }, (_, e) => e);
-    for (let i = E - 1; i > 0; i--) {
-      const j = Math.floor(rand() * (i + 1));
-      [perm[i], perm[j]] = [perm[j]!, perm[i]!];
-    }
-    for (let j = 0; j < k; j++) {
-      ids[s * k + j] = perm[j]!;
-      weights[s * k + j] = 0.05 + rand();
-    }
-  }
-  return { S, k, ids, weights };
 }
 
 const MIX: LayerTypes[] = [["Q4_K", "Q6_K"], ["Q4_K", "Q4_K"], ["Q5_0", "Q5_0"], ["Q5_K", "Q6_K"], ["Q4_1", "Q5_1"], ["Q4_K", "Q6_K"]];

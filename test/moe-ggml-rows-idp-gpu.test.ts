@@ -15,6 +15,7 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { GGML_IDP_GROUP } from "../src/kernels/decoder/ggml-gemv.ts";
 import { ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, type GgmlExpertKernelOptions } from "../src/moe/ggml-experts.ts";
 import type { GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { dequantizedActivations } from "../src/quant/intdot.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
@@ -25,24 +26,8 @@ const device = ctx.device;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 afterAll(() => finish(ctx));
 
-/** quantize_act's rule for groups of 16 on the CPU: the values the GPU's integer dots see (q * 2^(e-7)), rounded to f32 (exact: 8-bit q). */
-function quantized(x: Float32Array): Float32Array {
-  const out = new Float32Array(x.length);
-  for (let g = 0; g < x.length; g += GGML_IDP_GROUP) {
-    let amax = 0;
-    for (let i = g; i < g + GGML_IDP_GROUP; i++) amax = Math.max(amax, Math.abs(x[i]!));
-    if (amax === 0) continue;
-    let e = Math.floor(Math.log2(amax)) + 1; // frexp: amax = m * 2^e, m in [0.5, 1)
-    while (amax >= 2 ** e) e++;
-    while (amax < 2 ** (e - 1)) e--;
-    for (let i = g; i < g + GGML_IDP_GROUP; i++) {
-      const v = x[i]! * 2 ** (7 - e), f = Math.floor(v), d = v - f;
-      const q = Math.min(127, Math.max(-127, d > 0.5 || (d === 0.5 && f % 2 !== 0) ? f + 1 : f));
-      out[i] = q * 2 ** (e - 7);
-    }
-  }
-  return out;
-}
+/** quantize_act's rule (groups of 16): the values the GPU's integer dots see, as f32 (exact: q times a power of two). */
+const quantized = (x: Float32Array) => Float32Array.from(dequantizedActivations(x, GGML_IDP_GROUP));
 
 const E = 8;
 const noIdp = !device.enabled.integerDotProduct || !device.info.subgroup.shuffle;

@@ -20,7 +20,7 @@
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "../kernels/decoder/common.ts";
-import { GGML_IDP_GROUP, GgmlQuantizeKernel, type QuantizedRows } from "../kernels/decoder/ggml-gemv.ts";
+import { GgmlQuantizeKernel, QuantizedRowsBuffers } from "../kernels/decoder/ggml-gemv.ts";
 import { MOE_GGML_ROWS_IDP, type ShaderInterface } from "../kernels/shaders.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
@@ -32,7 +32,6 @@ import type { WorkList } from "./routing.ts";
 export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
 /** moe_ggml's bindings and push constants; a row per lane (prompt chunks' lists grouped by expert). */
 export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBuffers: 7, pushConstantBytes: 8 };
-export { MOE_GGML_ROWS_IDP };
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -144,30 +143,10 @@ export function writeWorkList(list: WorkList, S: number, sequence: number, work:
  * The integer-dot rows kernel's quantized inputs, x [S][D] and then h [slots][I] in turn (the call
  * quantizes h only after gate+up has read x, behind a barrier): rows of int8, scales and sums per 16.
  */
-export class ExpertQuantScratch implements Disposable, QuantizedRows {
-  readonly xq: Buffer;
-  readonly xscale: Buffer;
-  readonly xsum: Buffer;
-  /** Values it holds at most (max of S * D and slots * I over the calls it serves). */
-  readonly values: number;
-
+export class ExpertQuantScratch extends QuantizedRowsBuffers {
+  /** Sized for the most values of S * D and slots * I over the calls it serves. */
   constructor(device: Device, D: number, I: number, maxTokens: number, slotsPerToken: number) {
-    this.values = Math.max(maxTokens * D, maxTokens * slotsPerToken * I);
-    const groups = this.values / GGML_IDP_GROUP;
-    const made: Buffer[] = [];
-    try {
-      for (const bytes of [this.values, 4 * groups, 4 * groups]) made.push(new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
-    } catch (e) {
-      for (const b of made) b[Symbol.dispose]();
-      throw e;
-    }
-    [this.xq, this.xscale, this.xsum] = made as [Buffer, Buffer, Buffer];
-  }
-
-  [Symbol.dispose](): void {
-    this.xq[Symbol.dispose]();
-    this.xscale[Symbol.dispose]();
-    this.xsum[Symbol.dispose]();
+    super(device, Math.max(maxTokens * D, maxTokens * slotsPerToken * I));
   }
 }
 

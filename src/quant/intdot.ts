@@ -63,23 +63,43 @@ export function quantizeActivations(x: Float32Array, S: number, cols: number, gr
     for (let g = 0; g < groupsPerRow; g++) {
       const start = s * cols + g * groupSize;
       const end = s * cols + Math.min((g + 1) * groupSize, cols);
-      let amax = 0;
-      for (let i = start; i < end; i++) amax = Math.max(amax, Math.abs(x[i]));
-      if (amax === 0) continue; // zero-initialized: scale 0, q 0, sum 0
-      const e = frexpExponent(amax);
-      const up = 2 ** (7 - e);
-      let groupSum = 0;
       const out = s * paddedCols - s * cols; // q index of x index i
-      for (let i = start; i < end; i++) {
-        const qi = Math.min(127, Math.max(-127, roundHalfEven(x[i] * up)));
-        q[out + i] = qi;
-        groupSum += qi;
-      }
-      scale[s * groupsPerRow + g] = 2 ** (e - 7);
-      sum[s * groupsPerRow + g] = groupSum;
+      const r = quantizeGroup(x, start, end, q, out + start);
+      scale[s * groupsPerRow + g] = r.scale;
+      sum[s * groupsPerRow + g] = r.sum;
     }
   }
   return { S, cols, groupSize, groupsPerRow, paddedCols, q, scale, sum };
+}
+
+/**
+ * One group x[start..end) by quantizeActivations' rule (quantize_act's, any group size: the GGML
+ * integer-dot kernels use 16): its q into q[at..], its scale 2^(e-7) (0 for a zero group, q then
+ * left as it is) and the sum of its q.
+ */
+export function quantizeGroup(x: ArrayLike<number>, start: number, end: number, q: Int8Array, at: number): { scale: number; sum: number } {
+  let amax = 0;
+  for (let i = start; i < end; i++) amax = Math.max(amax, Math.abs(x[i]!));
+  if (amax === 0) return { scale: 0, sum: 0 };
+  const e = frexpExponent(amax);
+  const up = 2 ** (7 - e);
+  let sum = 0;
+  for (let i = start; i < end; i++) {
+    const qi = Math.min(127, Math.max(-127, roundHalfEven(x[i]! * up)));
+    q[at + i - start] = qi;
+    sum += qi;
+  }
+  return { scale: Math.fround(2 ** (e - 7)), sum };
+}
+
+/** x (any length, a multiple of groupSize) as the integer dots see it: each group's q * scale (quantizeGroup's). */
+export function dequantizedActivations(x: ArrayLike<number>, groupSize: number): Float64Array {
+  const out = new Float64Array(x.length), q = new Int8Array(groupSize);
+  for (let g = 0; g < x.length; g += groupSize) {
+    const { scale } = quantizeGroup(x, g, g + groupSize, q, 0);
+    for (let i = 0; i < groupSize; i++) out[g + i] = scale === 0 ? 0 : q[i]! * scale;
+  }
+  return out;
 }
 
 /** y[s*rows + o] = sum_g scale_x(s,g) * scale_w(o,g) * sum_{i in g} qx * qw, integer sums exact, in f64. */

@@ -146,19 +146,17 @@ export interface QuantizedRows {
   readonly xsum: Buffer;
 }
 
-/** The integer-dot path's quantized x: xq int8 [S][cols], f32 scales and int sums [S][cols / 16], for up to maxTokens tokens. */
-export class GgmlIdpScratch implements Disposable, QuantizedRows {
+/** Device buffers for `values` activations quantized in groups of GGML_IDP_GROUP: int8 xq, f32 scales and int sums per group. */
+export class QuantizedRowsBuffers implements Disposable, QuantizedRows {
   readonly xq: Buffer;
   readonly xscale: Buffer;
   readonly xsum: Buffer;
 
-  constructor(device: Device, readonly cols: number, readonly maxTokens: number) {
-    if (!Number.isInteger(cols) || cols < 32 || cols % 32 !== 0) throw new InvalidArgumentError(`cols must be a positive multiple of 32, got ${cols}`);
-    if (!Number.isInteger(maxTokens) || maxTokens < 1 || maxTokens > GGML_GEMV_MAX_S) throw new InvalidArgumentError(`maxTokens must be an integer in 1..${GGML_GEMV_MAX_S}, got ${maxTokens}`);
-    const groups = (maxTokens * cols) / GGML_IDP_GROUP;
+  constructor(device: Device, readonly values: number) {
+    const groups = Math.ceil(values / GGML_IDP_GROUP);
     const made: Buffer[] = [];
     try {
-      for (const bytes of [maxTokens * cols, 4 * groups, 4 * groups]) made.push(new Buffer(device, { size: BigInt(bytes), memory: "device" }));
+      for (const bytes of [values, 4 * groups, 4 * groups]) made.push(new Buffer(device, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
     } catch (e) {
       for (const b of made) b[Symbol.dispose]();
       throw e;
@@ -170,6 +168,15 @@ export class GgmlIdpScratch implements Disposable, QuantizedRows {
     this.xq[Symbol.dispose]();
     this.xscale[Symbol.dispose]();
     this.xsum[Symbol.dispose]();
+  }
+}
+
+/** The integer-dot path's quantized x: xq int8 [S][cols], f32 scales and int sums [S][cols / 16], for up to maxTokens tokens. */
+export class GgmlIdpScratch extends QuantizedRowsBuffers {
+  constructor(device: Device, readonly cols: number, readonly maxTokens: number) {
+    if (!Number.isInteger(cols) || cols < 32 || cols % 32 !== 0) throw new InvalidArgumentError(`cols must be a positive multiple of 32, got ${cols}`);
+    if (!Number.isInteger(maxTokens) || maxTokens < 1 || maxTokens > GGML_GEMV_MAX_S) throw new InvalidArgumentError(`maxTokens must be an integer in 1..${GGML_GEMV_MAX_S}, got ${maxTokens}`);
+    super(device, maxTokens * cols);
   }
 }
 

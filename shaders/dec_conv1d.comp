@@ -12,6 +12,9 @@
 // RUN_* below): one sequence's tokens, in order, on that sequence's state at stateOffset +
 // stateIndex * stateStride; a run of 0 tokens (the table has fewer runs than S) does nothing.
 // Runs of one call have distinct states, so every state is still read and written by one invocation.
+// Advance mode (flags bit 1): the state alone moves on over the tokens, out is not written (the
+// delta rule's conv fold computed the outputs from the state as it was; it cannot write the state,
+// which several of its workgroups read).
 
 layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint KERNEL = 4;  // taps, 1..8
@@ -23,6 +26,8 @@ layout(set = 0, binding = 3) writeonly buffer Out { float outv[]; };
 layout(set = 0, binding = 4) readonly buffer Runs { uint runs[]; };
 
 #include "dec_runs.glsl"
+#define CONV_TAPS KERNEL
+#include "conv1d.glsl"
 
 layout(push_constant) uniform Params {
     uint S;            // tokens
@@ -34,13 +39,14 @@ layout(push_constant) uniform Params {
     uint outOffset;    // floats
     uint outStride;    // floats between tokens of out
     uint stateStride;  // runs mode: floats between sequences' states
-    uint flags;        // bit 0: runs mode
+    uint flags;        // bit 0: runs mode; bit 1: advance the state only
 } pc;
 
 void main() {
     const uint c = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     if (c >= pc.channels) return;
     const bool batched = (pc.flags & 1u) != 0u;
+    const bool advanceOnly = (pc.flags & 2u) != 0u;
     const uint run = gl_WorkGroupID.z;
     const uint count = batched ? runs[RUN_COUNT + run] : pc.S;
     if (count == 0u) return;
@@ -55,12 +61,8 @@ void main() {
     for (uint i = 0u; i < count; i++) {
         const uint t = batched ? runs[RUN_TOKENS + first + i] : i;
         const float xt = x[pc.xOffset + t * pc.xStride + c];
-        float s = 0.0;
-        for (uint j = 0u; j < H; j++) s += taps[j] * window[j];
-        s += taps[H] * xt;
-        outv[pc.outOffset + t * pc.outStride + c] = s / (1.0 + exp(-s));
-        for (uint j = 0u; j + 1u < H; j++) window[j] = window[j + 1u];
-        if (H > 0u) window[H - 1u] = xt;
+        if (!advanceOnly) outv[pc.outOffset + t * pc.outStride + c] = convSilu(taps, window, xt);
+        convShift(window, xt);
     }
     for (uint j = 0u; j < H; j++) state[stateAt + c * H + j] = window[j];
 }

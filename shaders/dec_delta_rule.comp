@@ -25,6 +25,13 @@
 // stateIndex * stateStride, so a decode round of S sequences is S x valueHeads independent
 // workgroups rather than S dependent steps; a run of 0 tokens does nothing. The runs of one call
 // have distinct states (each state block is one workgroup's).
+// Conv fold (flags bit 3, the recurrent decode path): qkv holds the raw in_proj_qkv output (pre-conv)
+// and the workgroup runs the causal conv1d + SiLU itself (conv1d.glsl, the arithmetic of dec_conv1d)
+// on exactly the channels it reads: its key head's q and k, its value head's v. Invocation li owns
+// channels li, li + WG, ... of those 2 KEY_DIM + VALUE_DIM, their windows in registers across the
+// tokens, and writes each token's outputs to shared memory (one barrier more per token). The conv
+// state [channels][CONV_KERNEL-1] (binding 8) is read only: the value heads of one key head all read
+// its q and k channels, so none may write them; dec_conv1d's advance mode moves the state on after.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_GOOGLE_include_directive : require
@@ -33,11 +40,15 @@ layout(local_size_x = 512, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint KEY_DIM = 128;
 layout(constant_id = 2) const uint PARTS = 4;  // invocations per state column; divides KEY_DIM
 layout(constant_id = 3) const bool USE_SUBGROUP = true;
+layout(constant_id = 4) const uint CONV_KERNEL = 4;  // conv fold: taps, 1..8
 
 const uint WG = gl_WorkGroupSize.x;
 const uint VALUE_DIM = WG / PARTS;
 const uint ROWS = KEY_DIM / PARTS;
 const float L2_EPS = 1e-6;
+// conv fold: the channels a workgroup convolves (q | k | v) and each invocation's share of them
+const uint FOLD_CHANNELS = 2u * KEY_DIM + VALUE_DIM;
+const uint FOLD_SLOTS = (FOLD_CHANNELS + WG - 1u) / WG;
 
 #include "dec_linear_attention.glsl"
 
@@ -49,8 +60,11 @@ layout(set = 0, binding = 4) readonly buffer Params { float params[]; };
 layout(set = 0, binding = 5) buffer State { float state[]; };
 layout(set = 0, binding = 6) writeonly buffer Out { float outv[]; };
 layout(set = 0, binding = 7) readonly buffer Runs { uint runs[]; };
+layout(set = 0, binding = 8) readonly buffer ConvState { float convState[]; };
 
 #include "dec_runs.glsl"
+#define CONV_TAPS CONV_KERNEL
+#include "conv1d.glsl"
 
 layout(push_constant) uniform Push {
     uint S;
@@ -73,14 +87,19 @@ layout(push_constant) uniform Push {
     uint dtBiasOffset;  // floats in params: valueHeads (unless flags bit 1)
     uint normOffset;    // floats in params: VALUE_DIM norm weights (flags bit 0)
     float eps;          // the gated norm's (flags bit 0)
-    uint flags;         // bit 0: gated RMSNorm of the output; bit 1: a, b hold g and beta as they are; bit 2: runs mode
+    uint flags;         // bit 0: gated RMSNorm of the output; bit 1: a, b hold g and beta as they are; bit 2: runs mode; bit 3: conv fold
     uint stateStride;   // runs mode: floats between sequences' states
+    uint rowOffset;     // conv fold: floats: token t's qkv row starts at rowOffset + t * qkvStride, channel c at + c
+    uint convWOffset;   // conv fold: floats in params: the taps [channels][CONV_KERNEL]
+    uint convStateOffset;  // conv fold: floats: [channels][CONV_KERNEL-1]
+    uint convStateStride;  // conv fold, runs mode: floats between sequences' conv states
 } pc;
 
 shared float kvPart[WG];
 shared float oPart[WG];
 shared float kSquares[PARTS];
 shared float qSquares[PARTS];
+shared float mixedConv[FOLD_CHANNELS];  // conv fold: the current token's q | k | v
 
 void main() {
     const uint h = gl_WorkGroupID.x;
@@ -98,6 +117,25 @@ void main() {
     const bool gatedNorm = (pc.flags & 1u) != 0u;
     const bool gatesGiven = (pc.flags & 2u) != 0u;
     const float qScale = 1.0 / sqrt(float(KEY_DIM));
+    const bool convFold = (pc.flags & 8u) != 0u;
+
+    // conv fold: channel of each slot (a row position), its taps and window
+    const uint convAt = pc.convStateOffset + (batched ? runs[RUN_STATE + run] * pc.convStateStride : 0u);
+    const uint H = CONV_KERNEL - 1u;
+    uint channel[FOLD_SLOTS];
+    float taps[FOLD_SLOTS][CONV_KERNEL], window[FOLD_SLOTS][CONV_KERNEL];
+    if (convFold) {
+        for (uint u = 0u; u < FOLD_SLOTS; u++) {
+            const uint lc = li + u * WG;
+            if (lc >= FOLD_CHANNELS) break;
+            channel[u] = lc < KEY_DIM ? pc.qOffset + kh * KEY_DIM + lc
+                : lc < 2u * KEY_DIM ? pc.kOffset + kh * KEY_DIM + (lc - KEY_DIM)
+                : pc.vOffset + h * VALUE_DIM + (lc - 2u * KEY_DIM);
+            channel[u] -= pc.rowOffset;
+            for (uint jj = 0u; jj < CONV_KERNEL; jj++) taps[u][jj] = params[pc.convWOffset + channel[u] * CONV_KERNEL + jj];
+            for (uint jj = 0u; jj < H; jj++) window[u][jj] = convState[convAt + channel[u] * H + jj];
+        }
+    }
 
     float s[ROWS];
     for (uint r = 0u; r < ROWS; r++) s[r] = state[sAt + r * VALUE_DIM];
@@ -110,13 +148,26 @@ void main() {
         const float beta = gatesGiven ? gb : sigmoid(gb);
         const float decay = exp(g);
 
+        if (convFold) {
+            for (uint u = 0u; u < FOLD_SLOTS; u++) {
+                const uint lc = li + u * WG;
+                if (lc >= FOLD_CHANNELS) break;
+                const float xt = qkv[pc.rowOffset + t * pc.qkvStride + channel[u]];
+                mixedConv[lc] = convSilu(taps[u], window[u], xt);
+                convShift(window[u], xt);
+            }
+            // this token's q | k | v in place before any is read (the previous token's were all read
+            // before its second barrier, which every writer here has passed)
+            barrier();
+        }
+
         // decay the state; partial kv = sum_r state[r][j] k[r] over this invocation's rows (k raw)
         const uint qkAt = t * pc.qkvStride + kh * KEY_DIM + row0;
         float kr[ROWS], qr[ROWS];
         float kv = 0.0, kk = 0.0, qq = 0.0;
         for (uint r = 0u; r < ROWS; r++) {
-            kr[r] = qkv[pc.kOffset + qkAt + r];
-            qr[r] = qkv[pc.qOffset + qkAt + r];
+            kr[r] = convFold ? mixedConv[KEY_DIM + row0 + r] : qkv[pc.kOffset + qkAt + r];
+            qr[r] = convFold ? mixedConv[row0 + r] : qkv[pc.qOffset + qkAt + r];
             s[r] *= decay;
             kv += s[r] * kr[r];
             kk += kr[r] * kr[r];
@@ -138,7 +189,7 @@ void main() {
         const float iq = qScale / sqrt(qSum + L2_EPS);
 
         // delta_j = (v_j - kv_j) beta; state += k_normalised delta^T; partial o = sum_r state[r][j] q[r]
-        const float v = qkv[pc.vOffset + t * pc.qkvStride + h * VALUE_DIM + j];
+        const float v = convFold ? mixedConv[2u * KEY_DIM + j] : qkv[pc.vOffset + t * pc.qkvStride + h * VALUE_DIM + j];
         const float kDelta = (v - kvSum * ik) * beta * ik;
         float o = 0.0;
         for (uint r = 0u; r < ROWS; r++) {

@@ -15,7 +15,9 @@ import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
 import type { DecoderObserver } from "../src/model/decoder.ts";
 import { Model, type QuantChoice } from "../src/model/model.ts";
 import type { Session } from "../src/model/session.ts";
+import type { Qwen35MoeConfig } from "../src/model/qwen35-config.ts";
 import { nmse } from "../src/quant/metrics.ts";
+import { countCalls, openLoader } from "../src/vk/loader.ts";
 import { fixture } from "./support/fixtures.ts";
 
 const env = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
@@ -126,6 +128,55 @@ describe("resident Qwen3.5: the whole token on the GPU equals the CPU decoder", 
       expect(gpu.takeValidationMessages()).toEqual([]);
     }, 240_000);
   }
+});
+
+describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
+  /** A session's and a batch's logits (decode steps, a 5-token chunk through the fold, a prompt chunk that runs chunked), and a decode token's dispatches and barriers. */
+  function run(m: Model, ps: number[][]) {
+    const calls = countCalls(openLoader().vk);
+    using probe = m.session({ ctx: 8 });
+    calls.reset();
+    const dispatches = probe.dispatchesPerToken; // records the decode token
+    const barriers = calls.counts.get("vkCmdPipelineBarrier") ?? 0;
+    const logits: Float32Array[] = [];
+    using a = m.session({ ctx: 96 });
+    expect(a.path).toBe("device");
+    logits.push(a.prefill(ps[1]!.slice(0, 5)).slice(), a.prefill(ps[1]!.slice(5)).slice());
+    for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
+    // runs: three sequences packed into one replay, then decode rounds of one token each
+    using batch = m.batch({ slots: 3, ctx: 64 });
+    expect(batch.path).toBe("device-batch");
+    logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
+    for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
+    return { logits, dispatches, barriers };
+  }
+  const bits = (x: Float32Array) => new Uint32Array(x.buffer, x.byteOffset, x.length);
+
+  // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
+  test("off: the separate dec_conv1d step (the conv state moved on in it), one barrier more a linear layer and as many dispatches, the same logits bit for bit (a session, a batch)", async () => {
+    const ps = prompts();
+    const name = "qwen3.5-moe-tiny.Q8_0.gguf";
+    // synchronization validation on the folded run: the conv state advance shares out_proj's step, no barrier of its own
+    const path = fixture(name);
+    using folded = path ? await Model.load(path, { quant: "auto", env: env({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;
+    if (!ps || !folded) return;
+    const linearLayers = (folded.config as Qwen35MoeConfig).layerTypes.filter((t) => t === "linear").length;
+    expect(linearLayers).toBeGreaterThan(0);
+    const a = run(folded, ps);
+    const saved = process.env.VKMOE_CONV_FOLD;
+    process.env.VKMOE_CONV_FOLD = "off"; // the graph reads it from the process env when it is made
+    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_CONV_FOLD : (process.env.VKMOE_CONV_FOLD = saved)) };
+    using separate = await load(name, "auto", env({ VKMOE_CONV_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
+    const b = run(separate!, ps);
+    console.log(`conv fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token folded, ${b.barriers} and ${b.dispatches} separate (${linearLayers} linear layers); ${a.logits.length} logits rows compared`);
+    expect(b.barriers - a.barriers).toBe(linearLayers);
+    expect(b.dispatches).toBe(a.dispatches);
+    expect(b.logits.length).toBe(a.logits.length);
+    const differing = a.logits.flatMap((x, i) => (bits(x).every((w, j) => w === bits(b.logits[i]!)[j]) ? [] : [i]));
+    expect(differing).toEqual([]);
+    expect(folded.takeValidationMessages()).toEqual([]);
+    expect(separate!.takeValidationMessages()).toEqual([]);
+  }, 240_000);
 });
 
 describe("the sequence state on the device", () => {

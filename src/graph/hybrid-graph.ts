@@ -4,7 +4,8 @@
  * one submit and one wait per token or prompt chunk. Per layer
  *   RMSNorm (+ the residual; the (1 + w) weights are stored as the multiplier at load) →
  *   linear layers: qkv, z, a, b → dec_conv1d (its rolling state) → dec_delta_rule (q/k L2 norms,
- *     the gates, the recurrent state, the gated RMSNorm with z fused) → out_proj;
+ *     the gates, the recurrent state, the gated RMSNorm with z fused) → out_proj (the recurrent
+ *     path: the conv run by the delta rule itself, its state moved on beside out_proj, CONV_FOLD);
  *   full layers: q, gate (q_proj's rows split per head at load), k, v → q/k norms + partial RoPE +
  *     f16 KV append (dec_rope_kv) → split attention (+ combine) → × sigmoid(gate) → o_proj (decode
  *     tokens: the rope step folded into the attention's pass 1, ROPE_FOLD);
@@ -135,6 +136,8 @@ export class HybridGraph implements Disposable {
   private readonly deltaRule: DeltaRuleKernel;
   /** Prompt chunks of DELTA_RULE_CHUNKED_MIN_S tokens or more (not batches); absent where the device's shared memory is too small for it. */
   private readonly deltaRuleChunked: DeltaRuleChunkedKernel | undefined;
+  /** The recurrent delta rule runs the conv1d itself (one dependent step fewer a linear layer); VKMOE_CONV_FOLD=off: the separate conv1d step. */
+  readonly convFold: boolean;
   private readonly gating: GatingKernel;
   private readonly route: RouteKernel;
   private readonly argmax: ArgmaxKernel;
@@ -238,7 +241,9 @@ export class HybridGraph implements Disposable {
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
       this.norm = this.own(new NormFeed(this.linears, cfg.hidden));
       this.conv1d = this.own(new Conv1dKernel(device, convKernel));
-      this.deltaRule = this.own(new DeltaRuleKernel(device, { keyDim: kd, valueDim: vd }));
+      this.deltaRule = this.own(new DeltaRuleKernel(device, { keyDim: kd, valueDim: vd }, { convKernel }));
+      // from the process env when the graph is made, as the RoPE fold's switch
+      this.convFold = readConfig().VKMOE_CONV_FOLD !== "off";
       const chunkedFits = DeltaRuleChunkedKernel.sharedBytes(16) <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
       this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
@@ -395,21 +400,27 @@ export class HybridGraph implements Disposable {
       if (m.kind === "linear") {
         op("qkv, z, a, b", linq(m.qkv, s.mixed) + linq(m.z, s.z) + linq(m.a, s.a) + linq(m.b, s.b));
         cb.barrier("computeToCompute");
-        this.conv1d.record(cb, { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, out: s.conv, S, channels: C, runs: convRuns });
-        op("conv1d");
-        cb.barrier("computeToCompute");
-        // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
-        const g = m.groups, heads = VH / g;
         // a prompt chunk of one sequence runs chunk-parallel; decode steps, short chunks and batches (runs) run recurrent
         const chunked = !deltaRuns && S >= DELTA_RULE_CHUNKED_MIN_S ? this.deltaRuleChunked : undefined;
+        // the recurrent kernel convolves its own channels of `mixed` (the conv state read only, moved on after)
+        const fold = this.convFold && !chunked;
+        const convArgs = { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, S, channels: C, runs: convRuns };
+        if (!fold) {
+          this.conv1d.record(cb, { ...convArgs, out: s.conv });
+          op("conv1d");
+          cb.barrier("computeToCompute");
+        }
+        // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
+        const g = m.groups, heads = VH / g;
         const deltaArgs = (j: number): DeltaRuleArgs => ({
-          S, keyHeads: g === 1 ? KH : heads, valueHeads: heads, qkv: s.conv, qOffset: 0, kOffset: Kd, vOffset: 2 * Kd + j * heads * vd, qkvStride: C,
+          S, keyHeads: g === 1 ? KH : heads, valueHeads: heads, qkv: fold ? s.mixed : s.conv, qOffset: 0, kOffset: Kd, vOffset: 2 * Kd + j * heads * vd, qkvStride: C,
           a: s.a, b: s.b, aOffset: j * heads, aStride: VH, bOffset: j * heads, bStride: VH,
           params: P, negAOffset: m.negA + j * heads, dtBiasOffset: m.dtBias + j * heads,
           state: state.delta, stateOffset: m.slot * this.deltaStateFloats + j * heads * kd * vd,
           out: s.core, outOffset: j * heads * vd, outStride: Vd,
           norm: { z: s.z, zOffset: j * heads * vd, zStride: Vd, weightOffset: m.norm, eps },
           runs: deltaRuns,
+          ...(fold && { conv: { weightOffset: m.conv, state: state.conv, stateOffset: convArgs.stateOffset, stateStride: convRuns?.stateStride } }),
         });
         if (chunked) {
           // every group's delta rule, one barrier, then one gated norm over all value heads (the groups' outputs tile s.core)
@@ -419,9 +430,15 @@ export class HybridGraph implements Disposable {
         } else {
           for (let j = 0; j < g; j++) this.deltaRule.record(cb, deltaArgs(j));
         }
-        op("delta rule + gated norm", chunked ? g + 1 : g);
+        op(fold ? "delta rule + gated norm (+ conv1d)" : "delta rule + gated norm", chunked ? g + 1 : g);
         cb.barrier("computeToCompute");
         op("out_proj", lin(m.out, s.core, s.o));
+        if (fold) {
+          // beside out_proj, no barrier of its own: the conv state is next read by this layer's next call, and
+          // `mixed` next written by the next layer's qkv, both behind the barriers that end this layer
+          this.conv1d.recordAdvance(cb, convArgs);
+          op("conv state advance");
+        }
       } else {
         op("q, gate, k, v", linq(m.q, s.q) + linq(m.gate, s.gate) + linq(m.k, s.k) + linq(m.v, s.v));
         cb.barrier("computeToCompute");

@@ -4,6 +4,8 @@
  * the rolling state [channels][kernel − 1] (oldest first) read and replaced in place. With `runs`
  * (a batch of sequences) the tokens are grouped by sequence (src/kernels/decoder/runs.ts): each
  * sequence's in order on its own state, the sequences side by side (a workgroup row each).
+ * recordAdvance moves the state on over the inputs without computing outputs: the other half of the
+ * delta rule's conv fold (DeltaRuleKernel's `conv`), which reads the state but cannot write it.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -64,6 +66,19 @@ export class Conv1dKernel extends DecoderKernel {
 
   /** Records one dispatch of ceil(channels / workgroupSize) workgroups (x S rows with runs). The caller places barriers around it. */
   record(cb: CommandBuffer, a: Conv1dArgs): CommandBuffer {
+    return this.recordMode(cb, a, false);
+  }
+
+  /**
+   * The state alone moved on over the S tokens (the last kernel − 1 inputs of [state, x]), as record()
+   * leaves it, without the outputs: one dispatch, after the barrier that follows the conv fold's
+   * delta rule (which reads the state as it was). The caller places barriers around it.
+   */
+  recordAdvance(cb: CommandBuffer, a: Omit<Conv1dArgs, "out" | "outOffset" | "outStride">): CommandBuffer {
+    return this.recordMode(cb, { ...a, out: a.x, outOffset: a.xOffset, outStride: a.xStride }, true);
+  }
+
+  private recordMode(cb: CommandBuffer, a: Conv1dArgs, advanceOnly: boolean): CommandBuffer {
     const { S, channels: C } = a;
     const K = this.kernel;
     if (!Number.isInteger(S) || S < 1 || S > CONV1D_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${CONV1D_MAX_S}, got ${S}`);
@@ -80,11 +95,12 @@ export class Conv1dKernel extends DecoderKernel {
       checkRuns("conv1d", a.runs, a.state, stateOffset, C * (K - 1));
     }
     checkRange("conv1d out", a.out, outOffset, outWords);
-    if (a.out === a.x && outOffset < xOffset + xWords && xOffset < outOffset + outWords) throw new InvalidArgumentError("conv1d: out must not overlap x");
+    // advancing: out is not written (x stands in)
+    if (!advanceOnly && a.out === a.x && outOffset < xOffset + xWords && xOffset < outOffset + outWords) throw new InvalidArgumentError("conv1d: out must not overlap x");
     // without runs the table binding is unread: x stands in
     const set = this.setFor([a.x, a.weight, a.state, a.out, a.runs?.table ?? a.x]);
     const [gx, gy] = this.grid(Math.ceil(C / this.workgroupSize));
-    const pc = pushWords([S, C, xOffset, xStride, weightOffset, stateOffset, outOffset, outStride, a.runs?.stateStride ?? 0, a.runs ? 1 : 0]);
+    const pc = pushWords([S, C, xOffset, xStride, weightOffset, stateOffset, outOffset, outStride, a.runs?.stateStride ?? 0, (a.runs ? 1 : 0) | (advanceOnly ? 2 : 0)]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy, a.runs ? S : 1);
   }
 }

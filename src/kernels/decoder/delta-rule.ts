@@ -18,6 +18,12 @@
  * order on its own state, a workgroup per (sequence, value head): a decode round of S sequences is
  * S x valueHeads independent workgroups, not S dependent steps of valueHeads.
  *
+ * With `conv` (the conv fold, decode calls) qkv is the raw in_proj_qkv output and each workgroup
+ * runs the causal conv1d + SiLU of the channels it reads itself, as Conv1dKernel computes them (the
+ * same bits), from the rolling conv state, which it only reads: the caller then moves the state on
+ * with Conv1dKernel.recordAdvance over the same inputs (after a barrier), one dependent step fewer
+ * than conv1d, barrier, delta rule.
+ *
  * A prompt chunk runs its tokens one after another inside each workgroup (S dependent steps of a
  * rank-1 update): right for decode, slow for long prompts. DeltaRuleChunkedKernel below takes the same
  * arguments (no runs) and runs a chunk as small matrix products instead (the chunk-parallel form).
@@ -28,15 +34,17 @@ import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+import { CONV1D_MAX_KERNEL } from "./conv1d.ts";
 import { GatedNormKernel } from "./gated-norm.ts";
 import { checkRuns, RUNS_MAX_TOKENS, type RunsBinding } from "./runs.ts";
 
 /**
- * qkv r, a r, b r, z r, params r, state rw, out w, runs r; push S, keyHeads, valueHeads, qOffset, kOffset,
+ * qkv r, a r, b r, z r, params r, state rw, out w, runs r, conv state r; push S, keyHeads, valueHeads, qOffset, kOffset,
  * vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride,
- * stateOffset, negAOffset, dtBiasOffset, normOffset (uints), eps (f32, byte 76), flags, stateStride: 88 B.
+ * stateOffset, negAOffset, dtBiasOffset, normOffset (uints), eps (f32, byte 76), flags, stateStride,
+ * rowOffset, convWOffset, convStateOffset, convStateStride: 104 B.
  */
-export const DEC_DELTA_RULE: ShaderInterface = { name: "dec_delta_rule", storageBuffers: 8, pushConstantBytes: 88 };
+export const DEC_DELTA_RULE: ShaderInterface = { name: "dec_delta_rule", storageBuffers: 9, pushConstantBytes: 104 };
 export const DELTA_RULE_MAX_S = 64;
 /** State rows each invocation keeps in registers by default (keyDim / parts). */
 const DEFAULT_ROWS = 32;
@@ -78,6 +86,23 @@ export interface DeltaRuleArgs {
   norm?: { z: Buffer; zOffset?: number; zStride?: number; weightOffset: number; eps: number };
   /** A batch: the tokens' sequences and their states, `runs.stateStride` floats apart from stateOffset (see the module comment). */
   runs?: RunsBinding;
+  /**
+   * The conv fold (recurrent kernel only): qkv holds the conv's input (in_proj_qkv's output), token t's
+   * row at rowOffset + t · qkvStride, channel c at + c (so q, k, v of the offsets above are the channels
+   * qOffset − rowOffset, ...); the taps [channels][kernel] at params[weightOffset]; the conv state
+   * [channels][kernel − 1] at stateOffset, read only (with runs: sequence i's `stateStride` floats further).
+   */
+  conv?: DeltaRuleConv;
+}
+
+export interface DeltaRuleConv {
+  weightOffset: number;
+  state: Buffer;
+  stateOffset?: number;
+  /** With runs: floats between sequences' conv states. */
+  stateStride?: number;
+  /** Default 0. */
+  rowOffset?: number;
 }
 
 export interface DeltaRuleKernelOptions extends DecoderKernelOptions {
@@ -85,6 +110,8 @@ export interface DeltaRuleKernelOptions extends DecoderKernelOptions {
   parts?: number;
   /** Gated norm: reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
+  /** The conv fold's kernel width (taps, 1..CONV1D_MAX_KERNEL; default 4): calls with `conv` take it. */
+  convKernel?: number;
 }
 
 /** One pipeline per (keyDim, valueDim): both size the workgroup and its registers. */
@@ -93,22 +120,26 @@ export class DeltaRuleKernel extends DecoderKernel {
   readonly valueDim: number;
   readonly parts: number;
   readonly workgroupSize: number;
+  readonly convKernel: number;
 
   constructor(device: Device, dims: { keyDim: number; valueDim: number }, options: DeltaRuleKernelOptions = {}) {
     const { keyDim, valueDim } = dims;
     for (const [name, v] of [["keyDim", keyDim], ["valueDim", valueDim]] as const) {
       if (!Number.isInteger(v) || v < 1) throw new InvalidArgumentError(`${name} must be a positive integer, got ${v}`);
     }
+    const convKernel = options.convKernel ?? 4;
+    if (!Number.isInteger(convKernel) || convKernel < 1 || convKernel > CONV1D_MAX_KERNEL) throw new InvalidArgumentError(`convKernel must be an integer in 1..${CONV1D_MAX_KERNEL}, got ${convKernel}`);
     const parts = options.parts ?? Math.max(1, Math.floor(keyDim / DEFAULT_ROWS));
     if (!Number.isInteger(parts) || parts < 1 || keyDim % parts !== 0) throw new InvalidArgumentError(`parts must divide keyDim (${keyDim}), got ${parts}`);
     const wg = valueDim * parts, maxWg = device.info.limits.maxComputeWorkGroupInvocations;
     if (wg > maxWg) throw new InvalidArgumentError(`valueDim ${valueDim} x ${parts} parts = ${wg} invocations, over the device's ${maxWg}`);
     const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
-    super(device, DEC_DELTA_RULE, { 0: wg, 1: keyDim, 2: parts, 3: sub ? 1 : 0 }, options);
+    super(device, DEC_DELTA_RULE, { 0: wg, 1: keyDim, 2: parts, 3: sub ? 1 : 0, 4: convKernel }, options);
     this.keyDim = keyDim;
     this.valueDim = valueDim;
     this.parts = parts;
     this.workgroupSize = wg;
+    this.convKernel = convKernel;
   }
 
   /** Floats of one layer's state: valueHeads · keyDim · valueDim. */
@@ -124,14 +155,35 @@ export class DeltaRuleKernel extends DecoderKernel {
       if (S > RUNS_MAX_TOKENS) throw new InvalidArgumentError(`a batched delta rule takes at most ${RUNS_MAX_TOKENS} tokens, got ${S}`);
       checkRuns("delta rule", a.runs, a.state, r.stateOffset, this.stateFloats(Hv));
     }
-    const flags = (norm ? 1 : 0) | (given ? 2 : 0) | (a.runs ? 4 : 0);
-    // without runs the table binding is unread: qkv stands in
-    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, a.params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv]);
+    const conv = a.conv ? this.resolveConv(a, r) : undefined;
+    const flags = (norm ? 1 : 0) | (given ? 2 : 0) | (a.runs ? 4 : 0) | (conv ? 8 : 0);
+    // without runs the table binding is unread, without conv the conv state: qkv stands in
+    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, a.params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv, a.conv?.state ?? a.qkv]);
     const pc = pushWords(
-      [S, Hk, Hv, r.qOffset, r.kOffset, r.vOffset, r.qkvStride, r.aOffset, r.aStride, r.bOffset, r.bStride, r.zOffset, r.zStride, r.outOffset, r.outStride, r.stateOffset, r.negAOffset, r.dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags, a.runs?.stateStride ?? 0],
+      [
+        S, Hk, Hv, r.qOffset, r.kOffset, r.vOffset, r.qkvStride, r.aOffset, r.aStride, r.bOffset, r.bStride, r.zOffset, r.zStride, r.outOffset, r.outStride, r.stateOffset, r.negAOffset, r.dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags, a.runs?.stateStride ?? 0,
+        conv?.rowOffset ?? 0, conv?.weightOffset ?? 0, conv?.stateOffset ?? 0, conv?.stateStride ?? 0,
+      ],
       [19],
     );
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(Hv, a.runs ? S : 1);
+  }
+
+  /** The conv fold's arguments checked: the channels the call reads lie past rowOffset, their taps in params, their states in conv.state. */
+  private resolveConv(a: DeltaRuleArgs, r: ResolvedDeltaRuleArgs): Required<DeltaRuleConv> {
+    const c = a.conv!, K = this.convKernel;
+    const rowOffset = c.rowOffset ?? 0, stateOffset = c.stateOffset ?? 0, stateStride = c.stateStride ?? 0;
+    if (!a.params) throw new InvalidArgumentError("delta rule conv fold: the taps are read from params");
+    if (!Number.isInteger(rowOffset) || rowOffset < 0 || rowOffset > Math.min(r.qOffset, r.kOffset, r.vOffset)) throw new InvalidArgumentError(`delta rule conv fold: rowOffset ${rowOffset} must be a non-negative integer at or before q, k and v`);
+    // channels 0 .. the last one read (q, k of keyHeads · keyDim, v of valueHeads · valueDim from their offsets)
+    const Kd = r.Hk * this.keyDim, Vd = r.Hv * this.valueDim;
+    const channels = Math.max(r.qOffset + Kd, r.kOffset + Kd, r.vOffset + Vd) - rowOffset;
+    if (channels > r.qkvStride) throw new InvalidArgumentError(`delta rule conv fold: ${channels} channels from rowOffset do not fit a row of ${r.qkvStride}`);
+    checkRange("delta rule conv taps", a.params, c.weightOffset, channels * K);
+    const stateFloats = channels * (K - 1);
+    if (a.runs) checkRuns("delta rule conv", { ...a.runs, stateStride }, c.state, stateOffset, stateFloats);
+    else checkRange("delta rule conv state", c.state, stateOffset, stateFloats);
+    return { weightOffset: c.weightOffset, state: c.state, stateOffset, stateStride, rowOffset };
   }
 }
 
@@ -285,6 +337,7 @@ export class DeltaRuleChunkedKernel extends DecoderKernel {
    * outputs tile one row; norms of one buffer need barriers between them), so that the calls overlap.
    */
   recordCore(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
+    if (a.conv) throw new InvalidArgumentError("the chunked delta rule takes the conv's output: the conv fold is the recurrent kernel's");
     if (a.runs) throw new InvalidArgumentError("the chunked delta rule runs one sequence: a batch (runs) takes the recurrent kernel");
     const r = resolveDeltaRuleArgs(this.device, a, this.keyDim, this.valueDim);
     const slices = Math.ceil(this.valueDim / this.valueSlice);

@@ -8,6 +8,7 @@
 // element is read and written by the same invocation.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 256, local_size_x_id = 0) in;
 layout(constant_id = 2) const bool USE_SUBGROUP = true;
@@ -38,6 +39,7 @@ layout(push_constant) uniform Params {
 float sigmoid(float v) { return 1.0 / (1.0 + exp(-v)); }
 
 const uint WG = gl_WorkGroupSize.x;
+const uint KEEP = 8u;  // elements a thread keeps in registers (2048 at the default 256 threads)
 shared float partial[WG];
 
 float workgroupSum(float v) {
@@ -72,8 +74,31 @@ void main() {
     const uint ao = pc.addOffset + r * pc.xStride;
     const bool scaled = (pc.flags & 2u) != 0u;
     const float sg = scaled ? sigmoid(gate[pc.gateOffset + r]) : 0.0;
+    // The thread's first KEEP elements (all of them where n <= KEEP * WG, as in the graphs) stay in
+    // registers with their weights, loaded before the reduction: pass 2 then issues no load behind
+    // the barrier. The same operations in the same order as the loop over the rest.
+    const uint lid = gl_LocalInvocationIndex;
+    float keptX[KEEP], keptW[KEEP];
+    [[unroll]] for (uint k = 0u; k < KEEP; k++) {
+        const uint i = lid + k * WG;
+        if (i < pc.n) keptW[k] = w[pc.wOffset + i];
+    }
     float ss = 0.0;
-    for (uint i = gl_LocalInvocationIndex; i < pc.n; i += WG) {
+    [[unroll]] for (uint k = 0u; k < KEEP; k++) {
+        const uint i = lid + k * WG;
+        if (i < pc.n) {
+            precise float v = x[xo + i];
+            if (residual) {
+                precise float a = add[ao + i];
+                if (scaled) a = a + sg * add2[ao + i];
+                v = v + a;
+                x[xo + i] = v;
+            }
+            keptX[k] = v;
+            ss += v * v;
+        }
+    }
+    for (uint i = lid + KEEP * WG; i < pc.n; i += WG) {
         precise float v = x[xo + i];
         if (residual) {
             precise float a = add[ao + i];
@@ -85,7 +110,15 @@ void main() {
     }
     const float total = workgroupSum(ss);
     const float inv = 1.0 / sqrt(total / float(pc.n) + pc.eps);
-    for (uint i = gl_LocalInvocationIndex; i < pc.n; i += WG) {
+    [[unroll]] for (uint k = 0u; k < KEEP; k++) {
+        const uint i = lid + k * WG;
+        if (i < pc.n) {
+            precise float t = keptX[k] * inv;
+            precise float o = keptW[k] * t;
+            y[yo + i] = o;
+        }
+    }
+    for (uint i = lid + KEEP * WG; i < pc.n; i += WG) {
         precise float t = x[xo + i] * inv;
         precise float o = w[pc.wOffset + i] * t;
         y[yo + i] = o;

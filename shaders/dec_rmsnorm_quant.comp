@@ -7,7 +7,8 @@
 //   q = clamp(roundEven(y * 2^(7-e)), -127, 127)
 // xq: row r's group g at uvec4 r * n/16 + g (byte j of word k is column 4k + j), xscale and xsum
 // (int, the sum of q) at r * n/16 + g. n is a multiple of 16. Each invocation owns whole groups in
-// both passes, so it reads back only what it wrote itself (y may alias x, as in dec_rmsnorm).
+// both passes, so it reads back only what it wrote itself (y may alias x, as in dec_rmsnorm); its
+// first group it keeps in registers, with that group's weights loaded before the reduction.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_control_flow_attributes : require
@@ -81,6 +82,11 @@ void main() {
     const bool scaled = (pc.flags & 2u) != 0u;
     const float sg = scaled ? sigmoid(gate[pc.gateOffset + r]) : 0.0;
     const uint groups = pc.n / GROUP;
+    // The thread's first group (its only one where groups <= WG, as in the graphs) stays in registers
+    // with its weights, loaded before the reduction: pass 2 then issues no load behind the barrier.
+    const uint first = gl_LocalInvocationIndex;
+    vec4 keptX[4], keptW[4];
+    if (first < groups) [[unroll]] for (uint j = 0u; j < 4u; ++j) keptW[j] = w[wo + 4u * first + j];
     float ss = 0.0;
     for (uint g = gl_LocalInvocationIndex; g < groups; g += WG) {
         precise vec4 v[4];
@@ -93,6 +99,7 @@ void main() {
                 x[xo + 4u * g + j] = v[j];
             }
         }
+        if (g == first) [[unroll]] for (uint j = 0u; j < 4u; ++j) keptX[j] = v[j];
         // element order within the group, as the scalar loop
         [[unroll]] for (uint j = 0u; j < 4u; ++j) {
             ss += v[j].x * v[j].x;
@@ -107,8 +114,8 @@ void main() {
         float o[GROUP];
         float amax = 0.0;
         [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-            precise vec4 t = x[xo + 4u * g + j] * inv;
-            precise vec4 v = w[wo + 4u * g + j] * t;
+            precise vec4 t = (g == first ? keptX[j] : x[xo + 4u * g + j]) * inv;
+            precise vec4 v = (g == first ? keptW[j] : w[wo + 4u * g + j]) * t;
             y[yo + 4u * g + j] = v;
             o[4u * j] = v.x;
             o[4u * j + 1u] = v.y;

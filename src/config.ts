@@ -23,6 +23,8 @@ const envSchema = z.strictObject({
   VKMOE_ROPE_FOLD: z.enum(["auto", "off"]).default("auto"),
   /** Decode's Gated DeltaNet delta rule runs the conv1d itself ("auto"), or after the conv's own dispatch ("off"). */
   VKMOE_CONV_FOLD: z.enum(["auto", "off"]).default("auto"),
+  /** Decode's MoE router GEMV routes the tokens itself, in its last workgroup ("auto"), or the route runs as its own dispatch ("off"). */
+  VKMOE_ROUTE_FOLD: z.enum(["auto", "off"]).default("auto"),
   VKMOE_VALIDATION: z.stringbool().default(false),
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
   VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),

@@ -15,6 +15,7 @@ import type { Session } from "../src/model/session.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { fixture } from "./support/fixtures.ts";
 import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
+import { countCalls, openLoader } from "../src/vk/loader.ts";
 
 const baseEnv = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
 
@@ -124,6 +125,52 @@ describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
     const separateLogits = runAll(b, ids).logits;
     expect(b.dispatchesPerToken - foldedDispatches).toBe(folded.config.layers);
     expect(foldedLogits).toEqual(separateLogits);
+    expect(folded.takeValidationMessages()).toEqual([]);
+    expect(separate!.takeValidationMessages()).toEqual([]);
+  }, 240_000);
+});
+
+describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () => {
+  /** A decode token's dispatches and barriers; the logits of a 6-token prompt chunk (S > 4: two steps either way), decode steps, a batch's decode rounds. */
+  function run(m: Model, ps: number[][]) {
+    const calls = countCalls(openLoader().vk);
+    using probe = m.session({ ctx: 8 });
+    calls.reset();
+    const dispatches = probe.dispatchesPerToken; // records the decode token
+    const barriers = calls.counts.get("vkCmdPipelineBarrier") ?? 0;
+    const logits: Float32Array[] = [];
+    using a = m.session({ ctx: 96 });
+    expect(a.path).toBe("device");
+    logits.push(a.prefill(ps[1]!.slice(0, 6)).slice(), a.prefill(ps[1]!.slice(6, 9)).slice());
+    for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
+    using batch = m.batch({ slots: 3, ctx: 64 });
+    logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
+    for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
+    return { logits, dispatches, barriers };
+  }
+  const bits = (x: Float32Array) => new Uint32Array(x.buffer, x.byteOffset, x.length);
+
+  // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
+  test("off: the separate dec_route step, one barrier and one dispatch more a layer, the same logits bit for bit (prompt chunk, decode steps, a batch)", async () => {
+    const ps = prompts();
+    const name = "qwen3-moe-tiny.Q8_0.gguf"; // a GGUF router is F32: the fold applies
+    const path = fixture(name);
+    // synchronization validation on the folded run: the route reads the other workgroups' logits with no barrier of its own
+    using folded = path ? await Model.load(path, { quant: "auto", env: baseEnv({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;
+    if (!ps || !folded) return;
+    const a = run(folded, ps);
+    const saved = process.env.VKMOE_ROUTE_FOLD;
+    process.env.VKMOE_ROUTE_FOLD = "off"; // the graph reads it from the process env when it is made
+    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_ROUTE_FOLD : (process.env.VKMOE_ROUTE_FOLD = saved)) };
+    using separate = await load(name, baseEnv({ VKMOE_ROUTE_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
+    const b = run(separate!, ps);
+    const layers = folded.config.layers;
+    console.log(`route fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token folded, ${b.barriers} and ${b.dispatches} separate (${layers} layers); ${a.logits.length} logits rows compared`);
+    expect(b.barriers - a.barriers).toBe(layers);
+    expect(b.dispatches - a.dispatches).toBe(layers);
+    expect(b.logits.length).toBe(a.logits.length);
+    const differing = a.logits.flatMap((x, i) => (bits(x).every((w, j) => w === bits(b.logits[i]!)[j]) ? [] : [i]));
+    expect(differing).toEqual([]);
     expect(folded.takeValidationMessages()).toEqual([]);
     expect(separate!.takeValidationMessages()).toEqual([]);
   }, 240_000);

@@ -5,7 +5,8 @@
  *   RMSNorm (+ the residual) → q, k, v → q/k head norms, RoPE and the f16 KV-cache append →
  *   split attention (+ combine) (decode tokens: the two in one step, the attention's ROPE_FOLD) →
  *   o → RMSNorm (+ residual) → router → dec_route (softmax, top-k,
- *   the MoE tables from the resident experts' handles) → the MoE call,
+ *   the MoE tables from the resident experts' handles; decode tokens of a float router: the two in
+ *   one step, dec_router_route, ROUTE_FOLD) → the MoE call,
  * then the final norm, lm_head and either nothing (prefill), the logits copied to host memory,
  * or the greedy argmax.
  *
@@ -18,7 +19,9 @@ import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
+import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
+import { ROUTER_ROUTE_MAX_S, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
 import type { Qwen3MoeConfig } from "../model/config.ts";
 import { ropeInverseFrequencies } from "../model/ops.ts";
@@ -69,6 +72,20 @@ export class DecodeGraph implements Disposable {
   /** o's input quantized by the attention's combine, where the o matrices take the integer-dot path. */
   readonly attnQuant: GgmlIdpScratch | undefined;
   readonly route: RouteKernel;
+  /**
+   * Decode calls (S <= ROUTER_ROUTE_MAX_S) of a float router: the router GEMV routes the tokens in
+   * its last workgroup, dec_router_route (one dependent step fewer a layer; the same bits as the
+   * router's GEMV and `route`, whose shape it shares); undefined with VKMOE_ROUTE_FOLD=off (read
+   * from the process env when the graph is made, as VKMOE_ROPE_FOLD).
+   */
+  readonly routerRoute: RouterRouteKernel | undefined;
+  /** The float routers' GEMV, in the shape of `route` and `routerRoute` on every device (not LinearKernels' CPU shape), so that folded and separate steps give the same bits. */
+  private readonly routerGemv: GemvHalfKernel;
+  /**
+   * routerRoute's arrival word (0 between calls): one for every layer, since the layers' calls are
+   * separated by barriers and each call leaves it 0.
+   */
+  private readonly routeArrived: Buffer;
   readonly argmax: ArgmaxKernel;
   /** Everything the graph allocated, disposed in reverse. */
   private readonly owned = new DisposableStack();
@@ -108,11 +125,13 @@ export class DecodeGraph implements Disposable {
         at += w.length;
         return o;
       };
+      const routeShape = { workgroupSize: 128, rowsPerWorkgroup: 4, useSubgroup: device.info.subgroup.arithmetic };
+      this.routerGemv = this.own(new GemvHalfKernel(device, { ...routeShape, maxSets: 256 }));
       weights.layers.forEach((lw, l) => {
         const a = lw.attention;
         this.layers.push({
           q: up(`layer ${l} q_proj`, a.q), k: up(`layer ${l} k_proj`, a.k), v: up(`layer ${l} v_proj`, a.v), o: up(`layer ${l} o_proj`, a.o),
-          router: up(`layer ${l} router`, lw.router!),
+          router: this.own(new DeviceLinear(this.linears, `layer ${l} router`, lw.router!, this.routerGemv)),
           inputNorm: place(a.inputNorm), postNorm: place(a.postNorm), qNorm: place(a.qNorm), kNorm: place(a.kNorm),
         });
       });
@@ -128,7 +147,10 @@ export class DecodeGraph implements Disposable {
       this.invFreq = this.buffer(4 * inv.length, "device");
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
       this.norm = this.own(new NormFeed(this.linears, D));
-      this.route = this.own(new RouteKernel(device));
+      this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
+      this.routerRoute = readConfig().VKMOE_ROUTE_FOLD !== "off" && this.layers.some((L) => L.router.floatWeights) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      this.routeArrived = this.buffer(16);
+      uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
       const K = cfg.topK, T = GRAPH_MAX_TOKENS;
       this.s = {
@@ -257,7 +279,10 @@ export class DecodeGraph implements Disposable {
       const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
       op("post norm");
       cb.barrier("computeToCompute");
-      op("router", L.router.recordFrom(cb, s.xn, xqPost, s.routerLogits, S));
+      // decode tokens of a float router: the route runs in the router GEMV's last workgroup, no barrier between the two
+      const routerWeights = L.router.floatWeights;
+      const routeFold = !r.split && this.routerRoute !== undefined && routerWeights !== undefined && S <= ROUTER_ROUTE_MAX_S;
+      if (!routeFold) op("router", L.router.recordFrom(cb, s.xn, xqPost, s.routerLogits, S));
       if (r.split) {
         cb.barrier("computeToTransfer")
           .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
@@ -265,12 +290,18 @@ export class DecodeGraph implements Disposable {
           .barrier("transferToHost");
         continue;
       }
-      cb.barrier("computeToCompute");
-      this.route.record(cb, {
-        logits: s.routerLogits, table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
+      const route = {
+        table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
         chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
-      });
-      op("route");
+      };
+      if (routeFold) {
+        this.routerRoute!.record(cb, { ...route, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
+        op("router + route");
+      } else {
+        cb.barrier("computeToCompute");
+        this.route.record(cb, { ...route, logits: s.routerLogits });
+        op("route");
+      }
       cb.barrier("computeToCompute");
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l });
       op("experts", st!.dispatches(S));

@@ -191,7 +191,11 @@ export class DeviceLinear implements Disposable {
    */
   private readonly gemmSplit: GemmSplitScratch | undefined;
 
-  constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear) {
+  /**
+   * `floatKernel`: a float matrix records through this kernel instead of the graph's shared one
+   * (the decode graph's routers: the shape its router-route fold computes, on every device).
+   */
+  constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear, private readonly floatKernel?: GemvHalfKernel) {
     const device = kernels.device;
     this.rows = linear.rows;
     this.cols = linear.cols;
@@ -236,6 +240,11 @@ export class DeviceLinear implements Disposable {
     } else {
       throw new GraphUnsupportedError(`${name}: a ${linear.kind} matrix has no GPU kernel`);
     }
+  }
+
+  /** A float matrix's weights as the float kernel reads them (undefined for other formats). */
+  get floatWeights(): { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined {
+    return this.float;
   }
 
   /** Dispatches `record` makes for S tokens. */
@@ -292,7 +301,7 @@ export class DeviceLinear implements Disposable {
       // the float kernel takes GEMV_HALF_MAX_S tokens a dispatch: more run as several (independent rows of y, no barrier)
       for (let t = 0; t < S; t += GEMV_HALF_MAX_S) {
         const n = Math.min(GEMV_HALF_MAX_S, S - t);
-        this.kernels.floatKernel().record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
+        (this.floatKernel ?? this.kernels.floatKernel()).record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
     } else if (this.blocks) {
       this.recordGgml(cb, this.blocks, x, y, S, xOffset, yOffset);

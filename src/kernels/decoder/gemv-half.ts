@@ -52,6 +52,25 @@ export interface GemvHalfKernelOptions extends DecoderKernelOptions {
   useSubgroup?: boolean;
 }
 
+/**
+ * A float matrix of `elements` weights at uint weightOffset checked as gemv_half.glsl reads it
+ * (GemvHalfKernel's, and RouterRouteKernel's router), `what` naming the kernel; its dtype flags word.
+ */
+export function checkFloatWeights(what: string, weights: Buffer, dtype: GemvWeightDType, weightOffset: number, elements: number): number {
+  if (dtype !== "f16" && dtype !== "bf16" && dtype !== "f32") throw new InvalidArgumentError(`dtype must be "f16", "bf16" or "f32", got ${String(dtype)}`);
+  if (!Number.isInteger(weightOffset) || weightOffset < 0) throw new InvalidArgumentError(`weightOffset must be a non-negative integer, got ${weightOffset}`);
+  if (dtype === "f32") {
+    // f32: the shader indexes uints (one element each): weightOffset + O * I must stay below 2^32
+    if (weightOffset + elements + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${elements} f32 at uint ${weightOffset} exceed 32-bit indexing`);
+    checkRange(`${what} weights`, weights, weightOffset, elements);
+  } else {
+    // the shader indexes halves with 32-bit integers: 2 * weightOffset + O * I must stay below 2^32
+    if (2 * weightOffset + elements + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${elements} halves at uint ${weightOffset} exceed 32-bit half indexing`);
+    checkRange(`${what} weights`, weights, weightOffset, Math.ceil(elements / 2));
+  }
+  return dtype === "f32" ? 2 : dtype === "bf16" ? 1 : 0;
+}
+
 export class GemvHalfKernel extends DecoderKernel {
   readonly workgroupSize: number;
   readonly rowsPerWorkgroup: number;
@@ -73,24 +92,13 @@ export class GemvHalfKernel extends DecoderKernel {
     if (!Number.isInteger(O) || O < 1) throw new InvalidArgumentError(`rows must be a positive integer, got ${O}`);
     if (!Number.isInteger(I) || I < 1) throw new InvalidArgumentError(`cols must be a positive integer, got ${I}`);
     if (!Number.isInteger(S) || S < 1 || S > GEMV_HALF_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${GEMV_HALF_MAX_S}, got ${S}`);
-    if (a.dtype !== "f16" && a.dtype !== "bf16" && a.dtype !== "f32") throw new InvalidArgumentError(`dtype must be "f16", "bf16" or "f32", got ${String(a.dtype)}`);
     const weightOffset = a.weightOffset ?? 0, xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
-    if (!Number.isInteger(weightOffset) || weightOffset < 0) throw new InvalidArgumentError(`weightOffset must be a non-negative integer, got ${weightOffset}`);
-    const elements = O * I;
-    if (a.dtype === "f32") {
-      // f32: the shader indexes uints (one element each): weightOffset + O * I must stay below 2^32
-      if (weightOffset + elements + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${elements} f32 at uint ${weightOffset} exceed 32-bit indexing`);
-      checkRange("gemv-half weights", a.weights, weightOffset, elements);
-    } else {
-      // the shader indexes halves with 32-bit integers: 2 * weightOffset + O * I must stay below 2^32
-      if (2 * weightOffset + elements + 8 > 2 ** 32) throw new InvalidArgumentError(`weights: ${elements} halves at uint ${weightOffset} exceed 32-bit half indexing`);
-      checkRange("gemv-half weights", a.weights, weightOffset, Math.ceil(elements / 2));
-    }
+    const flags = checkFloatWeights("gemv-half", a.weights, a.dtype, weightOffset, O * I);
     checkRange("gemv-half x", a.x, xOffset, S * I);
     checkRange("gemv-half y", a.y, yOffset, S * O);
     const set = this.setFor([a.weights, a.x, a.y]);
     const [gx, gy] = this.grid(Math.ceil(O / this.rowsPerWorkgroup));
-    const pc = pushWords([O, I, S, weightOffset, xOffset, yOffset, a.dtype === "f32" ? 2 : a.dtype === "bf16" ? 1 : 0]);
+    const pc = pushWords([O, I, S, weightOffset, xOffset, yOffset, flags]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }

@@ -60,9 +60,48 @@ export interface RouteKernelOptions extends DecoderKernelOptions {
   useSubgroup?: boolean;
 }
 
-function nonNegative(name: string, v: number): number {
+/** A u32 push-constant word, or an InvalidArgumentError naming it. */
+export function nonNegative(name: string, v: number): number {
   if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw new InvalidArgumentError(`${name} must be an integer in 0..2^32-1, got ${v}`);
   return v;
+}
+
+/** The route's workgroup size checked (a power of two, MAX_TOP_K .. min(1024, the device's limit)): RouteKernel's and RouterRouteKernel's. */
+export function checkRouteWorkgroup(device: Device, wg: number): number {
+  const maxWg = Math.min(1024, device.info.limits.maxComputeWorkGroupInvocations);
+  if (!Number.isInteger(wg) || wg < MAX_TOP_K || wg > maxWg || (wg & (wg - 1)) !== 0) {
+    throw new InvalidArgumentError(`workgroupSize must be a power of two in ${MAX_TOP_K}..${maxWg}, got ${wg}`);
+  }
+  return wg;
+}
+
+/**
+ * A routing call's arguments checked against its buffers (RouteKernel's, and RouterRouteKernel's
+ * with its own token limit), `what` naming the kernel in the errors; its push-constant words.
+ */
+export function checkRouteCall(what: string, a: RouteArgs, maxS: number): { seq: number; logitsOffset: number; tableOffset: number; chosenOffset: number } {
+  const { S, E, k } = a;
+  if (!Number.isInteger(S) || S < 1 || S > maxS) throw new InvalidArgumentError(`S must be an integer in 1..${maxS}, got ${S}`);
+  if (!Number.isInteger(E) || E < 1 || E > ROUTE_MAX_E) throw new InvalidArgumentError(`E must be an integer in 1..${ROUTE_MAX_E}, got ${E}`);
+  const maxK = Math.min(ROUTE_MAX_K, E);
+  if (!Number.isInteger(k) || k < 1 || k > maxK) throw new InvalidArgumentError(`k must be an integer in 1..${maxK} (E = ${E}), got ${k}`);
+  if (typeof a.normalize !== "boolean") throw new InvalidArgumentError(`normalize must be a boolean, got ${String(a.normalize)}`);
+  const seq = nonNegative("seq", a.seq ?? 0);
+  const logitsOffset = nonNegative("logitsOffset", a.logitsOffset ?? 0);
+  const tableOffset = nonNegative("tableOffset", a.tableOffset ?? 0);
+  const chosenOffset = nonNegative("chosenOffset", a.chosenOffset ?? 0);
+  const slots = S * k;
+  const tables = [a.work, a.pairs, a.slotWeight, a.slotExpert];
+  if (new Set(tables).size !== tables.length) throw new InvalidArgumentError("work, pairs, slotWeight and slotExpert must be distinct buffers (each table starts at element 0)");
+  checkRange(`${what} logits`, a.logits, logitsOffset, S * E);
+  checkRange(`${what} table`, a.table, 2 * tableOffset, 2 * E);
+  checkRange(`${what} work`, a.work, 0, 4 * (1 + slots));
+  checkRange(`${what} pairs`, a.pairs, 0, slots);
+  checkRange(`${what} slotWeight`, a.slotWeight, 0, slots);
+  checkRange(`${what} slotExpert`, a.slotExpert, 0, 2 * slots);
+  checkRange(`${what} chosen`, a.chosen, chosenOffset, slots);
+  if (logitsOffset + S * E > 0xffffffff || tableOffset + E > 0xffffffff || chosenOffset + slots > 0xffffffff) throw new InvalidArgumentError(`${what}: an element index does not fit in 32 bits`);
+  return { seq, logitsOffset, tableOffset, chosenOffset };
 }
 
 export class RouteKernel extends DecoderKernel {
@@ -70,11 +109,7 @@ export class RouteKernel extends DecoderKernel {
   readonly useSubgroup: boolean;
 
   constructor(device: Device, options: RouteKernelOptions = {}) {
-    const wg = options.workgroupSize ?? 128;
-    const maxWg = Math.min(1024, device.info.limits.maxComputeWorkGroupInvocations);
-    if (!Number.isInteger(wg) || wg < MAX_TOP_K || wg > maxWg || (wg & (wg - 1)) !== 0) {
-      throw new InvalidArgumentError(`workgroupSize must be a power of two in ${MAX_TOP_K}..${maxWg}, got ${wg}`);
-    }
+    const wg = checkRouteWorkgroup(device, options.workgroupSize ?? 128);
     const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
     super(device, DEC_ROUTE, { 0: wg, 2: sub ? 1 : 0 }, options);
     this.workgroupSize = wg;
@@ -84,26 +119,7 @@ export class RouteKernel extends DecoderKernel {
   /** Records one dispatch of S workgroups. The caller places barriers around it. */
   record(cb: CommandBuffer, a: RouteArgs): CommandBuffer {
     const { S, E, k } = a;
-    if (!Number.isInteger(S) || S < 1 || S > ROUTE_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${ROUTE_MAX_S}, got ${S}`);
-    if (!Number.isInteger(E) || E < 1 || E > ROUTE_MAX_E) throw new InvalidArgumentError(`E must be an integer in 1..${ROUTE_MAX_E}, got ${E}`);
-    const maxK = Math.min(ROUTE_MAX_K, E);
-    if (!Number.isInteger(k) || k < 1 || k > maxK) throw new InvalidArgumentError(`k must be an integer in 1..${maxK} (E = ${E}), got ${k}`);
-    if (typeof a.normalize !== "boolean") throw new InvalidArgumentError(`normalize must be a boolean, got ${String(a.normalize)}`);
-    const seq = nonNegative("seq", a.seq ?? 0);
-    const logitsOffset = nonNegative("logitsOffset", a.logitsOffset ?? 0);
-    const tableOffset = nonNegative("tableOffset", a.tableOffset ?? 0);
-    const chosenOffset = nonNegative("chosenOffset", a.chosenOffset ?? 0);
-    const slots = S * k;
-    const tables = [a.work, a.pairs, a.slotWeight, a.slotExpert];
-    if (new Set(tables).size !== tables.length) throw new InvalidArgumentError("work, pairs, slotWeight and slotExpert must be distinct buffers (each table starts at element 0)");
-    checkRange("route logits", a.logits, logitsOffset, S * E);
-    checkRange("route table", a.table, 2 * tableOffset, 2 * E);
-    checkRange("route work", a.work, 0, 4 * (1 + slots));
-    checkRange("route pairs", a.pairs, 0, slots);
-    checkRange("route slotWeight", a.slotWeight, 0, slots);
-    checkRange("route slotExpert", a.slotExpert, 0, 2 * slots);
-    checkRange("route chosen", a.chosen, chosenOffset, slots);
-    if (logitsOffset + S * E > 0xffffffff || tableOffset + E > 0xffffffff || chosenOffset + slots > 0xffffffff) throw new InvalidArgumentError("route: an element index does not fit in 32 bits");
+    const { seq, logitsOffset, tableOffset, chosenOffset } = checkRouteCall("route", a, ROUTE_MAX_S);
     const set = this.setFor([a.logits, a.table, a.work, a.pairs, a.slotWeight, a.slotExpert, a.chosen]);
     const pc = pushWords([S, E, k, logitsOffset, tableOffset, chosenOffset, seq, a.normalize ? 1 : 0]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(S);

@@ -20,15 +20,10 @@ layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint QBITS = 4u;        // 4 or 8
 layout(constant_id = 1) const bool SCALE_F16 = true;
 layout(constant_id = 2) const uint GROUP_SIZE = 32u;  // 32, 64 or 128
-// 32-column slices a step between two barriers (1 or 2: shared memory 12 or 24 KiB): 2 give each step's loads more to do
-// per barrier and halve the barriers (the per-step skeleton, not the products, is most of this
-// kernel's time on the H200); the sums are the same, bit for bit (slices in column order, a step
-// past the run's end adds zeros).
-layout(constant_id = 3) const uint SLICES = 1u;
 
 const uint BM = 32u;  // rows per workgroup
 const uint BN = 64u;  // tokens per workgroup
-const uint BK = 32u * SLICES;  // columns per step
+const uint BK = 32u;  // columns per step
 
 layout(std430, binding = 0) readonly restrict buffer WW { uint wWords[]; };
 layout(std430, binding = 1) readonly restrict buffer SC { uint sWords[]; };
@@ -64,31 +59,26 @@ float scaleOf(uint k) {
 
 // The next step's inputs, loaded into registers while the current step computes (with a barrier
 // per step and few warps per SM, a load issued only after the barrier stalls every step).
-uint nextW0[SLICES], nextW1[SLICES];
-float nextScale[SLICES];
-vec4 nextX[SLICES][4];
+uint nextW0, nextW1;
+float nextScale;
+vec4 nextX[4];
 
-// Slice j of the next step: columns k0 .. k0 + 31 (k0 < kEnd, else zeros: a step past the run's end).
-void loadSlice(uint j, uint k0, uint kEnd, uint wRow, bool xAligned) {
+void loadStep(uint k0, uint wRow, bool xAligned) {
     const uint t = gl_LocalInvocationIndex;
-    nextW0[j] = 0u;
-    nextW1[j] = 0u;
-    nextScale[j] = 0.0;  // rows past O: every weight 0
-    if (k0 >= kEnd) {
-        [[unroll]] for (uint m = 0u; m < 4u; m++) nextX[j][m] = vec4(0.0);
-        return;
-    }
+    nextW0 = 0u;
+    nextW1 = 0u;
+    nextScale = 0.0;  // rows past O: every weight 0
     if (wRow < pc.O) {
-        nextScale[j] = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
+        nextScale = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
         const uint rowWord = pc.weightOffset * 4u + wRow * pc.rowWords;
         if (QBITS == 4u) {
             // word k0/8 + t%4 holds columns 8w .. 8w+7: low nibbles of its bytes first, then the high
-            nextW0[j] = wWords[rowWord + k0 / 8u + t % 4u];
+            nextW0 = wWords[rowWord + k0 / 8u + t % 4u];
         } else {
             // a q8 row ends on a uvec4 (16 columns): the last step's second half may lie past it
             const uint wi = k0 / 4u + (t % 4u) * 2u;
-            if (wi < pc.rowWords) nextW0[j] = wWords[rowWord + wi];
-            if (wi + 1u < pc.rowWords) nextW1[j] = wWords[rowWord + wi + 1u];
+            if (wi < pc.rowWords) nextW0 = wWords[rowWord + wi];
+            if (wi + 1u < pc.rowWords) nextW1 = wWords[rowWord + wi + 1u];
         }
     }
     // x: 64 tokens x 32 columns, 4 vec4s per thread (0 past S and past I)
@@ -102,12 +92,8 @@ void loadSlice(uint j, uint k0, uint kEnd, uint wRow, bool xAligned) {
             if (xAligned && col + 4u <= pc.I) v = xv[xb >> 2u];
             else [[unroll]] for (uint q = 0u; q < 4u; q++) v[q] = col + q < pc.I ? xs[xb + q] : 0.0;
         }
-        nextX[j][m] = v;
+        nextX[m] = v;
     }
-}
-
-void loadStep(uint k0, uint kEnd, uint wRow, bool xAligned) {
-    [[unroll]] for (uint j = 0u; j < SLICES; j++) loadSlice(j, k0 + 32u * j, kEnd, wRow, xAligned);
 }
 
 void main() {
@@ -124,28 +110,25 @@ void main() {
 
     const uint kBegin = gl_WorkGroupID.z * pc.splitCols;
     const uint kEnd = min(pc.I, kBegin + pc.splitCols);
-    if (kBegin < kEnd) loadStep(kBegin, kEnd, wRow, xAligned);  // uniform
+    if (kBegin < kEnd) loadStep(kBegin, wRow, xAligned);  // uniform
     for (uint k0 = kBegin; k0 < kEnd; k0 += BK) {
-        [[unroll]] for (uint j = 0u; j < SLICES; j++) {
-            const float d = nextScale[j];
-            const uint kc = 32u * j + lc;
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                if (QBITS == 4u) {
-                    wTile[kc + i][lr / 4u][lr % 4u] = d * float(int((nextW0[j] >> (8u * i)) & 15u) - 8);
-                    wTile[kc + i + 4u][lr / 4u][lr % 4u] = d * float(int((nextW0[j] >> (8u * i + 4u)) & 15u) - 8);
-                } else {
-                    wTile[kc + i][lr / 4u][lr % 4u] = d * float(bitfieldExtract(int(nextW0[j]), int(8u * i), 8));
-                    wTile[kc + i + 4u][lr / 4u][lr % 4u] = d * float(bitfieldExtract(int(nextW1[j]), int(8u * i), 8));
-                }
-            }
-            [[unroll]] for (uint m = 0u; m < 4u; m++) {
-                const uint e = t + 128u * m;
-                const uint tok = e / 8u, c = 32u * j + (e % 8u) * 4u;
-                [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = nextX[j][m][q];
+        const float d = nextScale;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            if (QBITS == 4u) {
+                wTile[lc + i][lr / 4u][lr % 4u] = d * float(int((nextW0 >> (8u * i)) & 15u) - 8);
+                wTile[lc + i + 4u][lr / 4u][lr % 4u] = d * float(int((nextW0 >> (8u * i + 4u)) & 15u) - 8);
+            } else {
+                wTile[lc + i][lr / 4u][lr % 4u] = d * float(bitfieldExtract(int(nextW0), int(8u * i), 8));
+                wTile[lc + i + 4u][lr / 4u][lr % 4u] = d * float(bitfieldExtract(int(nextW1), int(8u * i), 8));
             }
         }
+        [[unroll]] for (uint m = 0u; m < 4u; m++) {
+            const uint e = t + 128u * m;
+            const uint tok = e / 8u, c = (e % 8u) * 4u;
+            [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = nextX[m][q];
+        }
         barrier();
-        if (k0 + BK < kEnd) loadStep(k0 + BK, kEnd, wRow, xAligned);
+        if (k0 + BK < kEnd) loadStep(k0 + BK, wRow, xAligned);
         [[unroll]] for (uint k = 0u; k < BK; k++) {
             const vec4 a = wTile[k][ty];
             const vec4 b = xTile[k][tx];

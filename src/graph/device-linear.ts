@@ -64,12 +64,7 @@ export interface LinearKernelsOptions {
    * few rows on a GPU, none on a CPU device); tests pass their own to run the split GEMMs on Lavapipe.
    */
   gemmSplits?: (rows: number, cols: number) => number;
-  /** q4/q8 prompt-chunk GEMMs' 32-column slices a step (QuantGemmKernelOptions.slicesPerStep; default QUANT_GEMM_SLICES). */
-  quantGemmSlices?: number;
 }
-
-/** dec_gemm_quant's slices a step in the graphs (1: as before; see QuantGemmKernelOptions). */
-export const QUANT_GEMM_SLICES = 1;
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
 export class LinearKernels implements Disposable {
@@ -94,8 +89,6 @@ export class LinearKernels implements Disposable {
   readonly quantizedTokens: number;
   /** Column runs a matrix's prompt-chunk GEMM is split into (LinearKernelsOptions.gemmSplits). */
   readonly gemmSplits: (rows: number, cols: number) => number;
-  /** dec_gemm_quant's slices a step (LinearKernelsOptions.quantGemmSlices). */
-  readonly quantGemmSlices: number;
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -114,7 +107,6 @@ export class LinearKernels implements Disposable {
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
     this.quantizedTokens = this.ggmlGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
     this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols));
-    this.quantGemmSlices = options.quantGemmSlices ?? QUANT_GEMM_SLICES;
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
@@ -132,7 +124,7 @@ export class LinearKernels implements Disposable {
   gemmKernel(m: QuantLinear["matrix"]): QuantGemmKernel {
     const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
     let k = this.gemm.get(key);
-    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, slicesPerStep: this.quantGemmSlices })));
+    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
     return k;
   }
 

@@ -82,24 +82,11 @@ export class GemmSplitScratch implements Disposable {
   }
 }
 
-export interface QuantGemmKernelOptions extends DecoderKernelOptions {
-  /**
-   * 32-column slices a step between two barriers: 1 (default) or 2 (24 KiB of shared memory, within
-   * every device's 32 KiB minimum; 4 would need 48 KiB). Two halve the barriers and give each step's
-   * loads more to do; the sums are the same, bit for bit.
-   */
-  slicesPerStep?: number;
-}
-
-/** One pipeline per (format, scale type, group size, slices a step), as QuantGemvKernel. */
+/** One pipeline per (format, scale type, group size), as QuantGemvKernel. */
 export class QuantGemmKernel extends DecoderKernel {
-  readonly slicesPerStep: number;
-  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: QuantGemmKernelOptions = {}) {
+  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: DecoderKernelOptions = {}) {
     if (![32, 64, 128].includes(groupSize)) throw new InvalidArgumentError(`groupSize must be 32, 64 or 128, got ${groupSize}`);
-    const slices = options.slicesPerStep ?? 1;
-    if (![1, 2].includes(slices)) throw new InvalidArgumentError(`slicesPerStep must be 1 or 2, got ${slices}`);
-    super(device, DEC_GEMM_QUANT, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize, 3: slices }, options);
-    this.slicesPerStep = slices;
+    super(device, DEC_GEMM_QUANT, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize }, options);
   }
 
   /**

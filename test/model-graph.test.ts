@@ -15,7 +15,7 @@ import type { Session } from "../src/model/session.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { fixture } from "./support/fixtures.ts";
 import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
-import { countCalls, openLoader } from "../src/vk/loader.ts";
+import { decodeTokenCommands, differingRows, processEnv } from "./support/graph-switches.ts";
 
 const baseEnv = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
 
@@ -117,9 +117,7 @@ describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
     using a = folded.session({ ctx: 128 });
     expect(a.path).toBe("device");
     const foldedLogits = runAll(a, ids).logits, foldedDispatches = a.dispatchesPerToken;
-    const saved = process.env.VKMOE_ROPE_FOLD;
-    process.env.VKMOE_ROPE_FOLD = "off"; // the graphs read it from the process env when they are made
-    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_ROPE_FOLD : (process.env.VKMOE_ROPE_FOLD = saved)) };
+    using restore = processEnv("VKMOE_ROPE_FOLD", "off"); // the graphs read it from the process env when they are made
     using separate = await load("qwen3-moe-tiny.Q8_0.gguf", baseEnv({ VKMOE_ROPE_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
     using b = separate!.session({ ctx: 128 });
     const separateLogits = runAll(b, ids).logits;
@@ -133,11 +131,7 @@ describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
 describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () => {
   /** A decode token's dispatches and barriers; the logits of a 6-token prompt chunk (S > 4: two steps either way), decode steps, a batch's decode rounds. */
   function run(m: Model, ps: number[][]) {
-    const calls = countCalls(openLoader().vk);
-    using probe = m.session({ ctx: 8 });
-    calls.reset();
-    const dispatches = probe.dispatchesPerToken; // records the decode token
-    const barriers = calls.counts.get("vkCmdPipelineBarrier") ?? 0;
+    const { dispatches, barriers } = decodeTokenCommands(m);
     const logits: Float32Array[] = [];
     using a = m.session({ ctx: 96 });
     expect(a.path).toBe("device");
@@ -148,8 +142,6 @@ describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () 
     for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
     return { logits, dispatches, barriers };
   }
-  const bits = (x: Float32Array) => new Uint32Array(x.buffer, x.byteOffset, x.length);
-
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("off: the separate dec_route step, one barrier and one dispatch more a layer, the same logits bit for bit (prompt chunk, decode steps, a batch)", async () => {
     const ps = prompts();
@@ -159,9 +151,7 @@ describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () 
     using folded = path ? await Model.load(path, { quant: "auto", env: baseEnv({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;
     if (!ps || !folded) return;
     const a = run(folded, ps);
-    const saved = process.env.VKMOE_ROUTE_FOLD;
-    process.env.VKMOE_ROUTE_FOLD = "off"; // the graph reads it from the process env when it is made
-    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_ROUTE_FOLD : (process.env.VKMOE_ROUTE_FOLD = saved)) };
+    using restore = processEnv("VKMOE_ROUTE_FOLD", "off"); // the graph reads it from the process env when it is made
     using separate = await load(name, baseEnv({ VKMOE_ROUTE_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
     const b = run(separate!, ps);
     const layers = folded.config.layers;
@@ -169,8 +159,7 @@ describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () 
     expect(b.barriers - a.barriers).toBe(layers);
     expect(b.dispatches - a.dispatches).toBe(layers);
     expect(b.logits.length).toBe(a.logits.length);
-    const differing = a.logits.flatMap((x, i) => (bits(x).every((w, j) => w === bits(b.logits[i]!)[j]) ? [] : [i]));
-    expect(differing).toEqual([]);
+    expect(differingRows(a.logits, b.logits)).toEqual([]);
     expect(folded.takeValidationMessages()).toEqual([]);
     expect(separate!.takeValidationMessages()).toEqual([]);
   }, 240_000);

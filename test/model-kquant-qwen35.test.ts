@@ -19,6 +19,7 @@ import { Model } from "../src/model/model.ts";
 import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
 import { shapeByName } from "../src/model/shapes.ts";
 import { nmse } from "../src/quant/metrics.ts";
+import { processEnv } from "./support/graph-switches.ts";
 
 const VOCAB = 1024;
 const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o });
@@ -90,9 +91,7 @@ describe("Qwen3.5 MoE Q4_K_M: the routed experts on the GPU as the file holds th
   // shared expert's gate and up, lm_head) its quantized rows (NormFeed)
   test("resident mode on the integer-dot path (VKMOE_IDP=on): logits NMSE <= 5e-3 of the CPU decoder's, greedy ids equal where the margin is >= 0.5", async () => {
     // the graph's matrices take the integer-dot decision from the process env (device-linear.ts)
-    const saved = process.env.VKMOE_IDP;
-    process.env.VKMOE_IDP = "on";
-    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_IDP : (process.env.VKMOE_IDP = saved)) };
+    using restore = processEnv("VKMOE_IDP", "on");
     using gpu = await Model.load(path, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "on" }), log: () => {} });
     using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
     expect(gpu.device.mode, gpu.device.why).toBe("resident");

@@ -37,6 +37,7 @@ import { QWEN3_MOE_SHAPES } from "../src/model/shapes.ts";
 import { dequantizeGgml, ggmlBlockTensor, isGgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { repoRoot } from "./support/paths.ts";
+import { processEnv } from "./support/graph-switches.ts";
 
 const DIR = `${repoRoot}test/fixtures/kquant-model`;
 const MARGIN = 0.5;
@@ -159,9 +160,7 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
     // read an 8-bit x, q, k, v (and lm_head) the input norm's quantized rows (NormFeed)
     if (mix === "Q4_K_M") test(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
       // the graph's matrices take the integer-dot decision from the process env (device-linear.ts)
-      const saved = process.env.VKMOE_IDP;
-      process.env.VKMOE_IDP = "on";
-      using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_IDP : (process.env.VKMOE_IDP = saved)) };
+      using restore = processEnv("VKMOE_IDP", "on");
       using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "on" }), log: () => {} });
       using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
       expect(model.device.mode, model.device.why).toBe("resident");

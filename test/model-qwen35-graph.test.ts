@@ -17,7 +17,7 @@ import { Model, type QuantChoice } from "../src/model/model.ts";
 import type { Session } from "../src/model/session.ts";
 import type { Qwen35MoeConfig } from "../src/model/qwen35-config.ts";
 import { nmse } from "../src/quant/metrics.ts";
-import { countCalls, openLoader } from "../src/vk/loader.ts";
+import { decodeTokenCommands, differingRows, processEnv } from "./support/graph-switches.ts";
 import { fixture } from "./support/fixtures.ts";
 
 const env = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
@@ -133,11 +133,7 @@ describe("resident Qwen3.5: the whole token on the GPU equals the CPU decoder", 
 describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
   /** A session's and a batch's logits (decode steps, a 5-token chunk through the fold, a prompt chunk that runs chunked), and a decode token's dispatches and barriers. */
   function run(m: Model, ps: number[][]) {
-    const calls = countCalls(openLoader().vk);
-    using probe = m.session({ ctx: 8 });
-    calls.reset();
-    const dispatches = probe.dispatchesPerToken; // records the decode token
-    const barriers = calls.counts.get("vkCmdPipelineBarrier") ?? 0;
+    const { dispatches, barriers } = decodeTokenCommands(m);
     const logits: Float32Array[] = [];
     using a = m.session({ ctx: 96 });
     expect(a.path).toBe("device");
@@ -150,8 +146,6 @@ describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
     for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
     return { logits, dispatches, barriers };
   }
-  const bits = (x: Float32Array) => new Uint32Array(x.buffer, x.byteOffset, x.length);
-
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("off: the separate dec_conv1d step (the conv state moved on in it), one barrier more a linear layer and as many dispatches, the same logits bit for bit (a session, a batch)", async () => {
     const ps = prompts();
@@ -163,17 +157,14 @@ describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
     const linearLayers = (folded.config as Qwen35MoeConfig).layerTypes.filter((t) => t === "linear").length;
     expect(linearLayers).toBeGreaterThan(0);
     const a = run(folded, ps);
-    const saved = process.env.VKMOE_CONV_FOLD;
-    process.env.VKMOE_CONV_FOLD = "off"; // the graph reads it from the process env when it is made
-    using restore = { [Symbol.dispose]: () => (saved === undefined ? delete process.env.VKMOE_CONV_FOLD : (process.env.VKMOE_CONV_FOLD = saved)) };
+    using restore = processEnv("VKMOE_CONV_FOLD", "off"); // the graph reads it from the process env when it is made
     using separate = await load(name, "auto", env({ VKMOE_CONV_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
     const b = run(separate!, ps);
     console.log(`conv fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token folded, ${b.barriers} and ${b.dispatches} separate (${linearLayers} linear layers); ${a.logits.length} logits rows compared`);
     expect(b.barriers - a.barriers).toBe(linearLayers);
     expect(b.dispatches).toBe(a.dispatches);
     expect(b.logits.length).toBe(a.logits.length);
-    const differing = a.logits.flatMap((x, i) => (bits(x).every((w, j) => w === bits(b.logits[i]!)[j]) ? [] : [i]));
-    expect(differing).toEqual([]);
+    expect(differingRows(a.logits, b.logits)).toEqual([]);
     expect(folded.takeValidationMessages()).toEqual([]);
     expect(separate!.takeValidationMessages()).toEqual([]);
   }, 240_000);

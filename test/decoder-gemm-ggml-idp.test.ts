@@ -40,12 +40,12 @@ import { DeviceLinear, GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS, LinearKern
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { dequantizedActivations } from "../src/quant/intdot.ts";
-import { nmse } from "../src/quant/metrics.ts";
+import { nmse, pooledNmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { Buffer } from "../src/vk/memory.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
-import { randomGgmlTensor as randomTensor } from "./support/ggml-blocks.ts";
+import { randomGgmlTensor as randomTensor, ggmlSplitCases } from "./support/ggml-blocks.ts";
 
 const ctx = openTestContext({ integerDotProduct: "on" });
 const device = ctx.device;
@@ -112,18 +112,6 @@ const bits = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOff
 const gpuFloat = (w: GgmlBlockTensor, x: Float32Array, S: number) =>
   runOnGpu(w, x, S, 0, 0, (matrix, xb, yb) => submitAndWait(device, (cb) => floatFor(w.type).record(cb, { matrix, x: xb, y: yb, S })));
 
-/** NMSE over every output of a set of cases together. */
-function pooledNmse(results: { ref: Float32Array; got: Float32Array }[]): number {
-  let err = 0, ref = 0;
-  for (const r of results) {
-    for (let i = 0; i < r.ref.length; i++) {
-      err += (r.got[i]! - r.ref[i]!) ** 2;
-      ref += r.ref[i]! ** 2;
-    }
-  }
-  return err / ref;
-}
-
 describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (NMSE <= 1e-9) and vs the float GEMM (<= 1e-3)", () => {
   for (const type of GGML_BLOCK_TYPES) {
     test(`${type}: rows 3..70, 1..9 blocks a row, S = 8, 13, 64, 70, llama-quantize blocks, offsets`, () => {
@@ -186,20 +174,6 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
   }, 60_000);
 });
 
-/** Split cases: `runs` the column runs `splits` leaves for `blocks` blocks a row (as test/decoder-gemm-ggml.test.ts). */
-const splitCases = (k: boolean) => k
-  ? [
-    { rows: 70, blocks: 3, splits: 2, runs: 2, S: 13 }, // 512 + 256: a short last run
-    { rows: 33, blocks: 5, splits: 5, runs: 5, S: 64 },
-    { rows: 40, blocks: 3, splits: 3, runs: 3, S: 70 }, // two token tiles
-    { rows: 7, blocks: 7, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 }, // 3 x 512 + 256
-  ]
-  : [
-    { rows: 70, blocks: 9, splits: 2, runs: 2, S: 13 }, // 160 + 128
-    { rows: 33, blocks: 9, splits: 5, runs: 5, S: 64 }, // 4 x 64 + 32
-    { rows: 40, blocks: 7, splits: 3, runs: 3, S: 70 }, // 96 + 96 + 32, two token tiles
-    { rows: 7, blocks: 16, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 },
-  ];
 
 describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScratch, runs of whole blocks)", () => {
   for (const type of GGML_BLOCK_TYPES) {
@@ -207,7 +181,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScrat
       const block = GGML_BLOCK_LAYOUTS[type].blockElements;
       let seed = 7000 + 100 * GGML_BLOCK_TYPES.indexOf(type);
       let worstExact = 0, worstUnsplit = 0;
-      for (const c of splitCases(block === 256)) {
+      for (const c of ggmlSplitCases(block === 256)) {
         const w = randomTensor(type, c.rows, c.blocks, seed++), S = c.S, xOffset = c.xOffset ?? 0, yOffset = c.yOffset ?? 0;
         const x = randomGaussianF32(S * w.cols, seed++);
         using split = new GemmSplitScratch(device, w.rows, w.cols, S, c.splits, block);

@@ -36,7 +36,7 @@ import { nmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
-import { randomGgmlTensor as randomTensor } from "./support/ggml-blocks.ts";
+import { randomGgmlTensor as randomTensor, ggmlSplitCases } from "./support/ggml-blocks.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -191,20 +191,6 @@ function gpuGemmSplit(w: GgmlBlockTensor, x: Float32Array, S: number, split: Gem
 
 const bitsOf = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
 
-/** Split cases: `runs` the column runs `splits` leaves for `blocks` blocks a row (the last shorter where marked). */
-const splitCases = (k: boolean) => k
-  ? [
-    { rows: 70, blocks: 3, splits: 2, runs: 2, S: 13 }, // 512 + 256: a short last run
-    { rows: 33, blocks: 5, splits: 5, runs: 5, S: 64 },
-    { rows: 40, blocks: 3, splits: 3, runs: 3, S: 70 }, // two token tiles
-    { rows: 7, blocks: 7, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 }, // 3 x 512 + 256
-  ]
-  : [
-    { rows: 70, blocks: 9, splits: 2, runs: 2, S: 13 }, // 160 + 128
-    { rows: 33, blocks: 9, splits: 5, runs: 5, S: 64 }, // 4 x 64 + 32
-    { rows: 40, blocks: 7, splits: 3, runs: 3, S: 70 }, // 96 + 96 + 32, two token tiles
-    { rows: 7, blocks: 16, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 },
-  ];
 
 describe("dec_gemm_ggml split over the columns (GemmSplitScratch, runs of whole blocks) vs the CPU and the unsplit GEMM (NMSE <= 1e-9)", () => {
   for (const type of GGML_BLOCK_TYPES) {
@@ -212,7 +198,7 @@ describe("dec_gemm_ggml split over the columns (GemmSplitScratch, runs of whole 
       const block = GGML_BLOCK_LAYOUTS[type].blockElements;
       let seed = 3000 + 100 * GGML_BLOCK_TYPES.indexOf(type);
       let worstCpu = 0, worstUnsplit = 0;
-      for (const c of splitCases(block === 256)) {
+      for (const c of ggmlSplitCases(block === 256)) {
         const w = randomTensor(type, c.rows, c.blocks, seed++);
         const x = randomGaussianF32(c.S * w.cols, seed++);
         using split = new GemmSplitScratch(device, w.rows, w.cols, c.S, c.splits, block);

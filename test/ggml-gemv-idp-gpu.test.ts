@@ -23,7 +23,7 @@ import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
 import { dequantizedActivations } from "../src/quant/intdot.ts";
-import { nmse } from "../src/quant/metrics.ts";
+import { nmse, pooledNmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS as TAIL, u32 } from "./support/host-buffers.ts";
@@ -98,18 +98,6 @@ function check(w: GgmlBlockTensor, S: number, seed: number, o: Parameters<typeof
   const vsExact = nmse(exactGemv(dequantizeGgml(w), w.rows, w.cols, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
   if (!(vsExact <= 1e-9)) throw new Error(`${w.type} ${w.rows}x${w.cols} S=${S}: NMSE ${vsExact} against the exact GEMV of the quantized x (bound 1e-9)`);
   return { ref: cpuGemv(w, x, S), got, vsExact };
-}
-
-/** NMSE over every output of a set of cases together. */
-function pooledNmse(results: { ref: Float32Array; got: Float32Array }[]): number {
-  let err = 0, ref = 0;
-  for (const r of results) {
-    for (let i = 0; i < r.ref.length; i++) {
-      err += (r.got[i]! - r.ref[i]!) ** 2;
-      ref += r.ref[i]! ** 2;
-    }
-  }
-  return err / ref;
 }
 
 describe.skipIf(noIdp)("dec_gemv_ggml_idp vs the CPU path (NMSE ≤ 1e-3) and vs the exact GEMV of the quantized x (≤ 1e-9)", () => {

@@ -27,3 +27,16 @@ export function maxAbsDiff(ref: ArrayLike<number>, got: ArrayLike<number>): numb
   }
   return worst;
 }
+
+/** NMSE over every output of a set of cases together (each case's ref and got of one length). */
+export function pooledNmse(results: { ref: ArrayLike<number>; got: ArrayLike<number> }[]): number {
+  let err = 0, energy = 0;
+  for (const r of results) {
+    if (r.ref.length !== r.got.length) throw new ShapeMismatchError(`pooledNmse: length mismatch, ref ${r.ref.length} vs got ${r.got.length}`);
+    for (let i = 0; i < r.ref.length; i++) {
+      err += (r.got[i]! - r.ref[i]!) ** 2;
+      energy += r.ref[i]! ** 2;
+    }
+  }
+  return err / energy;
+}

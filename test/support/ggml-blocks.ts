@@ -23,3 +23,21 @@ export function randomGgmlTensor(type: GgmlBlockType, rows: number, blocks: numb
   const cols = blocks * GGML_BLOCK_LAYOUTS[type].blockElements;
   return ggmlBlockTensor(type, randomGgmlBlocks(type, rows, cols, mulberry32(seed), lo), rows, cols);
 }
+
+/**
+ * The split-GEMM tests' cases (decoder-gemm-ggml, decoder-gemm-ggml-idp): `runs` the column runs `splits` leaves for `blocks` blocks a row
+ * (the last shorter where marked), for K-quants (256-element blocks) or the 32-element types.
+ */
+export const ggmlSplitCases = (kQuant: boolean) => kQuant
+  ? [
+    { rows: 70, blocks: 3, splits: 2, runs: 2, S: 13 }, // 512 + 256: a short last run
+    { rows: 33, blocks: 5, splits: 5, runs: 5, S: 64 },
+    { rows: 40, blocks: 3, splits: 3, runs: 3, S: 70 }, // two token tiles
+    { rows: 7, blocks: 7, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 }, // 3 x 512 + 256
+  ]
+  : [
+    { rows: 70, blocks: 9, splits: 2, runs: 2, S: 13 }, // 160 + 128
+    { rows: 33, blocks: 9, splits: 5, runs: 5, S: 64 }, // 4 x 64 + 32
+    { rows: 40, blocks: 7, splits: 3, runs: 3, S: 70 }, // 96 + 96 + 32, two token tiles
+    { rows: 7, blocks: 16, splits: 4, runs: 4, S: 64, xOffset: 4, yOffset: 3 },
+  ];

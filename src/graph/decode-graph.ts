@@ -303,8 +303,9 @@ export class DecodeGraph implements Disposable {
         op("route");
       }
       cb.barrier("computeToCompute");
-      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l });
-      op("experts", st!.dispatches(S));
+      // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
+      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
+      n += st!.dispatches(S);
       cb.barrier("computeToCompute");
     }
     if (r.batch) {
@@ -587,7 +588,7 @@ export class GraphSequence implements Disposable {
     const device = this.graph.device;
     const names: string[] = [];
     const cfg = this.graph.cfg;
-    using queries = new QueryPool(device, 8 + 16 * cfg.layers);
+    using queries = new QueryPool(device, 8 + 24 * cfg.layers);
     using pool = new CommandPool(device);
     const cb = pool.allocate().begin();
     cb.resetQueries(queries).timestamp(queries, 0);

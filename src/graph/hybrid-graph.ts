@@ -492,8 +492,9 @@ export class HybridGraph implements Disposable {
       this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
       op("route, shared swiglu", 2);
       cb.barrier("computeToCompute");
-      st.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l });
-      op("experts", st.dispatches(S));
+      // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
+      st.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
+      n += st.dispatches(S);
       op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
       cb.barrier("computeToCompute");
       sharedPending = true;
@@ -759,7 +760,7 @@ export class HybridSequence implements Disposable {
     if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a profile runs 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
     if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
     const device = this.graph.device, names: string[] = [];
-    using queries = new QueryPool(device, 8 + 16 * this.graph.cfg.layers);
+    using queries = new QueryPool(device, 8 + 24 * this.graph.cfg.layers);
     using pool = new CommandPool(device);
     const cb = pool.allocate().begin();
     cb.resetQueries(queries).timestamp(queries, 0);

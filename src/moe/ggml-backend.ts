@@ -442,6 +442,7 @@ export class GgmlGraphStage implements MoeGraphStage {
         chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
         S, E, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer),
       });
+      routing.mark?.("group");
       cb.barrier("computeToCompute");
       items = Math.min(items, E); // moe_ggml's workgroups past the list's count return at once
     }
@@ -450,6 +451,7 @@ export class GgmlGraphStage implements MoeGraphStage {
       quantized: this.quantized,
       singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot, item u slot u
       itemPerSlot: this.downSums(S),
+      mark: routing.mark,
     });
   }
 

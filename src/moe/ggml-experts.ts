@@ -234,6 +234,8 @@ export interface GgmlExpertCall {
   done: Buffer;
   /** Where x and h are quantized on the integer-dot path (required there for lists grouped by expert). */
   quantized?: ExpertQuantScratch;
+  /** Called after each step with its name (a profiler's timestamp). */
+  mark?: (step: string) => void;
   /**
    * Every item holds one slot (a per-slot list): the call runs 1-slot pipelines. Default: items ===
    * S * slotsPerToken, exact for a list built on the host; a grid sized for the most items a call
@@ -357,6 +359,7 @@ export class GgmlExpertKernels implements Disposable {
     checkRange("moe ggml y", c.y, 0, c.S * D);
     checkRange("moe ggml done", c.done, 0, 1);
     const common = [c.work, c.pairs];
+    const mark = (step: string) => c.mark?.(step);
     const Rg = this.rowsPerWorkgroup(D), Rd = this.rowsPerWorkgroup(I);
     // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
@@ -366,25 +369,36 @@ export class GgmlExpertKernels implements Disposable {
       if (!q) throw new InvalidArgumentError("the integer-dot GGML experts need an ExpertQuantScratch (quantized) for lists grouped by expert");
       if (q.values < Math.max(c.S * D, slots * I)) throw new InvalidArgumentError(`a quantized scratch of ${q.values} values for x ${c.S} x ${D} and h ${slots} x ${I}`);
       const quantize = (this.quantizer ??= new GgmlQuantizeKernel(this.device, this.options));
-      quantize.record(cb, c.x, 0, q, D, c.S).barrier("computeToCompute");
-      this.rowsMode(true, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
+      quantize.record(cb, c.x, 0, q, D, c.S);
+      mark("quantize x");
       cb.barrier("computeToCompute");
-      quantize.record(cb, c.h, 0, q, I, slots).barrier("computeToCompute");
+      this.rowsMode(true, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
+      mark("gate+up");
+      cb.barrier("computeToCompute");
+      quantize.record(cb, c.h, 0, q, I, slots);
+      mark("quantize h");
+      cb.barrier("computeToCompute");
       this.rowsMode(false, true).record(cb, [q.xq, ...common, c.ypair, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup), c.items);
+      mark("down");
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+      mark("sum");
       return cb;
     }
     if (!single && !c.itemPerSlot && this.rowsForGrouped) {
       this.rowsMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
+      mark("gate+up");
       cb.barrier("computeToCompute");
       this.rowsMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup), c.items);
+      mark("down");
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+      mark("sum");
       return cb;
     }
     const tokens = single ? 1 : this.tokensPerChunk;
     this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
+    mark("gate+up");
     cb.barrier("computeToCompute");
     if (c.itemPerSlot) {
       if (c.items !== slots) throw new InvalidArgumentError(`a list of an item per slot has ${slots} items, got ${c.items}`);
@@ -392,11 +406,14 @@ export class GgmlExpertKernels implements Disposable {
       // the token's K slots x I / 32 slices a row shared out over the lanes
       const Rs = this.rowsOption ?? moeRowsPerWorkgroup((c.slotsPerToken * I) / 32, this.workgroupSize);
       this.mode(false, Rs, 1, true).record(cb, [c.h, ...common, c.y, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rs), c.S);
+      mark("down + sum");
       return cb;
     }
     this.mode(false, Rd, tokens).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rd), c.items);
+    mark("down");
     cb.barrier("computeToCompute");
     this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+    mark("sum");
     return cb;
   }
 

@@ -39,6 +39,8 @@ export interface StageRouting {
   /** Words: slot u's expert id at chosen[chosenOffset + u]. */
   chosenOffset: number;
   layer: number;
+  /** Called after each of the call's steps with its name (a profiler's timestamp; the graph counts the dispatches). */
+  mark?: (step: string) => void;
 }
 
 export interface MoeGraphStageOptions {
@@ -227,6 +229,7 @@ export class QuantGraphStage implements MoeGraphStage {
     const sets = this.setsFor(x, y, path === "fused" ? "fused" : rows ? "rows" : "grouped");
     if (path === "fused") {
       cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
+      routing?.mark?.("fused");
       return;
     }
     let items = S * K;
@@ -236,22 +239,32 @@ export class QuantGraphStage implements MoeGraphStage {
         chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
         S, E: this.experts, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer),
       });
+      routing.mark?.("group");
       cb.barrier("computeToCompute");
       items = Math.min(items, this.experts);
     }
+    const mark = (step: string) => routing?.mark?.(step);
     if (rows) {
-      cb.bind(p.rowsGateUp, sets[0]!).pushConstants(p.rowsGateUp, L.pushGateUp).dispatch(Math.ceil(L.I / ROWS_WORKGROUP), items).barrier("computeToCompute");
-      cb.bind(p.rowsDown, sets[1]!).pushConstants(p.rowsDown, L.pushDown).dispatch(Math.ceil(L.D / ROWS_WORKGROUP), items).barrier("computeToCompute");
-      cb.bind(p.sum, sets[2]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+      cb.bind(p.rowsGateUp, sets[0]!).pushConstants(p.rowsGateUp, L.pushGateUp).dispatch(Math.ceil(L.I / ROWS_WORKGROUP), items);
+      mark("gate+up");
+      cb.barrier("computeToCompute").bind(p.rowsDown, sets[1]!).pushConstants(p.rowsDown, L.pushDown).dispatch(Math.ceil(L.D / ROWS_WORKGROUP), items);
+      mark("down");
+      cb.barrier("computeToCompute").bind(p.sum, sets[2]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+      mark("sum");
       return;
     }
     let i = 0;
     if (p.quantize) {
-      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP)).barrier("computeToCompute");
+      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP));
+      mark("quantize");
+      cb.barrier("computeToCompute");
     }
-    cb.bind(p.gateUp, sets[i++]!).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / L.rows), items).barrier("computeToCompute");
-    cb.bind(p.down, sets[i++]!).pushConstants(p.down, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items).barrier("computeToCompute");
-    cb.bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+    cb.bind(p.gateUp, sets[i++]!).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / L.rows), items);
+    mark("gate+up");
+    cb.barrier("computeToCompute").bind(p.down, sets[i++]!).pushConstants(p.down, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items);
+    mark("down");
+    cb.barrier("computeToCompute").bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+    mark("sum");
   }
 
   /** Dispatches a call of S tokens records. */

@@ -11,7 +11,7 @@
  * workgroup (I = 80, D = 96, D = 130); inputs whose rows are not 16-byte aligned (D = 130, I = 98)
  * and whose last 16-byte step is partial; the SwiGLU clamp; a slot with no expert (weight 0);
  * and the integer-dot path, where the rows kernels still read the float x (so they match the float
- * reference, while the old kernels match the integer-dot emulation).
+ * reference, while the old kernels match the integer-dot emulation: x and h quantized).
  */
 import { describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/index.ts";
@@ -116,7 +116,8 @@ function run(c: Config): void {
     c.cases.forEach((S, i) => {
       expect(rows.pathFor(S)).toBe("by-expert");
       expect(rows.dispatches(S)).toBe(4);
-      expect(old.dispatches(S)).toBe(h.moe.gemvPath === "integer-dot" ? 5 : 4);
+      // integer-dot: quantize x, gate+up, quantize h, down, sum, after the regrouping
+      expect(old.dispatches(S)).toBe(h.moe.gemvPath === "integer-dot" ? 6 : 4);
       const { chosen, r } = skewedRouting(rnd, S, K, E, i === 1 ? Math.floor(S * K / 2) : -1);
       sizes.push(...itemSizes(chosen, E));
       const xs = randomGaussianF32(S * D, c.seed * 7919 + i);
@@ -134,7 +135,7 @@ function run(c: Config): void {
       const label = `${c.label} ${c.addressing} ${c.path} S=${S}`;
       const ref = moeReference(xs, r, (e) => experts[e]!, undefined, c.limit, "float");
       const nRows = caseNmse(ref, outputs[0]!);
-      const refOld = c.path === "float" ? ref : moeReference(xs, r, (e) => experts[e]!, undefined, c.limit, c.path);
+      const refOld = c.path === "float" ? ref : moeReference(xs, r, (e) => experts[e]!, undefined, c.limit, "integer-dot-grouped");
       const nOld = caseNmse(refOld, outputs[1]!);
       const nBetween = caseNmse(outputs[1]!, outputs[0]!);
       worstRows = Math.max(worstRows, nRows);

@@ -4,11 +4,12 @@
  * every resident expert's handle, so a whole token runs without a host hop. Only where every
  * routed expert of the layers it serves is resident (nothing is ever uploaded or evicted while
  * the graph runs). A call of few tokens (decode): the fused kernel where the device has float
- * atomics, else [quantize] + gate+up + down + sum over one work item per slot. A call of more
+ * atomics, else [quantize x] + gate+up + [quantize h] + down + sum over one work item per slot (the
+ * integer-dot path quantizes x for gate+up and h for down, into the same scratch). A call of more
  * (a prompt chunk): dec_group_experts regroups the slots by expert first, and the grouped kernels
- * read each chosen expert's weights once for all the tokens that chose it: the same [quantize] +
- * gate+up + down as the per-slot path, or (rowsForGrouped) the rows kernels (shaders/moe_rows.glsl,
- * a row per lane, float path, no quantize; slower on the H200, kept as an option).
+ * read each chosen expert's weights once for all the tokens that chose it: the same kernels as the
+ * per-slot path, or (rowsForGrouped) the rows kernels (shaders/moe_rows.glsl, a row per lane, float
+ * path, no quantize; slower on the H200, kept as an option).
  */
 import { InvalidArgumentError } from "../errors.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
@@ -120,6 +121,9 @@ export class QuantGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
+  /** quantize_act over h (the integer-dot down's input): I, slots, groups a row, offset 0, xq words a row. */
+  private readonly pushQuantizeH: Uint32Array | undefined;
+  private readonly quantizeHThreadsPerSlot: number = 0;
   private readonly descriptors: DescriptorPool;
   private readonly groupKernel: GroupExpertsKernel;
   private readonly sets = new Map<string, bigint[]>();
@@ -163,8 +167,13 @@ export class QuantGraphStage implements MoeGraphStage {
     this.h = buf(4 * slots * I);
     this.ypair = buf(4 * slots * D);
     if (p.quantize) {
-      const words = Math.ceil(D / 16) * 4, groups = Math.ceil(D / pool.layout.shape.groupSize);
-      this.quantized = { xq: buf(4 * S * words), xscale: buf(4 * S * groups), xsum: buf(4 * S * groups) };
+      // x [S][D], then (grouped calls) h [slots][I]: quantize_act's rows of each, in turn
+      const gs = pool.layout.shape.groupSize;
+      const words = Math.max(S * Math.ceil(D / 16) * 4, slots * Math.ceil(I / 16) * 4);
+      const groups = Math.max(S * Math.ceil(D / gs), slots * Math.ceil(I / gs));
+      this.quantized = { xq: buf(4 * words), xscale: buf(4 * groups), xsum: buf(4 * groups) };
+      this.pushQuantizeH = new Uint32Array([I, slots, Math.ceil(I / gs), 0, Math.ceil(I / 16) * 4]);
+      this.quantizeHThreadsPerSlot = Math.ceil(I / gs) * (gs / 4);
     }
     // The fused kernel's count and sums start at 0 (its last workgroup zeroes them again); the
     // rest is zeroed so that no kernel ever reads undefined memory.
@@ -206,10 +215,14 @@ export class QuantGraphStage implements MoeGraphStage {
     } else {
       const q = this.quantized;
       const gateUp = [q ? q.xq : x, this.work, this.pairs, this.h, this.slotWeight, ...(q ? [q.xscale, q.xsum] : [])].map(b);
+      // the integer-dot path: x quantized for gate+up, then h for down, into the same scratch
+      const down = p.downIdp && q
+        ? [this.descriptors.allocate(p.quantize!, [this.h, q.xq, q.xscale, q.xsum].map(b)), this.descriptors.allocate(p.downIdp, this.slabs([q.xq, this.work, this.pairs, this.ypair, this.slotWeight, q.xscale, q.xsum].map(b)))]
+        : [this.descriptors.allocate(p.down, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b)))];
       sets = [
         ...(p.quantize && q ? [this.descriptors.allocate(p.quantize, [x, q.xq, q.xscale, q.xsum].map(b))] : []),
         this.descriptors.allocate(p.gateUp, this.slabs(gateUp)),
-        this.descriptors.allocate(p.down, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b))),
+        ...down,
         this.descriptors.allocate(p.sum, [this.ypair, this.work, y, this.slotWeight, this.done].map(b)),
       ];
     }
@@ -256,12 +269,19 @@ export class QuantGraphStage implements MoeGraphStage {
     let i = 0;
     if (p.quantize) {
       cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP));
-      mark("quantize");
+      mark("quantize x");
       cb.barrier("computeToCompute");
     }
     cb.bind(p.gateUp, sets[i++]!).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / L.rows), items);
     mark("gate+up");
-    cb.barrier("computeToCompute").bind(p.down, sets[i++]!).pushConstants(p.down, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items);
+    cb.barrier("computeToCompute");
+    if (p.downIdp && this.pushQuantizeH) {
+      cb.bind(p.quantize!, sets[i++]!).pushConstants(p.quantize!, this.pushQuantizeH).dispatch(Math.ceil((S * K * this.quantizeHThreadsPerSlot) / QUANTIZE_WORKGROUP));
+      mark("quantize h");
+      cb.barrier("computeToCompute").bind(p.downIdp, sets[i++]!).pushConstants(p.downIdp, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items);
+    } else {
+      cb.bind(p.down, sets[i++]!).pushConstants(p.down, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items);
+    }
     mark("down");
     cb.barrier("computeToCompute").bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
     mark("sum");
@@ -272,7 +292,9 @@ export class QuantGraphStage implements MoeGraphStage {
     const path = this.pathFor(S);
     if (path === "fused") return 1;
     if (path === "by-expert" && this.rowsForGrouped) return 4;  // group, rows gate+up, rows down, sum
-    return (this.layer.pipelines.quantize ? 4 : 3) + (path === "by-expert" ? 1 : 0);
+    // [quantize x] + gate+up + [quantize h] + down + sum (+ the regrouping)
+    const p = this.layer.pipelines;
+    return 3 + (p.quantize ? 1 : 0) + (p.downIdp && this.pushQuantizeH ? 1 : 0) + (path === "by-expert" ? 1 : 0);
   }
 
   get seq(): number {

@@ -12,13 +12,18 @@ export interface ExpertWeights {
   down: QuantMatrix;
 }
 
-/** Which GPU path the oracle models: "float", or "integer-dot" (gate+up on int8 activations, down in float). */
-export type MoePath = "float" | "integer-dot";
+/**
+ * Which GPU path the oracle models: "float"; "integer-dot" (gate+up on int8 activations, down in
+ * float: the layer calls and the fused kernel); "integer-dot-grouped" (h quantized too, down on
+ * int8 activations: the graph stage's grouped calls).
+ */
+export type MoePath = "float" | "integer-dot" | "integer-dot-grouped";
 
 /**
  * y[S, D] = Σ_j w_j · down_j(silu(gate_j x) ⊙ up_j x) (+ shared), accumulated in f64. On the
  * "integer-dot" path gate and up see x quantized to int8 per group (quantizeActivations), exactly
- * as the GPU's quantize_act + integer-dot gate+up do; h is rounded to f32 as the GPU stores it.
+ * as the GPU's quantize_act + integer-dot gate+up do; h is rounded to f32 as the GPU stores it
+ * (and on "integer-dot-grouped" quantized in turn for down).
  */
 export function moeReference(x: Float32Array, r: Routing, expert: (id: number) => ExpertWeights, shared?: ExpertWeights, limit?: number, path: MoePath = "float"): Float64Array {
   const D = expert(r.ids[0]!).gate.cols;
@@ -44,6 +49,7 @@ export function expertReference(e: ExpertWeights, xs: Float32Array, limit?: numb
     h = gemvIntDotEmulated(e.gate, act, 1);
     const u = gemvIntDotEmulated(e.up, act, 1);
     for (let i = 0; i < h.length; i++) h[i] = swiglu(h[i]!, u[i]!, limit);
+    if (path === "integer-dot-grouped") return gemvIntDotEmulated(e.down, quantizeActivations(Float32Array.from(h), 1, e.down.cols, e.down.groupSize), 1);
   }
   return gemvReference(e.down, Float32Array.from(h), 1);
 }

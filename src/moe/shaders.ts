@@ -42,6 +42,12 @@ export interface MoePipelines extends Disposable {
   quantize: ComputePipeline | undefined;
   gateUp: ComputePipeline;
   down: ComputePipeline;
+  /**
+   * Integer-dot path only: `down` over h quantized by `quantize` (bindings as `gateUp` on that
+   * path: xq, work, pairs, ypair, slot weights, xscale, xsum). The graph stage's grouped calls run
+   * it; the layer calls of GpuLayer keep the float `down`.
+   */
+  downIdp: ComputePipeline | undefined;
   sum: ComputePipeline;
   /**
    * gate+up and down for work lists grouped by expert (a prompt chunk's, several slots an item):
@@ -112,7 +118,9 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       ? keep(new ComputePipeline(device, { spirv: shaderFile(QUANTIZE_ACT.name), storageBuffers: QUANTIZE_ACT.storageBuffers, pushConstantBytes: QUANTIZE_ACT.pushConstantBytes, specialization: { 0: QUANTIZE_WORKGROUP, 4: shape.groupSize } }))
       : undefined;
     const gateUp = keep(idp ? make(`moe_gateup_${shape.format}_idp`, MOE_IDP_BINDINGS) : make(`moe_gateup_${shape.format}`, MOE_BINDINGS));
-    const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS, specialization({ ...config, ...DOWN_KERNEL }, shape.scaleType === "f16", shape.groupSize)));
+    const downSpec = specialization({ ...config, ...DOWN_KERNEL }, shape.scaleType === "f16", shape.groupSize);
+    const down = keep(make(`moe_down_${shape.format}`, MOE_BINDINGS, downSpec));
+    const downIdp = idp ? keep(make(`moe_down_${shape.format}_idp`, MOE_IDP_BINDINGS, downSpec)) : undefined;
     const rowsSpec = { 0: ROWS_WORKGROUP, 3: shape.scaleType === "f16" ? 1 : 0, 4: shape.groupSize, 7: ROWS_TOKENS };
     const rowsGateUp = keep(make(`moe_rows_gateup_${shape.format}`, MOE_BINDINGS, rowsSpec));
     const rowsDown = keep(make(`moe_rows_down_${shape.format}`, MOE_BINDINGS, rowsSpec));
@@ -127,7 +135,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
       ? keep(make(fusedName, MOE_FUSED_BINDINGS, { ...fusedSpec, 10: 1, 11: prelaunchPolls }, MOE_FUSED_PUSH_BYTES))
       : undefined;
     return {
-      quantize, gateUp, down, rowsGateUp, rowsDown, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, downBlockRows: DOWN_KERNEL.rowsPerWorkgroup, maxSlabs, path,
+      quantize, gateUp, down, downIdp, rowsGateUp, rowsDown, sum, fused, fusedPrelaunched, fusedBlockRows: fk.rowsPerWorkgroup, downBlockRows: DOWN_KERNEL.rowsPerWorkgroup, maxSlabs, path,
       [Symbol.dispose]() {
         for (const p of made.reverse()) p[Symbol.dispose]();
       },

@@ -1,0 +1,9 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// moe_down_q8_idp_bda: grouped MoE down on the integer-dot path (h quantized to int8 by
+// quantize_act, packed 4x8 dot products) over every (token, expert) pair of a layer call. See moe.glsl.
+#define MOE
+#define COLUMN_BLOCKS  // the down matrix's blob layout
+#define ADDR_BDA
+#define QBITS 8
+#include "gemv_idp.glsl"

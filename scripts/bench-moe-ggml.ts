@@ -186,7 +186,7 @@ for (const full of SHAPES) {
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
     using idpKernels = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true }) : undefined;
     using idpPrefetch = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true, rowsPrefetch: true }) : undefined;
-    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (${kernels.rowsLanes} lanes a row, ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
+    shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (lanes a row gate+up ${kernels.rowsLanesFor(model.hidden)}, down ${kernels.rowsLanesFor(model.intermediate)}; ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
       using set = callSet(device, layer, model, S);

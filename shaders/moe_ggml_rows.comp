@@ -8,7 +8,7 @@
 // Why: moe_ggml shares a row's slices among the lanes, which suits decode (one slot an item: every
 // lane has work, one short reduction) but at a prompt chunk's 2..16 slots an item each lane does a
 // slice or two and then the workgroup reduces NMAT x R x TOKENS sums through subgroups and shared
-// memory behind a barrier, per chunk of TOKENS slots. Here LANES consecutive lanes (1, 2 or 4) own a
+// memory behind a barrier, per chunk of TOKENS slots. Here LANES consecutive lanes (1, 2, 4 or 8) own a
 // row whole: each walks every LANES-th slice of it, dequantizes each once (both matrices for
 // gate+up) and multiplies it with the chunk's TOKENS slots; the LANES partial sums are added by
 // subgroup shuffles at the end. No barrier, no shared memory; the x / h slice the lanes of a subgroup
@@ -24,7 +24,7 @@ layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 2) const uint FORMAT = 3u;  // GGML_FMT_* of this mode's matrices
 layout(constant_id = 3) const uint TOKENS = 8u;  // slots per register chunk, 1..8
 layout(constant_id = 4) const bool GATEUP = true;
-layout(constant_id = 5) const uint LANES = 1u;   // lanes a row: 1, 2 or 4 (divides the subgroup size)
+layout(constant_id = 5) const uint LANES = 1u;   // lanes a row: 1, 2, 4 or 8 (divides the subgroup size)
 
 const uint NMAT = GATEUP ? 2u : 1u;
 

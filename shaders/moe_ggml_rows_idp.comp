@@ -19,7 +19,7 @@ layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 2) const uint FORMAT = 3u;  // GGML_FMT_* of this mode's matrices
 layout(constant_id = 3) const uint TOKENS = 8u;  // slots per register chunk, 1..8
 layout(constant_id = 4) const bool GATEUP = true;
-layout(constant_id = 5) const uint LANES = 1u;   // lanes a row: 1, 2 or 4 (divides the subgroup size)
+layout(constant_id = 5) const uint LANES = 1u;   // lanes a row: 1, 2, 4 or 8 (divides the subgroup size)
 // Read the lane's next slice (its quants, scales and mins) before computing the current one, so
 // the next loads are in flight while this slice's dot products run.
 layout(constant_id = 6) const bool PREFETCH = false;

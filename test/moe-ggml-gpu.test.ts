@@ -134,9 +134,9 @@ describe("prompt chunks' kernel: moe_ggml_rows, a row per lane (lists grouped by
       console.log(`  ${c.what}: worst NMSE ${worst.toExponential(2)}`);
     }, 60_000);
   }
-  test("rowsTokensPerChunk outside 1..8, rowsLanes not 1, 2 or 4: one clear error", () => {
+  test("rowsTokensPerChunk outside 1..8, rowsLanes not 1, 2, 4 or 8: one clear error", () => {
     expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsTokensPerChunk: 9 })).toThrow(/rowsTokensPerChunk must be an integer in 1\.\.8, got 9/);
-    expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsLanes: 3 })).toThrow(/rowsLanes must be 1, 2 or 4/);
+    expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsLanes: 3 })).toThrow(/rowsLanes must be 1, 2, 4 or 8/);
   });
 });
 

@@ -8,7 +8,7 @@
  *   rounding separates the two (and an h value on a quantization step's edge, one step), so a wrong
  *   min, offset, scale or run layout fails it.
  * - Against the float path's CPU reference (x and h as they are): NMSE <= 1e-3, the 8-bit bound.
- * Shapes: every format pair a K-quant file mixes, partial row blocks (D 96, I 224), 1 / 2 / 4 lanes a
+ * Shapes: every format pair a K-quant file mixes, partial row blocks (D 96, I 224), 1 / 2 / 4 / 8 lanes a
  * row, chunks of 3 and 8 slots, items of ~10 and ~17 slots; sentinels past every output.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
@@ -35,12 +35,13 @@ if (noIdp) console.log(`moe_ggml_rows_idp: skipped: ${device.info.name} lacks sh
 
 describe.skipIf(noIdp)("moe_ggml_rows_idp: lists grouped by expert on the integer-dot path", () => {
   const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: GgmlExpertKernelOptions }[] = [
+    // default lanes: gate+up 1 (8 slices a row), down 2 (16 slices)
     { what: "Q4_K/Q6_K D 256, I 512, default lanes", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: {} },
     { what: "Q4_K/Q4_K D 512, I 256, a lane a row, chunks of 3 slots", gu: "Q4_K", dn: "Q4_K", D: 512, I: 256, options: { rowsLanes: 1, rowsTokensPerChunk: 3 } },
-    { what: "Q5_K/Q5_K D 256, I 256, 4 lanes a row", gu: "Q5_K", dn: "Q5_K", D: 256, I: 256, options: { rowsLanes: 4 } },
+    { what: "Q5_K/Q5_K D 256, I 256, 2 lanes a row", gu: "Q5_K", dn: "Q5_K", D: 256, I: 256, options: { rowsLanes: 2 } },
     { what: "Q6_K/Q6_K D 256, I 512", gu: "Q6_K", dn: "Q6_K", D: 256, I: 512, options: {} },
     { what: "Q5_0 D 96, I 224 (partial row blocks)", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: {} },
-    { what: "Q4_1/Q5_1 D 96, I 224, 4 lanes a row", gu: "Q4_1", dn: "Q5_1", D: 96, I: 224, options: { rowsLanes: 4 } },
+    { what: "Q4_1/Q5_1 D 96, I 224, 8 lanes a row", gu: "Q4_1", dn: "Q5_1", D: 96, I: 224, options: { rowsLanes: 8 } },
     // the next slice read ahead: 3 and 7 slices a row over 4 lanes (lanes with none to prefetch), and 2 lanes over 64
     { what: "Q5_0 D 96, I 224, 4 lanes a row, next slice prefetched", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { rowsLanes: 4, rowsPrefetch: true } },
     { what: "Q4_K/Q6_K D 256, I 512, next slice prefetched", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsPrefetch: true } },
@@ -65,6 +66,17 @@ describe.skipIf(noIdp)("moe_ggml_rows_idp: lists grouped by expert on the intege
       console.log(`  ${c.what}: worst NMSE ${tight.toExponential(2)} (quantized reference), ${loose.toExponential(2)} (float)`);
     }, 60_000);
   }
+
+  test("lanes a row by default: the most (up to 8 and the subgroup size) that leave each lane 6 or more slices; the float path 2; an option wins", () => {
+    using idp = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { integerDot: true });
+    const most = Math.min(8, device.info.subgroup.size);
+    // Qwen3-30B-A3B's rows: 2048 columns (64 slices), 768 (24), Qwen3.6's 512 (16); a 96-column row (3)
+    expect([2048, 768, 512, 96].map((c) => idp.rowsLanesFor(c))).toEqual([Math.min(8, most), Math.min(4, most), Math.min(2, most), 1]);
+    using float = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" });
+    expect(float.rowsLanesFor(2048)).toBe(Math.min(2, device.info.subgroup.size));
+    using fixed = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { integerDot: true, rowsLanes: 2 });
+    expect(fixed.rowsLanesFor(2048)).toBe(2);
+  });
 
   test("no scratch, or one too small; integerDot without the rows kernel: one clear error", () => {
     using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { integerDot: true });

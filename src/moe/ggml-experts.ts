@@ -35,9 +35,13 @@ export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBu
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
-/** moe_ggml_rows' lanes a workgroup, and lanes a row by default. */
+/** moe_ggml_rows' lanes a workgroup, and lanes a row by default (float, integer-dot). */
 const ROWS_WORKGROUP = 64;
 const ROWS_LANES = 2;
+// On the integer-dot path, the most lanes (up to 8) that leave each lane at least this many slices
+// of a row. H200, 2026-12-04 (profile:graph, Qwen3-30B-like Q4_K_M 8 layers, 64-token chunk, µs a
+// layer at 2 / 4 / 8 lanes): gate+up (64 slices a row) 314 / 219 / 185, down (24 slices) 177 / 144 / 149.
+const ROWS_IDP_MIN_SLICES = 6;
 
 /** Slots a token moe_ggml's down-with-sum mode takes at most (its MAX_K, dec_route's). */
 export const MOE_GGML_MAX_SLOTS = 8;
@@ -197,7 +201,7 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   rowsForGrouped?: boolean;
   /** moe_ggml_rows' slots per register chunk, 1..8 (default 8). */
   rowsTokensPerChunk?: number;
-  /** moe_ggml_rows' lanes a row, 1, 2 or 4 (default ROWS_LANES). */
+  /** moe_ggml_rows' lanes a row, 1, 2, 4 or 8, at most the subgroup size (default ROWS_LANES; on the integer-dot path by the row's slices, rowsLanesFor). */
   rowsLanes?: number;
   /**
    * Lists grouped by expert run the integer-dot rows kernel (moe_ggml_rows_idp) over quantized x and
@@ -266,7 +270,8 @@ export class GgmlExpertKernels implements Disposable {
   private readonly sum: MoeSumKernel;
   readonly rowsForGrouped: boolean;
   readonly rowsTokens: number;
-  readonly rowsLanes: number;
+  /** moe_ggml_rows' lanes a row as given (undefined: rowsLanesFor's default). */
+  readonly rowsLanes: number | undefined;
   readonly integerDot: boolean;
   private quantizer: GgmlQuantizeKernel | undefined;
 
@@ -293,9 +298,11 @@ export class GgmlExpertKernels implements Disposable {
     if (this.rowsForGrouped && !device.info.subgroup.shuffle) throw new InvalidArgumentError(`moe_ggml_rows needs subgroup shuffles in compute shaders, not on ${device.info.name}`);
     this.rowsTokens = options.rowsTokensPerChunk ?? 8;
     if (!Number.isInteger(this.rowsTokens) || this.rowsTokens < 1 || this.rowsTokens > 8) throw new InvalidArgumentError(`rowsTokensPerChunk must be an integer in 1..8, got ${this.rowsTokens}`);
-    this.rowsLanes = options.rowsLanes ?? ROWS_LANES;
-    if (![1, 2, 4].includes(this.rowsLanes) || this.rowsLanes > device.info.subgroup.size) throw new InvalidArgumentError(`rowsLanes must be 1, 2 or 4 (at most the subgroup size ${device.info.subgroup.size}), got ${this.rowsLanes}`);
     this.integerDot = options.integerDot ?? false;
+    this.rowsLanes = options.rowsLanes;
+    if (this.rowsLanes !== undefined && (![1, 2, 4, 8].includes(this.rowsLanes) || this.rowsLanes > device.info.subgroup.size)) {
+      throw new InvalidArgumentError(`rowsLanes must be 1, 2, 4 or 8 (at most the subgroup size ${device.info.subgroup.size}), got ${this.rowsLanes}`);
+    }
     if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
     this.sum = new MoeSumKernel(device, options);
@@ -307,17 +314,27 @@ export class GgmlExpertKernels implements Disposable {
   }
 
   /** moe_ggml_rows' rows a workgroup. */
-  private get rowsPerRowsWorkgroup(): number {
-    return ROWS_WORKGROUP / this.rowsLanes;
+  private rowsPerRowsWorkgroup(cols: number): number {
+    return ROWS_WORKGROUP / this.rowsLanesFor(cols);
+  }
+
+  /** moe_ggml_rows' lanes a row for rows of `cols` columns (see ROWS_IDP_MIN_SLICES). */
+  rowsLanesFor(cols: number): number {
+    if (this.rowsLanes !== undefined) return this.rowsLanes;
+    if (!this.integerDot) return Math.min(ROWS_LANES, this.device.info.subgroup.size);
+    let lanes = Math.min(8, this.device.info.subgroup.size);
+    while (lanes > 1 && cols / 32 / lanes < ROWS_IDP_MIN_SLICES) lanes /= 2;
+    return lanes;
   }
 
   /** moe_ggml_rows' (or moe_ggml_rows_idp's) pipeline of a mode. */
-  private rowsMode(gateUp: boolean, idp = false): MoeGgmlKernel {
-    const key = `rows${idp ? "-idp" : ""}:${gateUp ? "gu" : "down"}`;
+  private rowsMode(gateUp: boolean, cols: number, idp = false): MoeGgmlKernel {
+    const lanes = this.rowsLanesFor(cols);
+    const key = `rows${idp ? "-idp" : ""}:${gateUp ? "gu" : "down"}:${lanes}`;
     let k = this.modes.get(key);
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
-      const spec = { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: this.rowsLanes };
+      const spec = { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: lanes };
       k = new MoeGgmlKernel(this.device, idp ? MOE_GGML_ROWS_IDP : MOE_GGML_ROWS, idp ? { ...spec, 6: this.options.rowsPrefetch ? 1 : 0 } : spec, this.options);
       this.modes.set(key, k);
     }
@@ -372,13 +389,13 @@ export class GgmlExpertKernels implements Disposable {
       quantize.record(cb, c.x, 0, q, D, c.S);
       mark("quantize x");
       cb.barrier("computeToCompute");
-      this.rowsMode(true, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
+      this.rowsMode(true, D, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup(D)), c.items);
       mark("gate+up");
       cb.barrier("computeToCompute");
       quantize.record(cb, c.h, 0, q, I, slots);
       mark("quantize h");
       cb.barrier("computeToCompute");
-      this.rowsMode(false, true).record(cb, [q.xq, ...common, c.ypair, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup), c.items);
+      this.rowsMode(false, I, true).record(cb, [q.xq, ...common, c.ypair, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup(I)), c.items);
       mark("down");
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
@@ -386,10 +403,10 @@ export class GgmlExpertKernels implements Disposable {
       return cb;
     }
     if (!single && !c.itemPerSlot && this.rowsForGrouped) {
-      this.rowsMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup), c.items);
+      this.rowsMode(true, D).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup(D)), c.items);
       mark("gate+up");
       cb.barrier("computeToCompute");
-      this.rowsMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup), c.items);
+      this.rowsMode(false, I).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup(I)), c.items);
       mark("down");
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);

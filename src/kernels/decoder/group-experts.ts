@@ -2,7 +2,8 @@
  * The routed slots of a call regrouped by expert on the GPU (shaders/dec_group_experts.comp),
  * after dec_route: one work item per distinct chosen expert with its slots in `pairs`, so the
  * grouped MoE kernels read each expert's weights once per call (a prompt chunk of 64 tokens
- * chooses most experts several times). One workgroup, one dispatch.
+ * chooses most experts several times). One workgroup, one dispatch; the items are laid out by a
+ * prefix sum over the experts, in parallel.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import { MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K } from "../../moe/routing.ts";
@@ -34,9 +35,16 @@ export interface GroupExpertsArgs {
   tableOffset?: number;
 }
 
+export interface GroupExpertsKernelOptions extends DecoderKernelOptions {
+  /** Threads of the one workgroup, a power of two in 8..256 (default 256); each lays out ceil(512 / this) expert ids. */
+  workgroupSize?: number;
+}
+
 export class GroupExpertsKernel extends DecoderKernel {
-  constructor(device: Device, options: DecoderKernelOptions = {}) {
-    super(device, DEC_GROUP_EXPERTS, { 0: 256 }, options);
+  constructor(device: Device, options: GroupExpertsKernelOptions = {}) {
+    const wg = options.workgroupSize ?? 256;
+    if (!Number.isInteger(wg) || wg < 8 || wg > 256 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two in 8..256, got ${wg}`);
+    super(device, DEC_GROUP_EXPERTS, { 0: wg }, options);
   }
 
   /** Records one dispatch. The caller orders dec_route's writes before it and the MoE kernels' reads after. */

@@ -8,7 +8,7 @@ export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions }
 export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type GemvHalfKernelOptions, type HalfDType } from "./gemv-half.ts";
 export { DEC_GEMM_QUANT, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel } from "./quant-gemm.ts";
 export { DEC_GEMM_GGML, GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmKernel, type GgmlGemmArgs } from "./ggml-gemm.ts";
-export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs } from "./group-experts.ts";
+export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs, type GroupExpertsKernelOptions } from "./group-experts.ts";
 export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type RouteArgs, type RouteKernelOptions } from "./route.ts";
 export { CONV1D_MAX_KERNEL, CONV1D_MAX_S, Conv1dKernel, DEC_CONV1D, type Conv1dArgs, type Conv1dKernelOptions } from "./conv1d.ts";
 export { DEC_DELTA_RULE, DELTA_RULE_MAX_S, DeltaRuleKernel, type DeltaRuleArgs, type DeltaRuleConv, type DeltaRuleKernelOptions } from "./delta-rule.ts";

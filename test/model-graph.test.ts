@@ -107,6 +107,31 @@ describe("resident: the whole token on the GPU equals the CPU decoder", () => {
   }
 });
 
+describe("prompt chunks of q4/q8 matrices on the integer-dot GEMM (VKMOE_QUANT_GEMM_IDP)", () => {
+  test("off: the float GEMM; the chunk's logits differ from the integer-dot GEMM's, both within 5e-3 of the CPU decoder", async () => {
+    const ps = prompts();
+    using idpOn = processEnv("VKMOE_IDP", "on"); // the graphs' linear kernels take the integer-dot decision from the process env
+    using idp = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_IDP: "on" }));
+    using cpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_GPU: false }));
+    if (!ps || !idp || !cpu) return;
+    const ids = ps.find((p) => p.length >= 8)!;
+    using a = idp.session({ ctx: 128 });
+    using c = cpu.session({ ctx: 128, cpuCache: "f16" });
+    const viaIdp = a.prefill(ids).slice(), ref = c.prefill(ids).slice();
+    using restore = processEnv("VKMOE_QUANT_GEMM_IDP", "off"); // and this switch
+    using float = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_IDP: "on", VKMOE_QUANT_GEMM_IDP: "off" }));
+    using b = float!.session({ ctx: 128 });
+    const viaFloat = b.prefill(ids).slice();
+    expect(ids.length).toBeGreaterThanOrEqual(8);
+    expect(differingRows([viaIdp], [viaFloat])).toEqual([0]); // another kernel, another rounding of x
+    expect(nmse(ref, viaIdp)).toBeLessThanOrEqual(5e-3);
+    expect(nmse(ref, viaFloat)).toBeLessThanOrEqual(5e-3);
+    console.log(`quant GEMM idp: a ${ids.length}-token chunk's last logits NMSE ${nmse(ref, viaIdp).toExponential(1)} (integer-dot GEMM), ${nmse(ref, viaFloat).toExponential(1)} (float GEMM) against the CPU`);
+    expect(idp.takeValidationMessages()).toEqual([]);
+    expect(float!.takeValidationMessages()).toEqual([]);
+  }, 240_000);
+});
+
 describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("off: the separate dec_rope_kv step, one dispatch more a layer, the same logits bit for bit", async () => {

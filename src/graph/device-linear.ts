@@ -19,6 +19,7 @@ import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
 import { GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
+import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -75,6 +76,12 @@ export interface LinearKernelsOptions {
    */
   ggmlGemmIdp?: boolean;
   /**
+   * Where integerDot is on: q4/q8 matrices' (Q4_0 / Q8_0 files') prompt chunks of GEMM_FROM_TOKENS ..
+   * GGML_IDP_GEMM_MAX_TOKENS tokens through the integer-dot GEMM (QuantGemmIdpKernel; default: on
+   * unless VKMOE_QUANT_GEMM_IDP=off; false: the float GEMM).
+   */
+  quantGemmIdp?: boolean;
+  /**
    * Column runs a matrix's prompt-chunk GEMM is split into (default gemmSplits: a few for matrices of
    * few rows on a GPU, none on a CPU device); tests pass their own to run the split GEMMs on Lavapipe.
    */
@@ -86,6 +93,7 @@ export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
   private readonly quant = new Map<string, QuantGemvKernel>();
   private readonly gemm = new Map<string, QuantGemmKernel>();
+  private readonly gemmIdp = new Map<string, QuantGemmIdpKernel>();
   /** By type and shape (ggmlOptions: by the matrix's rows on a GPU). */
   private readonly ggml = new Map<string, GgmlGemvKernel>();
   private readonly ggmlIdp = new Map<string, GgmlGemvIdpKernel>();
@@ -97,8 +105,10 @@ export class LinearKernels implements Disposable {
   readonly ggmlGemm: boolean;
   /** GGML block matrices' prompt chunks of up to GGML_IDP_GEMM_MAX_TOKENS tokens go through GgmlGemmIdpKernel (integerDot and ggmlGemm both on). */
   readonly ggmlGemmIdp: boolean;
+  /** q4/q8 matrices' prompt chunks of GEMM_FROM_TOKENS .. GGML_IDP_GEMM_MAX_TOKENS tokens go through QuantGemmIdpKernel (integerDot on). */
+  readonly quantGemmIdp: boolean;
   /**
-   * The most tokens a GGML block matrix's call takes x quantized for (0: none), and so what every
+   * The most tokens a matrix's call takes x quantized for (0: none), and so what every
    * quantized-x scratch holds: each matrix's own, and the norms' and attention's shared rows that
    * its recordFrom reads (NormFeed, the graphs' attnQuant).
    */
@@ -121,7 +131,8 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
-    this.quantizedTokens = this.ggmlGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
+    this.quantGemmIdp = this.integerDot && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP !== "off");
+    this.quantizedTokens = this.ggmlGemmIdp || this.quantGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
     this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols));
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
@@ -145,6 +156,13 @@ export class LinearKernels implements Disposable {
   }
 
   /** The decode GEMV of a GGML type for a matrix of `rows` rows (its shape: ggmlOptions). */
+  gemmIdpKernel(m: QuantLinear["matrix"]): QuantGemmIdpKernel {
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+    let k = this.gemmIdp.get(key);
+    if (!k) this.gemmIdp.set(key, (k = new QuantGemmIdpKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
+    return k;
+  }
+
   ggmlKernel(type: GgmlBlockType, rows: number): GgmlGemvKernel {
     const options = this.ggmlOptions(rows), key = `${type}/${options.workgroupSize ?? 0}x${options.rowsPerWorkgroup ?? 0}`;
     let k = this.ggml.get(key);
@@ -191,6 +209,7 @@ export class LinearKernels implements Disposable {
     for (const k of this.ggmlGemmIdpKernels.values()) k[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
     for (const k of this.gemm.values()) k[Symbol.dispose]();
+    for (const k of this.gemmIdp.values()) k[Symbol.dispose]();
   }
 }
 
@@ -200,7 +219,7 @@ export class DeviceLinear implements Disposable {
   private readonly float: { buffer: Buffer; dtype: "f32" | "f16" | "bf16" } | undefined;
   private readonly matrix: DeviceMatrix | undefined;
   private readonly blocks: DeviceGgmlMatrix | undefined;
-  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot), for LinearKernels.quantizedTokens tokens. */
+  /** The integer-dot path's quantized x (GGML block matrices where LinearKernels.integerDot, q4/q8 ones where quantGemmIdp), for LinearKernels.quantizedTokens tokens. */
   private readonly idpScratch: GgmlIdpScratch | undefined;
   /**
    * Matrices of few rows (q4/q8, and GGML blocks on either GEMM): their prompt chunks' GEMM split over
@@ -232,14 +251,15 @@ export class DeviceLinear implements Disposable {
       this.float = { buffer, dtype: linear.dtype === "F32" ? "f32" : linear.dtype === "F16" ? "f16" : "bf16" };
     } else if (linear instanceof QuantLinear) {
       this.matrix = new DeviceMatrix(device, linear.matrix);
-      const splits = kernels.gemmSplits(linear.rows, linear.cols);
-      if (splits > 1 && splitRuns(linear.cols, splits).splits > 1) {
-        try {
-          this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits);
-        } catch (e) {
-          this.matrix[Symbol.dispose]();
-          throw e;
-        }
+      try {
+        // the integer-dot GEMM takes rows of whole 32-column slices (GGUF's Q4_0 / Q8_0 always are)
+        if (kernels.quantGemmIdp && linear.cols % 32 === 0) this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.quantizedTokens);
+        const splits = kernels.gemmSplits(linear.rows, linear.cols);
+        if (splits > 1 && splitRuns(linear.cols, splits).splits > 1) this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits);
+      } catch (e) {
+        this.idpScratch?.[Symbol.dispose]();
+        this.matrix[Symbol.dispose]();
+        throw e;
       }
     } else if (linear instanceof GgmlBlockLinear) {
       this.blocks = new DeviceGgmlMatrix(device, linear.tensor);
@@ -272,7 +292,14 @@ export class DeviceLinear implements Disposable {
       // the integer-dot kernels quantize x first
       return path === "idp-gemv" || path === "idp-gemm" ? 2 : path === "gemm" ? 1 : Math.ceil(S / GGML_GEMV_MAX_S);
     }
-    return this.float ? Math.ceil(S / GEMV_HALF_MAX_S) : 1;
+    if (this.matrix) return this.quantPath(S) === "idp-gemm" ? 2 : 1;
+    return Math.ceil(S / GEMV_HALF_MAX_S);
+  }
+
+  /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */
+  private quantPath(S: number): "idp-gemm" | "gemm" | "gemv" {
+    if (S < GEMM_FROM_TOKENS) return "gemv";
+    return this.idpScratch && S <= this.idpScratch.maxTokens ? "idp-gemm" : "gemm";
   }
 
   /**
@@ -292,6 +319,7 @@ export class DeviceLinear implements Disposable {
    * scratches hold).
    */
   takesQuantized(S: number): boolean {
+    if (this.matrix) return this.quantPath(S) === "idp-gemm";
     if (!this.blocks) return false;
     const path = this.ggmlPath(S);
     return path === "idp-gemv" || path === "idp-gemm";
@@ -303,6 +331,10 @@ export class DeviceLinear implements Disposable {
    * this): a matrix that takes it runs its GEMV or GEMM alone. Returns the dispatches recorded.
    */
   recordFrom(cb: CommandBuffer, x: Buffer, quantized: GgmlIdpScratch | undefined, y: Buffer, S = 1): number {
+    if (quantized && quantized.cols === this.cols && quantized.maxTokens >= S && this.matrix && this.takesQuantized(S)) {
+      this.kernels.gemmIdpKernel(this.matrix.matrix as QuantLinear["matrix"]).recordQuantized(cb, { matrix: this.matrix, y, S, scratch: quantized }, this.splitFor(S));
+      return 1;
+    }
     if (quantized && quantized.cols === this.cols && quantized.maxTokens >= S && this.blocks && this.takesQuantized(S)) {
       const args = { matrix: this.blocks, y, S, scratch: quantized };
       if (this.ggmlPath(S) === "idp-gemv") this.kernels.ggmlIdpKernel(this.blocks.type, this.rows).recordQuantized(cb, args);
@@ -326,7 +358,9 @@ export class DeviceLinear implements Disposable {
     } else {
       const m = this.matrix!.matrix as QuantLinear["matrix"];
       const args = { matrix: this.matrix!, x, y, S, xOffset, yOffset };
-      if (S >= GEMM_FROM_TOKENS) this.kernels.gemmKernel(m).record(cb, args, this.splitFor(S));
+      const path = this.quantPath(S);
+      if (path === "idp-gemm") this.kernels.gemmIdpKernel(m).record(cb, { ...args, scratch: this.idpScratch! }, this.splitFor(S));
+      else if (path === "gemm") this.kernels.gemmKernel(m).record(cb, args, this.splitFor(S));
       else this.kernels.quantKernel(m).record(cb, args);
     }
   }

@@ -7,6 +7,7 @@ export { DEC_TOPK, TOPK_MAX, TopKKernel, type TopKArgs, type TopKKernelOptions }
 export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions } from "./attention.ts";
 export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type GemvHalfKernelOptions, type HalfDType } from "./gemv-half.ts";
 export { DEC_GEMM_QUANT, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel } from "./quant-gemm.ts";
+export { QuantGemmIdpKernel, type QuantGemmIdpArgs } from "./quant-gemm-idp.ts";
 export { DEC_GEMM_GGML, GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmKernel, type GgmlGemmArgs } from "./ggml-gemm.ts";
 export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs, type GroupExpertsKernelOptions } from "./group-experts.ts";
 export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type RouteArgs, type RouteKernelOptions } from "./route.ts";

@@ -25,8 +25,8 @@ const envSchema = z.strictObject({
   VKMOE_CONV_FOLD: z.enum(["auto", "off"]).default("auto"),
   /** Decode's MoE router GEMV routes the tokens itself, in its last workgroup ("auto"), or the route runs as its own dispatch ("off"). */
   VKMOE_ROUTE_FOLD: z.enum(["auto", "off"]).default("auto"),
-  /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("auto"), or the float GEMM ("off"). */
-  VKMOE_QUANT_GEMM_IDP: z.enum(["auto", "off"]).default("auto"),
+  /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on"), or the float GEMM ("off", the default until it is timed). */
+  VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("off"),
   VKMOE_VALIDATION: z.stringbool().default(false),
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
   VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),

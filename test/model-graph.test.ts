@@ -108,17 +108,18 @@ describe("resident: the whole token on the GPU equals the CPU decoder", () => {
 });
 
 describe("prompt chunks of q4/q8 matrices on the integer-dot GEMM (VKMOE_QUANT_GEMM_IDP)", () => {
-  test("off: the float GEMM; the chunk's logits differ from the integer-dot GEMM's, both within 5e-3 of the CPU decoder", async () => {
+  test("on: the integer-dot GEMM; the chunk's logits differ from the float GEMM's (off, the default), both within 5e-3 of the CPU decoder", async () => {
     const ps = prompts();
     using idpOn = processEnv("VKMOE_IDP", "on"); // the graphs' linear kernels take the integer-dot decision from the process env
-    using idp = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_IDP: "on" }));
+    using gemmOn = processEnv("VKMOE_QUANT_GEMM_IDP", "on"); // and this switch
+    using idp = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_IDP: "on", VKMOE_QUANT_GEMM_IDP: "on" }));
     using cpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_GPU: false }));
     if (!ps || !idp || !cpu) return;
     const ids = ps.find((p) => p.length >= 8)!;
     using a = idp.session({ ctx: 128 });
     using c = cpu.session({ ctx: 128, cpuCache: "f16" });
     const viaIdp = a.prefill(ids).slice(), ref = c.prefill(ids).slice();
-    using restore = processEnv("VKMOE_QUANT_GEMM_IDP", "off"); // and this switch
+    using restore = processEnv("VKMOE_QUANT_GEMM_IDP", "off");
     using float = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv({ VKMOE_IDP: "on", VKMOE_QUANT_GEMM_IDP: "off" }));
     using b = float!.session({ ctx: 128 });
     const viaFloat = b.prefill(ids).slice();

@@ -77,8 +77,8 @@ export interface LinearKernelsOptions {
   ggmlGemmIdp?: boolean;
   /**
    * Where integerDot is on: q4/q8 matrices' (Q4_0 / Q8_0 files') prompt chunks of GEMM_FROM_TOKENS ..
-   * GGML_IDP_GEMM_MAX_TOKENS tokens through the integer-dot GEMM (QuantGemmIdpKernel; default: on
-   * unless VKMOE_QUANT_GEMM_IDP=off; false: the float GEMM).
+   * GGML_IDP_GEMM_MAX_TOKENS tokens through the integer-dot GEMM (QuantGemmIdpKernel; default: only
+   * with VKMOE_QUANT_GEMM_IDP=on, as it is not yet timed against the float GEMM on a GPU; false: the float GEMM).
    */
   quantGemmIdp?: boolean;
   /**
@@ -131,7 +131,7 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
-    this.quantGemmIdp = this.integerDot && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP !== "off");
+    this.quantGemmIdp = this.integerDot && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");
     this.quantizedTokens = this.ggmlGemmIdp || this.quantGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
     this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols));
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);

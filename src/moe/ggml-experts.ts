@@ -35,7 +35,7 @@ export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBu
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
-/** moe_ggml_rows' lanes a workgroup, and lanes a row by default (float, integer-dot). */
+/** moe_ggml_rows' lanes a workgroup, and lanes a row by default on the float path (not timed against others). */
 const ROWS_WORKGROUP = 64;
 const ROWS_LANES = 2;
 // On the integer-dot path, the most lanes (up to 8) that leave each lane at least this many slices
@@ -209,7 +209,7 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
    * shaderIntegerDotProduct enabled and subgroup shuffles, and each such call an ExpertQuantScratch).
    */
   integerDot?: boolean;
-  /** moe_ggml_rows_idp reads a lane's next slice before computing the current one (default false). */
+  /** moe_ggml_rows_idp reads a lane's next slice before computing the current one (default false: slower on the H200 at the default lanes, 2026-12-04). */
   rowsPrefetch?: boolean;
 }
 

@@ -19,7 +19,7 @@ import { openGguf } from "../src/formats/gguf.ts";
 import type { GgufFile } from "../src/formats/tensor.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvKernel, type GgmlGemvKernelOptions } from "../src/kernels/decoder/ggml-gemv.ts";
-import { DeviceLinear, GGML_GEMV_WIDE_ROWS, ggmlGemvShape, LinearKernels } from "../src/graph/device-linear.ts";
+import { DeviceLinear, GGML_GEMV_WIDE_ROWS, gemvDeviceKind, ggmlGemvShape, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
 import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { gemvGgmlBlocks } from "../src/quant/ggml-gemv.ts";
@@ -141,19 +141,21 @@ describe("dec_gemv_ggml vs the CPU GEMV over the same blocks (NMSE ≤ 1e-9)", (
 
   // Each shape is one more pipeline, and Lavapipe's LLVM compiles one in 1..7 s with a cold shader
   // cache (the code is unrolled R x TOKENS times): one type each, the grid split included.
-  test("the graphs' shape: 64 threads x 2 rows below GGML_GEMV_WIDE_ROWS rows on a GPU, the kernel's default (32 x 4) from there; 8 x 4 on a CPU device", () => {
-    expect(ggmlGemvShape(false, 2048)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
-    expect(ggmlGemvShape(false, GGML_GEMV_WIDE_ROWS - 1)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
-    expect(ggmlGemvShape(false, GGML_GEMV_WIDE_ROWS)).toEqual({});
-    expect(ggmlGemvShape(true, 2048)).toEqual({ workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 });
-    using k = new GgmlGemvKernel(device, "Q4_K", ggmlGemvShape(false, GGML_GEMV_WIDE_ROWS));
+  test("the graphs' shape: 64 threads x 2 rows below GGML_GEMV_WIDE_ROWS rows on NVIDIA, the kernel's default (32 x 4) from there and on other GPUs; 8 x 4 on a CPU device", () => {
+    expect(ggmlGemvShape("nvidia", 2048)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
+    expect(ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS - 1)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
+    expect(ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS)).toEqual({});
+    expect(ggmlGemvShape("other", 2048)).toEqual({});
+    expect(ggmlGemvShape("cpu", 2048)).toEqual({ workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 });
+    expect([gemvDeviceKind({ type: 4, vendorId: 0x10005 }), gemvDeviceKind({ type: 2, vendorId: 0x10de }), gemvDeviceKind({ type: 1, vendorId: 0x1002 })]).toEqual(["cpu", "nvidia", "other"]);
+    using k = new GgmlGemvKernel(device, "Q4_K", ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS));
     expect([k.workgroupSize, k.rowsPerWorkgroup]).toEqual([32, 4]);
   });
 
   test("other kernel shapes: shared-memory tree (no subgroup ops), 1 token a chunk, 8 tokens a chunk", () => {
     const shapes: [GgmlBlockType, GgmlGemvKernelOptions][] = [
       ["Q4_K", { useSubgroup: false, workgroupSize: 16, rowsPerWorkgroup: 3, tokensPerChunk: 3 }],
-      ["Q6_K", { ...ggmlGemvShape(false, 4096), tokensPerChunk: 1 }], // the graphs' GPU shape below lm_head's rows: 64 x 2
+      ["Q6_K", { ...ggmlGemvShape("nvidia", 4096), tokensPerChunk: 1 }], // the graphs' NVIDIA shape below lm_head's rows: 64 x 2
       ["Q5_0", { workgroupSize: 16, rowsPerWorkgroup: 1, tokensPerChunk: 8 }], // 18 KiB of staged x
     ];
     let seed = 7;

@@ -50,10 +50,17 @@ export interface GgmlGemvShape {
   tokensPerChunk?: number;
 }
 
-/** The graphs' GGML GEMV shape for a matrix of `rows` rows on a CPU device or a GPU (undefined fields: the kernel's defaults). */
-export function ggmlGemvShape(cpuDevice: boolean, rows: number): GgmlGemvShape {
-  if (cpuDevice) return { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 };
-  return rows < GGML_GEMV_WIDE_ROWS ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : {};
+/** Which shape table a device takes: a CPU device (Lavapipe), an NVIDIA GPU (where the shapes were measured), any other GPU. */
+export type GemvDeviceKind = "cpu" | "nvidia" | "other";
+
+export function gemvDeviceKind(d: { type: number; vendorId: number }): GemvDeviceKind {
+  return d.type === 4 ? "cpu" : d.vendorId === 0x10de ? "nvidia" : "other";
+}
+
+/** The graphs' GGML GEMV shape for a matrix of `rows` rows (undefined fields: the kernel's defaults, 32 x 4). */
+export function ggmlGemvShape(kind: GemvDeviceKind, rows: number): GgmlGemvShape {
+  if (kind === "cpu") return { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 };
+  return kind === "nvidia" && rows < GGML_GEMV_WIDE_ROWS ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : {};
 }
 
 /**
@@ -192,13 +199,14 @@ export class LinearKernels implements Disposable {
 
   /**
    * The GGML GEMVs' shape. CPU device: one subgroup of 8 threads a workgroup as above, 4 rows and
-   * 1 token a chunk (LLVM compiles the unrolled 8 x 2 in 20 s). GPU: 64 threads x 2 rows for
-   * matrices of fewer than GGML_GEMV_WIDE_ROWS rows, the kernel's default 32 x 4 for more (lm_head).
+   * 1 token a chunk (LLVM compiles the unrolled 8 x 2 in 20 s). NVIDIA: 64 threads x 2 rows for
+   * matrices of fewer than GGML_GEMV_WIDE_ROWS rows, the kernel's default 32 x 4 for more (lm_head);
+   * other GPUs (not measured) keep 32 x 4.
    * H200, 2026-12-04 (profile:graph, Qwen3-30B-like Q4_K_M 8 layers, decode, µs a layer at
    * 32 x 4 / 64 x 2): q, k, v 13.1 / 8.6, o 17.3 / 9.0; lm_head (151936 rows) 108 / 122.
    */
   private ggmlOptions(rows: number): GgmlGemvShape & { maxSets: number } {
-    return { maxSets: 256, ...ggmlGemvShape(this.shape !== undefined, rows) };
+    return { maxSets: 256, ...ggmlGemvShape(gemvDeviceKind(this.device.info), rows) };
   }
 
   [Symbol.dispose](): void {

@@ -33,7 +33,7 @@ import { openGguf } from "../src/formats/gguf.ts";
 import type { GgufFile } from "../src/formats/tensor.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
-import { DeviceGgmlMatrix, GGML_IDP_GROUP, GgmlIdpScratch, type QuantizedRows } from "../src/kernels/decoder/ggml-gemv.ts";
+import { DeviceGgmlMatrix, GGML_IDP_GROUP, GgmlIdpScratch, QuantizedRowsBuffers } from "../src/kernels/decoder/ggml-gemv.ts";
 import { GemmSplitScratch } from "../src/kernels/decoder/quant-gemm.ts";
 import { DEC_GEMM_GGML_IDP, IDP_PIPELINES } from "../src/kernels/shaders.ts";
 import { DeviceLinear, GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
@@ -83,12 +83,8 @@ function exactGemm(w: GgmlBlockTensor, xd: Float64Array, S: number): Float64Arra
   return y;
 }
 
-/** Quantized rows for S tokens of `cols` in plain device buffers (no GgmlIdpScratch: S may pass its 64). */
-function quantizedRows(cols: number, S: number): QuantizedRows & Disposable {
-  const groups = (S * cols) / GGML_IDP_GROUP;
-  const [xq, xscale, xsum] = [S * cols, 4 * groups, 4 * groups].map((bytes) => new Buffer(device, { size: BigInt(bytes), memory: "device" })) as [Buffer, Buffer, Buffer];
-  return { xq, xscale, xsum, [Symbol.dispose]: () => [xq, xscale, xsum].forEach((b) => b[Symbol.dispose]()) };
-}
+/** Quantized rows for S tokens of `cols` (not a GgmlIdpScratch: S may pass its 64). */
+const quantizedRows = (cols: number, S: number) => new QuantizedRowsBuffers(device, S * cols);
 
 /** Runs `record` over x (placed at xOffset) and a sentinel-guarded y (at yOffset); returns y [S, rows]. */
 function runOnGpu(w: GgmlBlockTensor, x: Float32Array, S: number, xOffset: number, yOffset: number, record: (m: DeviceGgmlMatrix, xb: Buffer, yb: Buffer) => void): Float32Array {

@@ -23,7 +23,7 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
-import { GGML_IDP_GROUP, type QuantizedRows } from "../src/kernels/decoder/ggml-gemv.ts";
+import { GGML_IDP_GROUP, QuantizedRowsBuffers } from "../src/kernels/decoder/ggml-gemv.ts";
 import { GemmSplitScratch, QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../src/kernels/decoder/quant-gemm-idp.ts";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
@@ -73,12 +73,8 @@ function exactGemm(m: QuantMatrix, xd: Float64Array, S: number): Float64Array {
   return y;
 }
 
-/** Quantized rows for S tokens in plain device buffers (S may pass a GgmlIdpScratch's 64). */
-function quantizedRows(cols: number, S: number): QuantizedRows & Disposable {
-  const groups = (S * cols) / GGML_IDP_GROUP;
-  const [xq, xscale, xsum] = [S * cols, 4 * groups, 4 * groups].map((bytes) => new Buffer(device, { size: BigInt(bytes), memory: "device" })) as [Buffer, Buffer, Buffer];
-  return { xq, xscale, xsum, [Symbol.dispose]: () => [xq, xscale, xsum].forEach((b) => b[Symbol.dispose]()) };
-}
+/** Quantized rows for S tokens of `cols` (not a GgmlIdpScratch: S may pass its 64). */
+const quantizedRows = (cols: number, S: number) => new QuantizedRowsBuffers(device, S * cols);
 
 /** Runs `record` over x (at xOffset) and a sentinel-guarded y (at yOffset); returns y [S, rows]. */
 function runOnGpu(m: QuantMatrix, x: Float32Array, S: number, xOffset: number, yOffset: number, record: (d: DeviceMatrix, xb: Buffer, yb: Buffer) => void): Float32Array {

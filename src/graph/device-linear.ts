@@ -162,7 +162,6 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
-  /** The decode GEMV of a GGML type for a matrix of `rows` rows (its shape: ggmlOptions). */
   gemmIdpKernel(m: QuantLinear["matrix"]): QuantGemmIdpKernel {
     const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
     let k = this.gemmIdp.get(key);
@@ -170,6 +169,7 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
+  /** The decode GEMV of a GGML type for a matrix of `rows` rows (its shape: ggmlOptions). */
   ggmlKernel(type: GgmlBlockType, rows: number): GgmlGemvKernel {
     const options = this.ggmlOptions(rows), key = `${type}/${options.workgroupSize ?? 0}x${options.rowsPerWorkgroup ?? 0}`;
     let k = this.ggml.get(key);
@@ -339,11 +339,12 @@ export class DeviceLinear implements Disposable {
    * this): a matrix that takes it runs its GEMV or GEMM alone. Returns the dispatches recorded.
    */
   recordFrom(cb: CommandBuffer, x: Buffer, quantized: GgmlIdpScratch | undefined, y: Buffer, S = 1): number {
-    if (quantized && quantized.cols === this.cols && quantized.maxTokens >= S && this.matrix && this.takesQuantized(S)) {
+    const takes = quantized && quantized.cols === this.cols && quantized.maxTokens >= S && this.takesQuantized(S);
+    if (takes && this.matrix) {
       this.kernels.gemmIdpKernel(this.matrix.matrix as QuantLinear["matrix"]).recordQuantized(cb, { matrix: this.matrix, y, S, scratch: quantized }, this.splitFor(S));
       return 1;
     }
-    if (quantized && quantized.cols === this.cols && quantized.maxTokens >= S && this.blocks && this.takesQuantized(S)) {
+    if (takes && this.blocks) {
       const args = { matrix: this.blocks, y, S, scratch: quantized };
       if (this.ggmlPath(S) === "idp-gemv") this.kernels.ggmlIdpKernel(this.blocks.type, this.rows).recordQuantized(cb, args);
       else this.kernels.ggmlGemmIdpKernel(this.blocks.type).recordQuantized(cb, args, this.splitFor(S));

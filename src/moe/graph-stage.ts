@@ -121,9 +121,8 @@ export class QuantGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
-  /** quantize_act over h (the integer-dot down's input): I, slots, groups a row, offset 0, xq words a row. */
-  private readonly pushQuantizeH: Uint32Array | undefined;
-  private readonly quantizeHThreadsPerSlot: number = 0;
+  /** quantize_act over h (the integer-dot down's input): push I, slots, groups a row, offset 0, xq words a row; threads a slot. */
+  private readonly quantizeH: { push: Uint32Array; threadsPerSlot: number } | undefined;
   private readonly descriptors: DescriptorPool;
   private readonly groupKernel: GroupExpertsKernel;
   private readonly sets = new Map<string, bigint[]>();
@@ -172,8 +171,7 @@ export class QuantGraphStage implements MoeGraphStage {
       const words = Math.max(S * Math.ceil(D / 16) * 4, slots * Math.ceil(I / 16) * 4);
       const groups = Math.max(S * Math.ceil(D / gs), slots * Math.ceil(I / gs));
       this.quantized = { xq: buf(4 * words), xscale: buf(4 * groups), xsum: buf(4 * groups) };
-      this.pushQuantizeH = new Uint32Array([I, slots, Math.ceil(I / gs), 0, Math.ceil(I / 16) * 4]);
-      this.quantizeHThreadsPerSlot = Math.ceil(I / gs) * (gs / 4);
+      if (p.downIdp) this.quantizeH = { push: new Uint32Array([I, slots, Math.ceil(I / gs), 0, Math.ceil(I / 16) * 4]), threadsPerSlot: Math.ceil(I / gs) * (gs / 4) };
     }
     // The fused kernel's count and sums start at 0 (its last workgroup zeroes them again); the
     // rest is zeroed so that no kernel ever reads undefined memory.
@@ -216,7 +214,7 @@ export class QuantGraphStage implements MoeGraphStage {
       const q = this.quantized;
       const gateUp = [q ? q.xq : x, this.work, this.pairs, this.h, this.slotWeight, ...(q ? [q.xscale, q.xsum] : [])].map(b);
       // the integer-dot path: x quantized for gate+up, then h for down, into the same scratch
-      const down = p.downIdp && q
+      const down = p.downIdp && this.quantizeH && q
         ? [this.descriptors.allocate(p.quantize!, [this.h, q.xq, q.xscale, q.xsum].map(b)), this.descriptors.allocate(p.downIdp, this.slabs([q.xq, this.work, this.pairs, this.ypair, this.slotWeight, q.xscale, q.xsum].map(b)))]
         : [this.descriptors.allocate(p.down, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b)))];
       sets = [
@@ -275,8 +273,9 @@ export class QuantGraphStage implements MoeGraphStage {
     cb.bind(p.gateUp, sets[i++]!).pushConstants(p.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / L.rows), items);
     mark("gate+up");
     cb.barrier("computeToCompute");
-    if (p.downIdp && this.pushQuantizeH) {
-      cb.bind(p.quantize!, sets[i++]!).pushConstants(p.quantize!, this.pushQuantizeH).dispatch(Math.ceil((S * K * this.quantizeHThreadsPerSlot) / QUANTIZE_WORKGROUP));
+    const qh = this.quantizeH;
+    if (p.downIdp && qh) {
+      cb.bind(p.quantize!, sets[i++]!).pushConstants(p.quantize!, qh.push).dispatch(Math.ceil((S * K * qh.threadsPerSlot) / QUANTIZE_WORKGROUP));
       mark("quantize h");
       cb.barrier("computeToCompute").bind(p.downIdp, sets[i++]!).pushConstants(p.downIdp, L.pushDown).dispatch(Math.ceil(L.D / p.downBlockRows), items);
     } else {
@@ -294,7 +293,7 @@ export class QuantGraphStage implements MoeGraphStage {
     if (path === "by-expert" && this.rowsForGrouped) return 4;  // group, rows gate+up, rows down, sum
     // [quantize x] + gate+up + [quantize h] + down + sum (+ the regrouping)
     const p = this.layer.pipelines;
-    return 3 + (p.quantize ? 1 : 0) + (p.downIdp && this.pushQuantizeH ? 1 : 0) + (path === "by-expert" ? 1 : 0);
+    return 3 + (p.quantize ? 1 : 0) + (this.quantizeH ? 1 : 0) + (path === "by-expert" ? 1 : 0);
   }
 
   get seq(): number {

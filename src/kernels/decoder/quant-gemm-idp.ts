@@ -10,21 +10,14 @@ import { InvalidArgumentError } from "../../errors.ts";
 import type { QuantFormat } from "../../quant/types.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
-import type { Buffer } from "../../vk/memory.ts";
-import type { DeviceMatrix } from "../gemv.ts";
 import { DEC_GEMM_QUANT_IDP } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import { GGML_IDP_GROUP, GgmlIdpScratch, GgmlQuantizeKernel, type QuantizedRows } from "./ggml-gemv.ts";
-import { GEMM_ROWS, GEMM_TOKENS, type GemmSplitScratch } from "./quant-gemm.ts";
+import { checkQuantGemmCall, type GemmSplitScratch } from "./quant-gemm.ts";
+import type { QuantGemvArgs } from "./quant-gemv.ts";
 
-export interface QuantGemmIdpArgs {
-  matrix: DeviceMatrix;
-  /** f32 [S][cols] at xOffset (floats): quantized into `scratch` first (record; recordQuantized does not read it). */
-  x: Buffer;
-  y: Buffer;
-  S: number;
-  xOffset?: number;
-  yOffset?: number;
+/** QuantGemvArgs, and where x is quantized (record quantizes it there first; recordQuantized reads only the scratch). */
+export interface QuantGemmIdpArgs extends QuantGemvArgs {
   /** x quantized in groups of 16: rows of the matrix's cols, at least S of them. */
   scratch: QuantizedRows;
 }
@@ -57,12 +50,9 @@ export class QuantGemmIdpKernel extends DecoderKernel {
   /** The GEMM alone, over x as the scratch already holds it quantized; the caller places the barrier after whatever wrote it. */
   recordQuantized(cb: CommandBuffer, a: Omit<QuantGemmIdpArgs, "x" | "xOffset">, split?: GemmSplitScratch): CommandBuffer {
     const d = a.matrix, m = d.matrix, S = a.S, sc = a.scratch;
-    this.checkArgs(a, split);
+    const [gx, gy] = this.checkArgs(a, split);
     const yOffset = a.yOffset ?? 0;
     checkRange("quant idp gemm y", a.y, yOffset, S * m.rows);
-    const gx = Math.ceil(m.rows / GEMM_ROWS), gy = Math.ceil(S / GEMM_TOKENS);
-    const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
-    if (gx > maxX) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
     const splits = split?.splits ?? 1, splitCols = split?.splitCols ?? m.cols;
     // without a split the partials' bindings are y (never read: splits is 1)
     const set = this.setFor([d.buffer, d.buffer, sc.xq, sc.xscale, sc.xsum, a.y, split?.part ?? a.y, split?.arrived ?? a.y]);
@@ -70,21 +60,17 @@ export class QuantGemmIdpKernel extends DecoderKernel {
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy, splits);
   }
 
-  private checkArgs(a: Omit<QuantGemmIdpArgs, "x" | "xOffset">, split: GemmSplitScratch | undefined): void {
+  /** Returns the grid's x, y. */
+  private checkArgs(a: Omit<QuantGemmIdpArgs, "x" | "xOffset">, split: GemmSplitScratch | undefined): [number, number] {
     const m = a.matrix.matrix, S = a.S, sc = a.scratch;
-    if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
-      throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
-    }
+    const grid = checkQuantGemmCall(this, a.matrix, S, split);
     if (m.cols % 32 !== 0) throw new InvalidArgumentError(`the integer-dot q4/q8 GEMM takes rows of a multiple of 32 columns, got ${m.cols}`);
-    if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
-    if (split && (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S)) {
-      throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
-    }
     if (sc instanceof GgmlIdpScratch && (sc.cols !== m.cols || sc.maxTokens < S)) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);
     const groups = (S * m.cols) / GGML_IDP_GROUP;
     checkRange("quant idp gemm xq", sc.xq, 0, 4 * groups);
     checkRange("quant idp gemm xscale", sc.xscale, 0, groups);
     checkRange("quant idp gemm xsum", sc.xsum, 0, groups);
+    return grid;
   }
 
   override [Symbol.dispose](): void {

@@ -95,24 +95,36 @@ export class QuantGemmKernel extends DecoderKernel {
    */
   record(cb: CommandBuffer, a: QuantGemvArgs, split?: GemmSplitScratch): CommandBuffer {
     const m = a.matrix.matrix, S = a.S;
-    if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
-      throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
-    }
-    if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
+    const [gx, gy] = checkQuantGemmCall(this, a.matrix, S, split);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     checkRange("quant gemm x", a.x, xOffset, S * m.cols);
     checkRange("quant gemm y", a.y, yOffset, S * m.rows);
-    if (split && (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S)) {
-      throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
-    }
     const d: DeviceMatrix = a.matrix;
     // without a split the partials' bindings are y (never read: splits is 1)
     const set = this.setFor([d.buffer, d.buffer, a.x, a.y, split?.part ?? a.y, split?.arrived ?? a.y]);
-    const gx = Math.ceil(m.rows / GEMM_ROWS), gy = Math.ceil(S / GEMM_TOKENS);
-    const maxX = this.device.info.limits.maxComputeWorkGroupCount[0]!;
-    if (gx > maxX) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
     const splits = split?.splits ?? 1, splitCols = split?.splitCols ?? Math.ceil(m.cols / 32) * 32;
     const pc = pushWords([m.rows, m.cols, S, m.rowWords, m.groupsPerRow, d.weightOffset / 16, d.scaleOffset / 4, xOffset, yOffset, splits, splitCols]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy, splits);
   }
+}
+
+/**
+ * The checks a q4/q8 prompt-chunk GEMM call shares (QuantGemmKernel, QuantGemmIdpKernel): the
+ * matrix's kind against the kernel's, S, the split scratch's shape, the grid. Returns the grid's x, y.
+ */
+export function checkQuantGemmCall(
+  kernel: { device: Device; format: QuantFormat; scaleF16: boolean; groupSize: number }, d: DeviceMatrix, S: number, split: GemmSplitScratch | undefined,
+): [number, number] {
+  const m = d.matrix;
+  if (m.format !== kernel.format || (m.scaleType === "f16") !== kernel.scaleF16 || m.groupSize !== kernel.groupSize) {
+    throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${kernel.format}/${kernel.scaleF16 ? "f16" : "f32"}/${kernel.groupSize} kernel`);
+  }
+  if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
+  if (split && (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S)) {
+    throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
+  }
+  const gx = Math.ceil(m.rows / GEMM_ROWS), gy = Math.ceil(S / GEMM_TOKENS);
+  const maxX = kernel.device.info.limits.maxComputeWorkGroupCount[0]!;
+  if (gx > maxX) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
+  return [gx, gy];
 }

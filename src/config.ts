@@ -17,6 +17,11 @@ const envSchema = z.strictObject({
   VKMOE_BDA: z.enum(["auto", "off"]).default("auto"),
   VKMOE_IDP: mode3.default("auto"),
   VKMOE_FLOAT_ATOMICS: z.enum(["auto", "off"]).default("auto"),
+  /**
+   * Prompt chunks' dense GEMMs on the matrix cores (VK_NV_cooperative_matrix) where the driver offers
+   * them ("on"), or never ("off", the default until they are measured faster than the f32 / integer-dot GEMMs).
+   */
+  VKMOE_COOPMAT: z.enum(["on", "off"]).default("off"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */

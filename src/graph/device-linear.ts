@@ -18,7 +18,7 @@ import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
-import { GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
+import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
@@ -93,6 +93,12 @@ export interface LinearKernelsOptions {
    * few rows on a GPU, none on a CPU device); tests pass their own to run the split GEMMs on Lavapipe.
    */
   gemmSplits?: (rows: number, cols: number) => number;
+  /**
+   * Prompt chunks (GEMM_FROM_TOKENS tokens or more) of q4/q8 and GGML block matrices on the matrix-core
+   * GEMMs (default: where the device has cooperativeMatrix enabled, VKMOE_COOPMAT; false: the f32 /
+   * integer-dot GEMMs). They take the place of both.
+   */
+  matrixCores?: boolean;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -114,6 +120,8 @@ export class LinearKernels implements Disposable {
   readonly ggmlGemmIdp: boolean;
   /** q4/q8 matrices' prompt chunks of GEMM_FROM_TOKENS .. GGML_IDP_GEMM_MAX_TOKENS tokens go through QuantGemmIdpKernel (integerDot on). */
   readonly quantGemmIdp: boolean;
+  /** Prompt chunks' GEMMs (q4/q8 and GGML blocks) run on the matrix cores (LinearKernelsOptions.matrixCores). */
+  readonly matrixCores: boolean;
   /**
    * The most tokens a matrix's call takes x quantized for (0: none), and so what every
    * quantized-x scratch holds: each matrix's own, and the norms' and attention's shared rows that
@@ -137,10 +145,13 @@ export class LinearKernels implements Disposable {
     // The GEMM on a CPU device too: measured on Lavapipe at S = 64 it is as fast as the GEMV or
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
-    this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
-    this.quantGemmIdp = this.integerDot && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");
+    this.matrixCores = options.matrixCores ?? device.enabled.cooperativeMatrix;
+    if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
+    this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && !this.matrixCores && (options.ggmlGemmIdp ?? true);
+    this.quantGemmIdp = this.integerDot && !this.matrixCores && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");
     this.quantizedTokens = this.ggmlGemmIdp || this.quantGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
-    this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols));
+    const tileRows = this.matrixCores ? COOPMAT_GEMM_ROWS : GEMM_ROWS;
+    this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols, tileRows));
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
@@ -158,7 +169,7 @@ export class LinearKernels implements Disposable {
   gemmKernel(m: QuantLinear["matrix"]): QuantGemmKernel {
     const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
     let k = this.gemm.get(key);
-    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
+    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: this.matrixCores })));
     return k;
   }
 
@@ -179,7 +190,7 @@ export class LinearKernels implements Disposable {
 
   ggmlGemmKernel(type: GgmlBlockType): GgmlGemmKernel {
     let k = this.ggmlGemmKernels.get(type);
-    if (!k) this.ggmlGemmKernels.set(type, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256 })));
+    if (!k) this.ggmlGemmKernels.set(type, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256, matrixCores: this.matrixCores })));
     return k;
   }
 

@@ -55,6 +55,7 @@ export class VulkanContext implements Disposable {
         bufferDeviceAddress: options.bufferDeviceAddress ?? env.VKMOE_BDA,
         integerDotProduct: options.integerDotProduct ?? env.VKMOE_IDP,
         floatAtomics: env.VKMOE_FLOAT_ATOMICS,
+        cooperativeMatrix: env.VKMOE_COOPMAT,
         staged: options.staged ?? env.VKMOE_STAGED,
       });
     } catch (e) {

@@ -9,7 +9,7 @@ import type { StructLayout, Values } from "./layout.ts";
 import type { PhysicalDeviceInfo } from "./physical.ts";
 import { computeQueueFamily, planMemory, type MemoryPlan } from "./select.ts";
 import {
-  VkDeviceCreateInfo, VkDeviceQueueCreateInfo, VkPhysicalDeviceFeatures2, VkPhysicalDeviceMemoryPriorityFeaturesEXT,
+  VkDeviceCreateInfo, VkDeviceQueueCreateInfo, VkPhysicalDeviceCooperativeMatrixFeaturesNV, VkPhysicalDeviceFeatures2, VkPhysicalDeviceMemoryPriorityFeaturesEXT,
   VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceSubgroupSizeControlFeatures,
   VkPhysicalDeviceVulkan11Features, VkPhysicalDeviceVulkan12Features,
 } from "./structs.ts";
@@ -21,6 +21,11 @@ export interface DeviceOptions {
   integerDotProduct?: "auto" | "on" | "off";
   /** "off" never enables VK_EXT_shader_atomic_float (VKMOE_FLOAT_ATOMICS): MoE calls of few tokens then run grouped. */
   floatAtomics?: "auto" | "off";
+  /**
+   * "on" enables VK_NV_cooperative_matrix where offered (VKMOE_COOPMAT=on): prompt chunks' GEMMs on the
+   * matrix cores. Default "off": they keep the f32 / integer-dot GEMMs.
+   */
+  cooperativeMatrix?: "on" | "off";
   /** Memory model override (VKMOE_STAGED). */
   staged?: "auto" | "on" | "off";
 }
@@ -44,6 +49,19 @@ export interface EnabledFeatures {
   storageBufferArrayDynamicIndexing: boolean;
   /** atomicAdd on float32 in storage buffers (VK_EXT_shader_atomic_float): the one-dispatch MoE call. */
   bufferFloat32AtomicAdd: boolean;
+  /**
+   * VK_NV_cooperative_matrix with the 16 x 8 x 16 f16 x f16 -> f32 subgroup shape, shaderFloat16 and
+   * the Vulkan memory model: the prompt chunks' matrix-core GEMM (src/kernels/decoder/coopmat-gemm.ts).
+   */
+  cooperativeMatrix: boolean;
+  /** Enabled wherever supported: the matrix-core GEMM's f16 tiles (and their test variant on any device). */
+  shaderFloat16: boolean;
+  vulkanMemoryModel: boolean;
+}
+
+/** The one cooperative-matrix shape the matrix-core GEMM is written for: M 16 x N 8 x K 16, f16 A and B (0), f32 C and D (1), subgroup scope (3). */
+export function offersCoopmatShape(info: PhysicalDeviceInfo): boolean {
+  return info.cooperativeMatrixShapes.some((s) => s.M === 16 && s.N === 8 && s.K === 16 && s.a === 0 && s.b === 0 && s.c === 1 && s.d === 1 && s.scope === 3);
 }
 
 export class Device implements Disposable {
@@ -102,11 +120,21 @@ export class Device implements Disposable {
     const atomicFloat = decide("shaderBufferFloat32AtomicAdd", has("VK_EXT_shader_atomic_float") && f.bufferFloat32AtomicAdd, "not supported by the driver (MoE calls of few tokens run grouped)",
       options.floatAtomics === "off" ? "VKMOE_FLOAT_ATOMICS=off" : undefined);
     if (atomicFloat) extensions.push("VK_EXT_shader_atomic_float");
+    const coopmatWhy = !has("VK_NV_cooperative_matrix") ? "VK_NV_cooperative_matrix not offered (prompt chunks keep the f32 / integer-dot GEMMs)"
+      : !f.cooperativeMatrixNV ? "VK_NV_cooperative_matrix offered without its cooperativeMatrix feature"
+      : !f.shaderFloat16 || !f.vulkanMemoryModel ? "needs shaderFloat16 and vulkanMemoryModel"
+      : info.subgroup.size !== 32 ? `the matrix-core GEMM is written for subgroups of 32, not ${info.subgroup.size}`
+      : "no 16 x 8 x 16 f16 -> f32 subgroup shape offered";
+    const coopmat = decide("cooperativeMatrix", has("VK_NV_cooperative_matrix") && f.cooperativeMatrixNV && f.shaderFloat16 && f.vulkanMemoryModel && info.subgroup.size === 32 && offersCoopmatShape(info),
+      coopmatWhy, options.cooperativeMatrix === "on" ? undefined : "off by default until measured faster (VKMOE_COOPMAT=on)", "supported (16 x 8 x 16 f16 -> f32)");
+    if (coopmat) extensions.push("VK_NV_cooperative_matrix");
+    const f16 = f.shaderFloat16, vmm = f.vulkanMemoryModel;
     this.decisions = decisions;
     this.enabled = {
       bufferDeviceAddress: bda, shaderInt64: int64, shaderInt8: int8, storageBuffer8BitAccess: s8,
       storageBuffer16BitAccess: s16, integerDotProduct: idp, subgroupSizeControl: ssc, memoryPriority: prio, memoryBudget: budget,
-      storageBufferArrayDynamicIndexing: dyn, bufferFloat32AtomicAdd: atomicFloat,
+      storageBufferArrayDynamicIndexing: dyn, bufferFloat32AtomicAdd: atomicFloat, cooperativeMatrix: coopmat,
+      shaderFloat16: f16, vulkanMemoryModel: vmm,
     };
 
     const a = this.arena;
@@ -121,8 +149,10 @@ export class Device implements Disposable {
     if (ssc) next = link(VkPhysicalDeviceSubgroupSizeControlFeatures, { subgroupSizeControl: 1, computeFullSubgroups: f.computeFullSubgroups ? 1 : 0 }, next);
     if (atomicFloat) next = link(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, { shaderBufferFloat32Atomics: 1, shaderBufferFloat32AtomicAdd: 1 }, next);
     if (idp) next = link(VkPhysicalDeviceShaderIntegerDotProductFeatures, { shaderIntegerDotProduct: 1 }, next);
+    if (coopmat) next = link(VkPhysicalDeviceCooperativeMatrixFeaturesNV, { cooperativeMatrix: 1 }, next);
     next = link(VkPhysicalDeviceVulkan12Features, {
       bufferDeviceAddress: bda ? 1 : 0, shaderInt8: int8 ? 1 : 0, storageBuffer8BitAccess: s8 ? 1 : 0, timelineSemaphore: 1,
+      shaderFloat16: f16 ? 1 : 0, vulkanMemoryModel: vmm ? 1 : 0, vulkanMemoryModelDeviceScope: vmm ? 1 : 0,
     }, next);
     next = link(VkPhysicalDeviceVulkan11Features, { storageBuffer16BitAccess: s16 ? 1 : 0 }, next);
     // Dynamic (workgroup-uniform) indexing of storage-buffer arrays: the descriptor addressing path.

@@ -160,7 +160,14 @@ export class Instance implements Disposable {
     const handles = a.alloc(8 * n);
     check("vkEnumeratePhysicalDevices", this.vk.vkEnumeratePhysicalDevices(this.handle, a.address(count), a.address(handles)));
     const got = a.view.getUint32(count, true);
-    return Array.from({ length: got }, (_, i) => queryPhysicalDevice(this.vk, a.view.getBigUint64(handles + 8 * i, true), i));
+    const instanceProc = (name: "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV") => {
+      try {
+        return this.proc(name, extensionSignatures[name]);
+      } catch {
+        return undefined;  // the loader has no such command: the device is taken without the extension
+      }
+    };
+    return Array.from({ length: got }, (_, i) => queryPhysicalDevice(this.vk, a.view.getBigUint64(handles + 8 * i, true), i, instanceProc));
   }
 
   /** Moves and returns the collected validation messages. */

@@ -6,10 +6,11 @@ import {
   VK_SUBGROUP_FEATURE_SHUFFLE_BIT,
 } from "./constants.ts";
 import { enumerate } from "./enumerate.ts";
+import type { NativeFn } from "../ffi/index.ts";
 import type { CoreCommands } from "./loader.ts";
 import type { StructLayout, Values } from "./layout.ts";
 import {
-  VkExtensionProperties, VkPhysicalDeviceDriverProperties, VkPhysicalDeviceFeatures2, VkPhysicalDeviceIDProperties,
+  VkCooperativeMatrixPropertiesNV, VkExtensionProperties, VkPhysicalDeviceCooperativeMatrixFeaturesNV, VkPhysicalDeviceDriverProperties, VkPhysicalDeviceFeatures2, VkPhysicalDeviceIDProperties,
   VkPhysicalDeviceMaintenance3Properties, VkPhysicalDeviceMaintenance4Properties, VkPhysicalDeviceMemoryBudgetPropertiesEXT,
   VkPhysicalDeviceMemoryPriorityFeaturesEXT, VkPhysicalDeviceMemoryProperties2, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, VkPhysicalDeviceProperties2,
   VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceShaderIntegerDotProductProperties,
@@ -34,6 +35,18 @@ export interface QueueFamily {
   flags: number;
   count: number;
   timestampValidBits: number;
+}
+
+/** One matrix shape VK_NV_cooperative_matrix offers (component types: VkComponentTypeNV, 0 = f16, 1 = f32; scope 3 = subgroup). */
+export interface CooperativeMatrixShape {
+  M: number;
+  N: number;
+  K: number;
+  a: number;
+  b: number;
+  c: number;
+  d: number;
+  scope: number;
 }
 
 export interface PhysicalDeviceInfo {
@@ -88,7 +101,13 @@ export interface PhysicalDeviceInfo {
     memoryPriority: boolean;
     /** VK_EXT_shader_atomic_float: atomicAdd and atomicExchange on float32 in storage buffers (the fused MoE call). */
     bufferFloat32AtomicAdd: boolean;
+    /** The Vulkan memory model with device scope (the matrix-core GEMM's split ending). */
+    vulkanMemoryModel: boolean;
+    /** VK_NV_cooperative_matrix's cooperativeMatrix feature. */
+    cooperativeMatrixNV: boolean;
   };
+  /** The shapes VK_NV_cooperative_matrix offers (empty without it). */
+  cooperativeMatrixShapes: CooperativeMatrixShape[];
   integerDotProduct: { accelerated4x8Packed: boolean; accelerated4x8PackedMixed: boolean };
   deviceLocalBytes: bigint;
 }
@@ -111,7 +130,8 @@ function chain(a: NativeArena, head: StructLayout, parts: [StructLayout, boolean
 
 const bool = (v: unknown) => v === 1;
 
-export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: number): PhysicalDeviceInfo {
+/** `instanceProc`: an instance-level extension command by name (undefined where the loader has none). */
+export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: number, instanceProc?: (name: "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV") => NativeFn | undefined): PhysicalDeviceInfo {
   using a = new NativeArena(64 << 10);
   const extensions = new Set(
     enumerate(a, VkExtensionProperties, (n, p) => vk.vkEnumerateDeviceExtensionProperties(handle, 0n, n, p), "vkEnumerateDeviceExtensionProperties")
@@ -156,6 +176,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
     [VkPhysicalDeviceSubgroupSizeControlFeatures, has("VK_EXT_subgroup_size_control")],
     [VkPhysicalDeviceMemoryPriorityFeaturesEXT, extensions.has("VK_EXT_memory_priority")],
     [VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, extensions.has("VK_EXT_shader_atomic_float")],
+    [VkPhysicalDeviceCooperativeMatrixFeaturesNV, extensions.has("VK_NV_cooperative_matrix")],
   ]);
   vk.vkGetPhysicalDeviceFeatures2(handle, a.address(feats.head));
   const f10 = VkPhysicalDeviceFeatures2.read(a.view, feats.head).features as Values;
@@ -165,6 +186,8 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
   const fSsc = read(VkPhysicalDeviceSubgroupSizeControlFeatures, feats.at);
   const fPrio = read(VkPhysicalDeviceMemoryPriorityFeaturesEXT, feats.at);
   const fAtomicFloat = read(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, feats.at);
+  const fCoopmat = read(VkPhysicalDeviceCooperativeMatrixFeaturesNV, feats.at);
+  const cooperativeMatrixShapes = bool(fCoopmat?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, instanceProc?.("vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")) : [];
 
   const mem = chain(a, VkPhysicalDeviceMemoryProperties2, [[VkPhysicalDeviceMemoryBudgetPropertiesEXT, extensions.has("VK_EXT_memory_budget")]]);
   vk.vkGetPhysicalDeviceMemoryProperties2(handle, a.address(mem.head));
@@ -243,11 +266,36 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
       computeFullSubgroups: bool(fSsc?.computeFullSubgroups),
       memoryPriority: bool(fPrio?.memoryPriority),
       bufferFloat32AtomicAdd: bool(fAtomicFloat?.shaderBufferFloat32AtomicAdd) && bool(fAtomicFloat?.shaderBufferFloat32Atomics),
+      vulkanMemoryModel: bool(f12.vulkanMemoryModel) && bool(f12.vulkanMemoryModelDeviceScope),
+      cooperativeMatrixNV: bool(fCoopmat?.cooperativeMatrix),
     },
+    cooperativeMatrixShapes,
     integerDotProduct: {
       accelerated4x8Packed: bool(idp?.integerDotProduct4x8BitPackedSignedAccelerated),
       accelerated4x8PackedMixed: bool(idp?.integerDotProduct4x8BitPackedMixedSignednessAccelerated),
     },
     deviceLocalBytes: heaps.filter((h) => h.deviceLocal).reduce((s, h) => s + h.size, 0n),
   };
+}
+
+/** vkGetPhysicalDeviceCooperativeMatrixPropertiesNV's list (each item's sType written before the call that fills it). */
+function queryCooperativeMatrixShapes(a: NativeArena, handle: bigint, query: NativeFn | undefined): CooperativeMatrixShape[] {
+  if (!query) return [];
+  for (;;) {
+    using _ = a.scope();
+    const count = a.alloc(4, 4);
+    if (query(handle, a.address(count), 0n) !== 0) return [];
+    const n = a.view.getUint32(count, true);
+    if (n === 0) return [];
+    const L = VkCooperativeMatrixPropertiesNV;
+    const items = a.alloc(L.size * n, L.align);
+    for (let i = 0; i < n; i++) L.write(a.view, items + i * L.size, {});
+    const r = query(handle, a.address(count), a.address(items)) as number;
+    if (r === 5 /* VK_INCOMPLETE */) continue;
+    if (r !== 0) return [];
+    return Array.from({ length: a.view.getUint32(count, true) }, (_, i) => {
+      const v = L.read(a.view, items + i * L.size);
+      return { M: v.MSize, N: v.NSize, K: v.KSize, a: v.AType, b: v.BType, c: v.CType, d: v.DType, scope: v.scope } as CooperativeMatrixShape;
+    });
+  }
 }

@@ -511,6 +511,27 @@ export const VkPhysicalDeviceShaderAtomicFloatFeaturesEXT = struct("VkPhysicalDe
   sparseImageFloat32AtomicAdd: "u32",
 }, { sType: 1000260000 });
 
+/** VK_NV_cooperative_matrix: the matrix-core GEMM (glslang 12 emits only the NV extension's SPIR-V). */
+export const VkPhysicalDeviceCooperativeMatrixFeaturesNV = struct("VkPhysicalDeviceCooperativeMatrixFeaturesNV", {
+  sType: "u32",
+  pNext: "ptr",
+  cooperativeMatrix: "u32",
+  cooperativeMatrixRobustBufferAccess: "u32",
+}, { sType: 1000249000 });
+
+export const VkCooperativeMatrixPropertiesNV = struct("VkCooperativeMatrixPropertiesNV", {
+  sType: "u32",
+  pNext: "ptr",
+  MSize: "u32",
+  NSize: "u32",
+  KSize: "u32",
+  AType: "u32",
+  BType: "u32",
+  CType: "u32",
+  DType: "u32",
+  scope: "u32",
+}, { sType: 1000249001 });
+
 export const VkDeviceQueueCreateInfo = struct("VkDeviceQueueCreateInfo", {
   sType: "u32",
   pNext: "ptr",

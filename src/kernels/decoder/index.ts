@@ -6,9 +6,9 @@ export { ARGMAX_NONE, DEC_ARGMAX, ArgmaxKernel, type ArgmaxArgs, type ArgmaxKern
 export { DEC_TOPK, TOPK_MAX, TopKKernel, type TopKArgs, type TopKKernelOptions } from "./topk.ts";
 export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions } from "./attention.ts";
 export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type GemvHalfKernelOptions, type HalfDType } from "./gemv-half.ts";
-export { DEC_GEMM_QUANT, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel } from "./quant-gemm.ts";
+export { COOPMAT_GEMM_ROWS, DEC_GEMM_QUANT, DEC_GEMM_QUANT_CM, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel, type ChunkGemmOptions } from "./quant-gemm.ts";
 export { QuantGemmIdpKernel, type QuantGemmIdpArgs } from "./quant-gemm-idp.ts";
-export { DEC_GEMM_GGML, GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmKernel, type GgmlGemmArgs } from "./ggml-gemm.ts";
+export { DEC_GEMM_GGML, DEC_GEMM_GGML_CM, GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmKernel, type GgmlGemmArgs } from "./ggml-gemm.ts";
 export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs, type GroupExpertsKernelOptions } from "./group-experts.ts";
 export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type RouteArgs, type RouteKernelOptions } from "./route.ts";
 export { CONV1D_MAX_KERNEL, CONV1D_MAX_S, Conv1dKernel, DEC_CONV1D, type Conv1dArgs, type Conv1dKernelOptions } from "./conv1d.ts";

@@ -22,22 +22,51 @@ import type { QuantGemvArgs } from "./quant-gemv.ts";
 
 /** weights `uint[]`, scales `uint[]` (the same DeviceMatrix buffer), x, y, partial tiles, arrival words; push as the GEMV's + splits, splitCols: 44 B. */
 export const DEC_GEMM_QUANT: ShaderInterface = { name: "dec_gemm_quant", storageBuffers: 6, pushConstantBytes: 44 };
+/** The same on the matrix cores (shaders/dec_gemm_quant_cm.comp, gemm_coopmat_tile.glsl): bindings and push constants as dec_gemm_quant's. */
+export const DEC_GEMM_QUANT_CM: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cm" };
+/** Its test variant: the same tiles with plain sums in place of the matrix products (dec_gemm_quant_cm_emu.comp). */
+export const DEC_GEMM_QUANT_CM_EMU: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cm_emu" };
 /** Rows and tokens of one workgroup's tile. */
 export const GEMM_ROWS = 32;
 export const GEMM_TOKENS = 64;
+/** Rows of the matrix-core GEMMs' tile (tokens: GEMM_TOKENS). */
+export const COOPMAT_GEMM_ROWS = 64;
+
+export interface ChunkGemmOptions extends DecoderKernelOptions {
+  /**
+   * true: on the matrix cores (the device's cooperativeMatrix feature): 64-row tiles, weights and x
+   * rounded to f16 for the products, f32 sums. "emulated" (tests): the same tiles and f16 rounding with
+   * plain sums in place of the matrix products, on any device with shaderFloat16 and the Vulkan memory
+   * model. Default false: the f32 tiles.
+   */
+  matrixCores?: boolean | "emulated";
+}
+
+/** The shader and tile rows of a chunk GEMM, checked against the device's features. */
+export function chunkGemmTile(
+  device: Device, shaders: { f32: ShaderInterface; cm: ShaderInterface; emulated: ShaderInterface }, matrixCores: boolean | "emulated" | undefined,
+): { shader: ShaderInterface; tileRows: number } {
+  if (!matrixCores) return { shader: shaders.f32, tileRows: GEMM_ROWS };
+  if (matrixCores === "emulated") {
+    if (!device.enabled.shaderFloat16 || !device.enabled.vulkanMemoryModel) throw new InvalidArgumentError(`the emulated matrix-core GEMM needs shaderFloat16 and vulkanMemoryModel, not enabled on ${device.info.name}`);
+    return { shader: shaders.emulated, tileRows: COOPMAT_GEMM_ROWS };
+  }
+  if (!device.enabled.cooperativeMatrix) throw new InvalidArgumentError(`the matrix-core GEMM needs VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
+  return { shader: shaders.cm, tileRows: COOPMAT_GEMM_ROWS };
+}
 
 /** Workgroups a split call aims at (a few per core on a large GPU), and the fewest columns a split run takes. */
 const SPLIT_TARGET_WORKGROUPS = 256;
 const SPLIT_MIN_COLS = 512;
 
 /**
- * Column runs for a chunk GEMM of `rows` x `cols` (one token tile): enough for about
+ * Column runs for a chunk GEMM of `rows` x `cols` (one token tile of tiles of `tileRows` rows): enough for about
  * SPLIT_TARGET_WORKGROUPS workgroups, each run at least SPLIT_MIN_COLS columns; 1 on a CPU device
  * (its cores are few: the tiles already fill them) and for matrices with tiles enough.
  */
-export function gemmSplits(device: Device, rows: number, cols: number): number {
+export function gemmSplits(device: Device, rows: number, cols: number, tileRows = GEMM_ROWS): number {
   if (device.info.type === 4) return 1;
-  const tiles = Math.ceil(rows / GEMM_ROWS);
+  const tiles = Math.ceil(rows / tileRows);
   return Math.max(1, Math.min(Math.ceil(SPLIT_TARGET_WORKGROUPS / tiles), Math.floor(cols / SPLIT_MIN_COLS)));
 }
 
@@ -51,8 +80,9 @@ export function splitRuns(cols: number, splits: number, blockCols = 32): { split
 }
 
 /**
- * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] and a word per tile (zero
- * between calls: the last workgroup of a tile resets it). `blockCols`: what a run's columns are a
+ * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] (or [64 x 64] for the
+ * matrix-core GEMMs: room for either) and a word per tile (zero between calls: the last workgroup
+ * of a tile resets it). `blockCols`: what a run's columns are a
  * multiple of (splitRuns); the runs may come out fewer than asked, but at least 2.
  */
 export class GemmSplitScratch implements Disposable {
@@ -65,7 +95,8 @@ export class GemmSplitScratch implements Disposable {
     if (!Number.isInteger(splits) || splits < 2) throw new InvalidArgumentError(`a split scratch needs 2 or more splits, got ${splits}`);
     ({ splits: this.splits, splitCols: this.splitCols } = splitRuns(cols, splits, blockCols));
     if (this.splits < 2) throw new InvalidArgumentError(`${cols} columns in runs of whole ${blockCols}-column blocks leave 1 run for ${splits} splits`);
-    const tiles = Math.ceil(rows / GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS);
+    // 32-row tiles of rows rounded up to 64: the matrix-core GEMM's 64-row tiles fit too
+    const tiles = 2 * Math.ceil(rows / COOPMAT_GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS);
     this.part = new Buffer(device, { size: BigInt(4 * tiles * this.splits * GEMM_ROWS * GEMM_TOKENS), memory: "device" });
     try {
       this.arrived = new Buffer(device, { size: BigInt(Math.max(16, 4 * tiles)), memory: "device" });
@@ -82,11 +113,16 @@ export class GemmSplitScratch implements Disposable {
   }
 }
 
-/** One pipeline per (format, scale type, group size), as QuantGemvKernel. */
+/** One pipeline per (format, scale type, group size), as QuantGemvKernel; f32 tiles or the matrix cores' (options.matrixCores). */
 export class QuantGemmKernel extends DecoderKernel {
-  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: DecoderKernelOptions = {}) {
+  /** Rows of one workgroup's tile. */
+  readonly tileRows: number;
+
+  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: ChunkGemmOptions = {}) {
     if (![32, 64, 128].includes(groupSize)) throw new InvalidArgumentError(`groupSize must be 32, 64 or 128, got ${groupSize}`);
-    super(device, DEC_GEMM_QUANT, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize }, options);
+    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: DEC_GEMM_QUANT_CM, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
+    super(device, shader, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize }, options);
+    this.tileRows = tileRows;
   }
 
   /**
@@ -113,7 +149,7 @@ export class QuantGemmKernel extends DecoderKernel {
  * matrix's kind against the kernel's, S, the split scratch's shape, the grid. Returns the grid's x, y.
  */
 export function checkQuantGemmCall(
-  kernel: { device: Device; format: QuantFormat; scaleF16: boolean; groupSize: number }, d: DeviceMatrix, S: number, split: GemmSplitScratch | undefined,
+  kernel: { device: Device; format: QuantFormat; scaleF16: boolean; groupSize: number; tileRows?: number }, d: DeviceMatrix, S: number, split: GemmSplitScratch | undefined,
 ): [number, number] {
   const m = d.matrix;
   if (m.format !== kernel.format || (m.scaleType === "f16") !== kernel.scaleF16 || m.groupSize !== kernel.groupSize) {
@@ -123,7 +159,7 @@ export function checkQuantGemmCall(
   if (split && (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S)) {
     throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
   }
-  const gx = Math.ceil(m.rows / GEMM_ROWS), gy = Math.ceil(S / GEMM_TOKENS);
+  const gx = Math.ceil(m.rows / (kernel.tileRows ?? GEMM_ROWS)), gy = Math.ceil(S / GEMM_TOKENS);
   const maxX = kernel.device.info.limits.maxComputeWorkGroupCount[0]!;
   if (gx > maxX) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
   return [gx, gy];

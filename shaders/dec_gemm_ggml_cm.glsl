@@ -1,0 +1,89 @@
+// dec_gemm_ggml_cm.glsl: the body of dec_gemm_ggml_cm.comp and dec_gemm_ggml_cm_emu.comp (the test variant: CM_EMULATE).
+// dec_gemm_ggml_cm: dec_gemm_ggml (y[s, o] = sum_i W[o, i] * x[s, i], a prompt chunk straight from a
+// GGML block tensor) on the matrix cores: gemm_coopmat_tile.glsl's 64 x 64 tiles, each step one
+// 32-weight slice of every row (ggml_blocks.glsl: GGML's weights, then rounded to f16 for the
+// products), x converted to f16 in the slice's column order once per 64 rows. Bindings, push
+// constants and rules are dec_gemm_ggml's (GgmlGemmKernel records both): I a multiple of the block's
+// elements, xOffset % 4 == 0, rows past O read row O - 1 and tokens past S read x as 0 (computed,
+// never stored), splits over the columns in runs of whole blocks with the same scratch (64-row tiles).
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint FORMAT = 3u;  // GGML_FMT_*
+
+layout(std430, binding = 0) readonly restrict buffer WB { uint wb[]; };
+layout(std430, binding = 0) readonly restrict buffer WV { uvec4 wv[]; };
+layout(std430, binding = 1) readonly restrict buffer XV { vec4 xv[]; };
+layout(std430, binding = 2) writeonly restrict buffer YB { float yb[]; };
+
+layout(push_constant, std430) uniform PC {
+    uint O;
+    uint I;            // a multiple of the block's elements
+    uint S;
+    uint blockOffset;  // bytes
+    uint xOffset;      // floats, a multiple of 4
+    uint yOffset;      // floats
+    uint splits;       // column runs a tile is split into (grid z); 1: no split
+    uint splitCols;    // columns a run, a multiple of the block's elements
+} pc;
+
+#define GGML_WORD(i) wb[i]
+#define GGML_VEC4(i) wv[i]
+#include "ggml_blocks.glsl"
+#define SPLIT_PART_BINDING 3
+#define SPLIT_ARRIVED_BINDING 4
+#include "gemm_coopmat_tile.glsl"
+
+const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
+const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
+const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
+const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to its second
+
+// Threads 0..63 each dequantize row t's slice of a step; every thread loads 4 x vec4s.
+uint rowAddr;
+uvec4 nextQ0, nextQ1;
+vec2 nextD, nextM;
+vec4 nextX[4];
+
+void cmLoad(uint u) {
+    const uint t = gl_LocalInvocationIndex;
+    const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+    if (t < BM) ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0, nextQ1, nextD, nextM);
+    const uint c0 = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+    // x: 64 tokens x the slice's 32 columns (8 vec4s a token: 4 of run 0, then 4 of run 1)
+    [[unroll]] for (uint m = 0u; m < 4u; m++) {
+        const uint e = t + 128u * m;
+        const uint tok = e / 8u, v = e % 8u;
+        const uint col = c0 + (v / 4u) * GAP + (v % 4u) * 4u;
+        const uint sIdx = gl_WorkGroupID.y * BN + tok;
+        nextX[m] = sIdx < pc.S ? xv[(pc.xOffset + sIdx * pc.I + col) >> 2u] : vec4(0.0);
+    }
+}
+
+void cmStore() {
+    const uint t = gl_LocalInvocationIndex;
+    if (t < BM) {
+        float w[32];
+        ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
+        [[unroll]] for (uint k = 0u; k < BK; k++) wTile[t * LDS + k] = float16_t(w[k]);
+    }
+    [[unroll]] for (uint m = 0u; m < 4u; m++) {
+        const uint e = t + 128u * m;
+        const uint tok = e / 8u, c = (e % 8u) * 4u;
+        [[unroll]] for (uint q = 0u; q < 4u; q++) XT(tok, c + q) = float16_t(nextX[m][q]);
+    }
+}
+
+void main() {
+    const uint t = gl_LocalInvocationIndex;
+    const uint rowBytes = (pc.I / BLOCK_ELEMENTS) * BLOCK_BYTES;
+    rowAddr = pc.blockOffset + min(gl_WorkGroupID.x * BM + t % BM, pc.O - 1u) * rowBytes;
+    const uint uBegin = gl_WorkGroupID.z * (pc.splitCols / 32u);
+    const uint uEnd = min(pc.I / 32u, uBegin + pc.splitCols / 32u);
+    cmTile(uBegin, uEnd);
+    if (pc.splits > 1u) {  // uniform
+        if (!cmLastSplit(pc.splits)) return;
+    }
+    cmWrite(pc.O, pc.S, pc.yOffset);
+}

@@ -12,7 +12,9 @@
  *   bit for bit: the arrival words back at 0).
  *   Bound: NMSE <= 1e-5. The products' inputs are rounded to f16 (relative error <= 2^-11 each, the
  *   sums f32): random data gives NMSE ~1e-7; one wrong weight in 4096 ~2.5e-4.
- * - DeviceLinear on such a device sends prompt chunks to it by default and decode to the GEMVs.
+ * - DeviceLinear with the matrix cores sends prompt chunks to them and decode to the GEMVs; by default
+ *   LinearKernels takes them only where the feature is on and the self-check (coopmat-check.ts) passes;
+ *   the self-check itself, on the emulated kernel: within its bound, and failing a bound below it.
  * - Where the device has no cooperative matrices (Lavapipe: Mesa 22.3 offers none) the real kernels'
  *   cases are skipped with the device's reason printed, and the decision is checked: LinearKernels
  *   keeps the f32 / integer-dot GEMMs, and asking for the matrix cores is refused with a typed error.
@@ -25,6 +27,7 @@ import { InvalidArgumentError } from "../src/errors.ts";
 import { DeviceLinear, LinearKernels } from "../src/graph/device-linear.ts";
 import { GraphUnsupportedError } from "../src/graph/errors.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
+import { COOPMAT_CHECK_BOUND, coopmatSelfCheck } from "../src/kernels/decoder/coopmat-check.ts";
 import { GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix } from "../src/kernels/decoder/ggml-gemv.ts";
 import { COOPMAT_GEMM_ROWS, GemmSplitScratch, QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
@@ -201,7 +204,7 @@ describe("dec_gemm_ggml_cm vs the CPU (f64 over dequantizeGgml; NMSE <= 1e-5)", 
 
 describe.skipIf(!on)("DeviceLinear on a device with cooperative matrices", () => {
   test("prompt chunks of Q4_0-like (q4) and Q4_K matrices take the matrix-core GEMM by default, decode the GEMV; both within the bound of the CPU", () => {
-    using lk = new LinearKernels(device);
+    using lk = new LinearKernels(device, { matrixCores: true });
     expect([lk.matrixCores, lk.ggmlGemmIdp, lk.quantGemmIdp]).toEqual([true, false, false]);
     const q = quantize({ dtype: "f32", data: randomGaussianF32(70 * 512, seed++) }, 70, 512, { format: "q4", scaleType: "f16", groupSize: 32 });
     const t = randomGgmlTensor("Q4_K", 70, 2, seed++);
@@ -221,10 +224,21 @@ describe.skipIf(!on)("DeviceLinear on a device with cooperative matrices", () =>
 });
 
 describe("the matrix-core decision", () => {
-  test("the GEMMs' tile and LinearKernels follow device.enabled.cooperativeMatrix; asking for the matrix cores without it is refused", () => {
+  test("the self-check (coopmat-check.ts): the emulated kernel passes within its bound, and fails it with a reason when the bound is below its f16 rounding", () => {
+    const pass = coopmatSelfCheck(device, "emulated");
+    expect(pass.ok).toBe(true);
+    expect(pass.nmse).toBeGreaterThan(0);
+    expect(pass.nmse).toBeLessThanOrEqual(COOPMAT_CHECK_BOUND);
+    const fail = coopmatSelfCheck(device, "emulated", 1e-12);
+    expect(fail.ok).toBe(false);
+    expect(fail.why).toMatch(/failed its self-check on .*NMSE/);
+    console.log(`  self-check (emulated): NMSE ${pass.nmse.toExponential(2)}${on ? `; the real kernel: ${coopmatSelfCheck(device).why}` : ""}`);
+  }, 120_000);
+
+  test("the GEMMs' tile and LinearKernels follow device.enabled.cooperativeMatrix and the self-check; asking for the matrix cores without the feature is refused", () => {
     expect(COOPMAT_GEMM_ROWS).toBe(64);
     using lk = new LinearKernels(device);
-    expect(lk.matrixCores).toBe(on);
+    expect(lk.matrixCores).toBe(on && coopmatSelfCheck(device).ok);
     if (on) {
       expect(quantKernel(quantize({ dtype: "f32", data: randomGaussianF32(64, 1) }, 2, 32, { format: "q8", scaleType: "f16", groupSize: 32 })).tileRows).toBe(64);
       expect(ggmlKernel("Q6_K").tileRows).toBe(64);

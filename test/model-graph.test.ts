@@ -108,7 +108,7 @@ describe("resident: the whole token on the GPU equals the CPU decoder", () => {
 });
 
 describe("prompt chunks of q4/q8 matrices on the integer-dot GEMM (VKMOE_QUANT_GEMM_IDP)", () => {
-  test("on: the integer-dot GEMM; the chunk's logits differ from the float GEMM's (off, the default), both within 5e-3 of the CPU decoder", async () => {
+  test("on: the integer-dot GEMM; the chunk's logits differ from the float GEMM's (off), both within 5e-3 of the CPU decoder", async () => {
     const ps = prompts();
     using idpOn = processEnv("VKMOE_IDP", "on"); // the graphs' linear kernels take the integer-dot decision from the process env
     using gemmOn = processEnv("VKMOE_QUANT_GEMM_IDP", "on"); // and this switch

@@ -20,6 +20,7 @@ import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, G
 import { planKernels } from "../kernels/setup.ts";
 import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
+import { coopmatSelfCheck } from "../kernels/decoder/coopmat-check.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -84,8 +85,9 @@ export interface LinearKernelsOptions {
   ggmlGemmIdp?: boolean;
   /**
    * Where integerDot is on: q4/q8 matrices' (Q4_0 / Q8_0 files') prompt chunks of GEMM_FROM_TOKENS ..
-   * GGML_IDP_GEMM_MAX_TOKENS tokens through the integer-dot GEMM (QuantGemmIdpKernel; default: only
-   * with VKMOE_QUANT_GEMM_IDP=on, as it is not yet timed against the float GEMM on a GPU; false: the float GEMM).
+   * GGML_IDP_GEMM_MAX_TOKENS tokens through the integer-dot GEMM (QuantGemmIdpKernel; default
+   * VKMOE_QUANT_GEMM_IDP, on: bench:gemm-pool timed it 1.19-1.35x the float GEMM on every Qwen3.6-like
+   * matrix, H200, 2026-12-04; false: the float GEMM).
    */
   quantGemmIdp?: boolean;
   /**
@@ -95,10 +97,22 @@ export interface LinearKernelsOptions {
   gemmSplits?: (rows: number, cols: number) => number;
   /**
    * Prompt chunks (GEMM_FROM_TOKENS tokens or more) of q4/q8 and GGML block matrices on the matrix-core
-   * GEMMs (default: where the device has cooperativeMatrix enabled, VKMOE_COOPMAT; false: the f32 /
-   * integer-dot GEMMs). They take the place of both.
+   * GEMMs (default: where the device has cooperativeMatrix enabled, VKMOE_COOPMAT=on, and the kernel
+   * passes its self-check, coopmat-check.ts; false: the f32 / integer-dot GEMMs). They take the place of both.
    */
   matrixCores?: boolean;
+}
+
+const warned = new WeakSet<Device>();
+
+/** The matrix-core GEMM's self-check on this device (coopmat-check.ts), with one line on stderr the first time it fails. */
+function matrixCoresPass(device: Device): boolean {
+  const check = coopmatSelfCheck(device);
+  if (!check.ok && !warned.has(device)) {
+    warned.add(device);
+    console.error(`vkmoe: ${check.why}: prompt chunks keep the f32 / integer-dot GEMMs`);
+  }
+  return check.ok;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -145,7 +159,7 @@ export class LinearKernels implements Disposable {
     // The GEMM on a CPU device too: measured on Lavapipe at S = 64 it is as fast as the GEMV or
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
-    this.matrixCores = options.matrixCores ?? device.enabled.cooperativeMatrix;
+    this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
     if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && !this.matrixCores && (options.ggmlGemmIdp ?? true);
     this.quantGemmIdp = this.integerDot && !this.matrixCores && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");

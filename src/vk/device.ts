@@ -126,7 +126,7 @@ export class Device implements Disposable {
       : info.subgroup.size !== 32 ? `the matrix-core GEMM is written for subgroups of 32, not ${info.subgroup.size}`
       : "no 16 x 8 x 16 f16 -> f32 subgroup shape offered";
     const coopmat = decide("cooperativeMatrix", has("VK_NV_cooperative_matrix") && f.cooperativeMatrixNV && f.shaderFloat16 && f.vulkanMemoryModel && info.subgroup.size === 32 && offersCoopmatShape(info),
-      coopmatWhy, options.cooperativeMatrix === "on" ? undefined : "off by default until measured faster (VKMOE_COOPMAT=on)", "supported (16 x 8 x 16 f16 -> f32)");
+      coopmatWhy, options.cooperativeMatrix === "on" ? undefined : "off by default: not yet correct on any driver measured (VKMOE_COOPMAT=on to try it; a self-check guards it)", "supported (16 x 8 x 16 f16 -> f32)");
     if (coopmat) extensions.push("VK_NV_cooperative_matrix");
     const f16 = f.shaderFloat16, vmm = f.vulkanMemoryModel;
     this.decisions = decisions;

@@ -219,7 +219,8 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScrat
 describe.skipIf(noIdp)("DeviceLinear sends prompt chunks of GGML block matrices to the integer-dot GEMM", () => {
   test(`Q4_K, Q6_K, Q5_0: S = ${GGML_IDP_MAX_TOKENS} the GEMV, ${GGML_IDP_MAX_TOKENS + 1} and ${GGML_IDP_GEMM_MAX_TOKENS} the idp GEMM (2 dispatches, = the kernel's output), 70 the float GEMM; ggmlGemmIdp: false the float GEMM`, () => {
     using idp = new LinearKernels(device, { integerDot: true });
-    using forced = new LinearKernels(device, { integerDot: true, ggmlGemmIdp: false });
+    // both integer-dot GEMMs off (the q4/q8 one would keep the quantized rows at 64 tokens)
+    using forced = new LinearKernels(device, { integerDot: true, ggmlGemmIdp: false, quantGemmIdp: false });
     expect([idp.ggmlGemmIdp, forced.ggmlGemmIdp]).toEqual([true, false]);
     let seed = 200;
     for (const type of ["Q4_K", "Q6_K", "Q5_0"] as const) {

@@ -286,8 +286,8 @@ describe.skipIf(noIdp)("NormFeed", () => {
 
   test(`quantizes for a reader on the integer-dot path only (the GEMV's calls and the idp GEMM's chunks: ${GGML_IDP_GEMM_MAX_TOKENS} tokens); q, k, v reading it match their own records`, () => {
     using lk = new LinearKernels(device, { integerDot: true });
-    // the idp GEMM off: chunks past the GEMV's tokens take the float GEMM, which reads xn
-    using gemv = new LinearKernels(device, { integerDot: true, ggmlGemmIdp: false });
+    // the idp GEMMs off (GGML and q4/q8): chunks past the GEMV's tokens take the float GEMM, which reads xn
+    using gemv = new LinearKernels(device, { integerDot: true, ggmlGemmIdp: false, quantGemmIdp: false });
     expect([lk.quantizedTokens, gemv.quantizedTokens]).toEqual([GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS]);
     for (const [kernels, S] of [[lk, 1], [lk, 5], [lk, GGML_IDP_MAX_TOKENS + 1], [lk, GGML_IDP_GEMM_MAX_TOKENS], [gemv, 5], [gemv, GGML_IDP_MAX_TOKENS + 1], [gemv, GGML_IDP_GEMM_MAX_TOKENS]] as const) {
       const r = feedCheck(kernels, 256, S, 1);

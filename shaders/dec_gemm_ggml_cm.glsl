@@ -66,12 +66,13 @@ void cmStore() {
     if (t < BM) {
         float w[32];
         ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
-        [[unroll]] for (uint k = 0u; k < BK; k++) wTile[t * LDS + k] = float16_t(w[k]);
+        [[unroll]] for (uint k = 0u; k < BK; k += 2u) W2(t, k) = packHalf2x16(vec2(w[k], w[k + 1u]));
     }
     [[unroll]] for (uint m = 0u; m < 4u; m++) {
         const uint e = t + 128u * m;
         const uint tok = e / 8u, c = (e % 8u) * 4u;
-        [[unroll]] for (uint q = 0u; q < 4u; q++) XT(tok, c + q) = float16_t(nextX[m][q]);
+        X2(tok, c) = packHalf2x16(nextX[m].xy);
+        X2(tok, c + 2u) = packHalf2x16(nextX[m].zw);
     }
 }
 

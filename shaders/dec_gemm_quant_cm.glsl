@@ -83,7 +83,7 @@ void cmLoad(uint u) {
 
 void cmStore() {
     const uint t = gl_LocalInvocationIndex;
-    const uint h = t % 2u, base = (t / 2u) * LDS + 16u * h;
+    const uint h = t % 2u;
     const bool tail = nextK0 + BK > pc.I;  // the padding past I may hold any quants
     float w[16];
     if (QBITS == 4u) {
@@ -94,14 +94,16 @@ void cmStore() {
     } else {
         [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint b = 0u; b < 4u; b++) w[4u * i + b] = float(bitfieldExtract(int(nextW[i]), int(8u * b), 8));
     }
-    [[unroll]] for (uint k = 0u; k < 16u; k++) {
-        const bool past = tail && nextK0 + 16u * h + k >= pc.I;
-        wTile[base + k] = float16_t(past ? 0.0 : nextScale * w[k]);
+    [[unroll]] for (uint k = 0u; k < 16u; k += 2u) {
+        const uint col = nextK0 + 16u * h + k;
+        const bool past0 = tail && col >= pc.I, past1 = tail && col + 1u >= pc.I;
+        W2(t / 2u, 16u * h + k) = packHalf2x16(vec2(past0 ? 0.0 : nextScale * w[k], past1 ? 0.0 : nextScale * w[k + 1u]));
     }
     [[unroll]] for (uint m = 0u; m < 4u; m++) {
         const uint e = t + 128u * m;
         const uint tok = e / 8u, c = (e % 8u) * 4u;
-        [[unroll]] for (uint q = 0u; q < 4u; q++) XT(tok, c + q) = float16_t(nextX[m][q]);
+        X2(tok, c) = packHalf2x16(nextX[m].xy);
+        X2(tok, c + 2u) = packHalf2x16(nextX[m].zw);
     }
 }
 

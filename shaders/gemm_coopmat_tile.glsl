@@ -10,7 +10,8 @@
 // The includer defines, before including this:
 //   void cmLoad(uint u)  loads step u's weights and x into registers (the next step's, while this one
 //                        computes: with a barrier per step, a load issued after it stalls every step)
-//   void cmStore()       writes them, as f16, into wTile[row * LDS + k] and XT(token, k)
+//   void cmStore()       writes them as f16 pairs (packHalf2x16) into the words W2(row, k) and
+//                        X2(token, k), k even
 //   SPLIT_PART_BINDING, SPLIT_ARRIVED_BINDING  the split scratch's bindings
 // and calls cmTile(uBegin, uEnd) with its run of steps, then cmLastSplit where split, then cmWrite.
 // Weights and x become f16 here (the products' inputs; the sums are f32), as llama.cpp's matrix-core
@@ -30,9 +31,13 @@ const uint BK = 32u;  // columns per step
 const uint LDS = BK + 8u;  // f16 stride of a tile row: 80 bytes, a 16-byte multiple that staggers the banks
 const uint VALUES = BM * BN / 128u;  // C values a thread ends with (cmValue)
 
-shared float16_t wTile[BM * LDS];  // [row][k]
-shared float16_t xTile[BN * LDS];  // [token][k]
-#define XT(tok, k) xTile[(tok) * LDS + (k)]
+// f16 pairs in 32-bit words, [row][k / 2] and [token][k / 2]: whole-word stores (16-bit stores to
+// shared memory were the first suspect of the wrong sums on the H200), and the cooperative loads
+// read a uint array as f16 (element and stride in words)
+shared uint wTile[BM * LDS / 2u];
+shared uint xTile[BN * LDS / 2u];
+#define W2(row, k) wTile[((row) * LDS + (k)) / 2u]
+#define X2(tok, k) xTile[((tok) * LDS + (k)) / 2u]
 const uint CS = BM;                // f32 stride of cTile
 shared float cTile[BN * CS];       // [token][row], once the loop is done
 #define CT(row, tok) cTile[(tok) * CS + (row)]
@@ -69,7 +74,10 @@ void cmTile(uint uBegin, uint uEnd) {
         for (uint e = 0u; e < VALUES; e++) {
             const uint idx = e * 128u + t, row = idx % BM, tok = idx / BM;
             float acc = 0.0;
-            for (uint k = 0u; k < BK; k++) acc += float(wTile[row * LDS + k]) * float(XT(tok, k));
+            for (uint k = 0u; k < BK; k += 2u) {
+                const vec2 w = unpackHalf2x16(W2(row, k)), x = unpackHalf2x16(X2(tok, k));
+                acc += w.x * x.x + w.y * x.y;
+            }
             cmValues[e] += acc;
         }
         barrier();
@@ -79,7 +87,7 @@ void cmTile(uint uBegin, uint uEnd) {
 // Runs steps uBegin .. uEnd - 1 (uniform), leaving this thread's C values in cmValues. The
 // accumulators are named, not an array: an array of cooperative matrices indexed in a loop may be
 // kept in memory rather than registers.
-#define CM_LOAD_B(j) coopMatLoadNV(b##j, xTile, (n0 + 8u * j) * LDS + kk, LDS, true)
+#define CM_LOAD_B(j) coopMatLoadNV(b##j, xTile, ((n0 + 8u * j) * LDS + kk) / 2u, LDS / 2u, true)
 #define CM_MMA(i, j) c##i##j = coopMatMulAddNV(a##i, b##j, c##i##j)
 #define CM_STORE(i, j) coopMatStoreNV(c##i##j, cTile, (n0 + 8u * j) * CS + r0 + 16u * i, CS, true)
 void cmTile(uint uBegin, uint uEnd) {
@@ -95,8 +103,8 @@ void cmTile(uint uBegin, uint uEnd) {
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             CM_A a0, a1;
             CM_B b0, b1, b2, b3;
-            coopMatLoadNV(a0, wTile, r0 * LDS + kk, LDS, false);
-            coopMatLoadNV(a1, wTile, (r0 + 16u) * LDS + kk, LDS, false);
+            coopMatLoadNV(a0, wTile, (r0 * LDS + kk) / 2u, LDS / 2u, false);
+            coopMatLoadNV(a1, wTile, ((r0 + 16u) * LDS + kk) / 2u, LDS / 2u, false);
             CM_LOAD_B(0); CM_LOAD_B(1); CM_LOAD_B(2); CM_LOAD_B(3);
             CM_MMA(0, 0); CM_MMA(0, 1); CM_MMA(0, 2); CM_MMA(0, 3);
             CM_MMA(1, 0); CM_MMA(1, 1); CM_MMA(1, 2); CM_MMA(1, 3);

@@ -40,11 +40,10 @@ const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
 const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
 const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to its second
 
-// Threads 0..63 each dequantize row t's slice of a step; every thread loads 4 x vec4s.
+// Threads 0..63 each dequantize row t's slice of a step; every thread loads 4 x vec4s (nextX).
 uint rowAddr;
 uvec4 nextQ0, nextQ1;
 vec2 nextD, nextM;
-vec4 nextX[4];
 
 void cmLoad(uint u) {
     const uint t = gl_LocalInvocationIndex;
@@ -68,12 +67,7 @@ void cmStore() {
         ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
         [[unroll]] for (uint k = 0u; k < BK; k += 2u) W2(t, k) = packHalf2x16(vec2(w[k], w[k + 1u]));
     }
-    [[unroll]] for (uint m = 0u; m < 4u; m++) {
-        const uint e = t + 128u * m;
-        const uint tok = e / 8u, c = (e % 8u) * 4u;
-        X2(tok, c) = packHalf2x16(nextX[m].xy);
-        X2(tok, c + 2u) = packHalf2x16(nextX[m].zw);
-    }
+    cmStoreX();
 }
 
 void main() {

@@ -44,7 +44,6 @@ float scaleOf(uint k) {
 uint nextW[4];
 float nextScale;
 uint nextK0;
-vec4 nextX[4];
 
 void cmLoad(uint u) {
     const uint t = gl_LocalInvocationIndex;
@@ -99,12 +98,7 @@ void cmStore() {
         const bool past0 = tail && col >= pc.I, past1 = tail && col + 1u >= pc.I;
         W2(t / 2u, 16u * h + k) = packHalf2x16(vec2(past0 ? 0.0 : nextScale * w[k], past1 ? 0.0 : nextScale * w[k + 1u]));
     }
-    [[unroll]] for (uint m = 0u; m < 4u; m++) {
-        const uint e = t + 128u * m;
-        const uint tok = e / 8u, c = (e % 8u) * 4u;
-        X2(tok, c) = packHalf2x16(nextX[m].xy);
-        X2(tok, c + 2u) = packHalf2x16(nextX[m].zw);
-    }
+    cmStoreX();
 }
 
 void main() {

@@ -10,8 +10,8 @@
 // The includer defines, before including this:
 //   void cmLoad(uint u)  loads step u's weights and x into registers (the next step's, while this one
 //                        computes: with a barrier per step, a load issued after it stalls every step)
-//   void cmStore()       writes them as f16 pairs (packHalf2x16) into the words W2(row, k) and
-//                        X2(token, k), k even
+//   void cmStore()       writes the weights as f16 pairs (packHalf2x16) into the words W2(row, k),
+//                        k even, then cmStoreX() the x it loaded into nextX (below)
 //   SPLIT_PART_BINDING, SPLIT_ARRIVED_BINDING  the split scratch's bindings
 // and calls cmTile(uBegin, uEnd) with its run of steps, then cmLastSplit where split, then cmWrite.
 // Weights and x become f16 here (the products' inputs; the sums are f32), as llama.cpp's matrix-core
@@ -56,6 +56,20 @@ shared bool lastToArrive;
 #endif
 
 float cmValues[VALUES];  // thread t's values: C element e * 128 + t of cTile ([token][row])
+
+// The next step's x, loaded by cmLoad: vec4 m of thread t holds token (t + 128 m) / 8's columns
+// ((t + 128 m) % 8) * 4 .. + 3 of the step (in the includer's column order), 0 past S.
+vec4 nextX[4];
+
+void cmStoreX() {
+    const uint t = gl_LocalInvocationIndex;
+    [[unroll]] for (uint m = 0u; m < 4u; m++) {
+        const uint e = t + 128u * m;
+        const uint tok = e / 8u, c = (e % 8u) * 4u;
+        X2(tok, c) = packHalf2x16(nextX[m].xy);
+        X2(tok, c + 2u) = packHalf2x16(nextX[m].zw);
+    }
+}
 
 void cmLoad(uint u);
 void cmStore();

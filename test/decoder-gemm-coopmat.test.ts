@@ -33,8 +33,7 @@ import { DeviceGgmlMatrix } from "../src/kernels/decoder/ggml-gemv.ts";
 import { COOPMAT_GEMM_ROWS, GemmSplitScratch, QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
 import { GgmlBlockLinear, QuantLinear } from "../src/model/linear.ts";
-import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
-import { gemvReference } from "../src/quant/gemv-reference.ts";
+import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { quantize } from "../src/quant/quantize.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
@@ -42,6 +41,7 @@ import type { GroupSize, QuantFormat, QuantMatrix, ScaleType } from "../src/quan
 import { finish, openTestContext } from "./support/gpu.ts";
 import { ggmlSplitCases, randomGgmlTensor } from "./support/ggml-blocks.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
+import { ggmlGemmReference, quantGemmReference } from "./support/gemm-reference.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -99,30 +99,6 @@ function runCalls(rows: number, cols: number, x: Float32Array, S: number, calls:
 
 const bitsOf = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
 
-/** The f64 oracle for any S (gemvReference takes at most 64 tokens a call). */
-function quantReference(m: QuantMatrix, x: Float32Array, S: number): Float64Array {
-  const y = new Float64Array(S * m.rows);
-  for (let s0 = 0; s0 < S; s0 += 64) {
-    const n = Math.min(64, S - s0);
-    y.set(gemvReference(m, x.subarray(s0 * m.cols, (s0 + n) * m.cols), n), s0 * m.rows);
-  }
-  return y;
-}
-
-/** y = x · Wᵀ over GGML's exact weights, summed in f64. */
-function ggmlReference(w: GgmlBlockTensor, x: Float32Array, S: number): Float64Array {
-  const W = dequantizeGgml(w);
-  const y = new Float64Array(S * w.rows);
-  for (let s = 0; s < S; s++) {
-    for (let r = 0; r < w.rows; r++) {
-      let acc = 0;
-      for (let c = 0; c < w.cols; c++) acc += W[r * w.cols + c]! * x[s * w.cols + c]!;
-      y[s * w.rows + r] = acc;
-    }
-  }
-  return y;
-}
-
 interface QuantCase { O: number; I: number; S: number; format: QuantFormat; scaleType?: ScaleType; groupSize?: GroupSize; xOffset?: number; yOffset?: number; splits?: number }
 
 /** Returns the NMSE against the oracle (and checks 3 split calls equal bit for bit). */
@@ -134,7 +110,7 @@ function runQuant(c: QuantCase, v: Variant): number {
   const xo = c.xOffset ?? 0, yo = c.yOffset ?? 0;
   const [first, ...again] = runCalls(c.O, c.I, x, c.S, split ? 3 : 1, xo, yo, (cb, xb, yb) => quantKernel(m, v).record(cb, { matrix: dm, x: xb, y: yb, S: c.S, xOffset: xo, yOffset: yo }, split));
   for (const y of again) expect(bitsOf(y)).toEqual(bitsOf(first!));
-  return nmse(quantReference(m, x, c.S), first!);
+  return nmse(quantGemmReference(m, x, c.S), first!);
 }
 
 describe("dec_gemm_quant_cm vs gemvReference (NMSE <= 1e-5)", () => {
@@ -182,7 +158,7 @@ describe("dec_gemm_ggml_cm vs the CPU (f64 over dequantizeGgml; NMSE <= 1e-5)", 
       ];
       for (const c of cases) {
         const x = randomGaussianF32(c.S * c.w.cols, s++);
-        const e = nmse(ggmlReference(c.w, x, c.S), runGgml(v, c.w, x, c.S, undefined, c.xOffset, c.yOffset)[0]!);
+        const e = nmse(ggmlGemmReference(c.w, x, c.S), runGgml(v, c.w, x, c.S, undefined, c.xOffset, c.yOffset)[0]!);
         if (!(e <= BOUND)) throw new Error(`${type} ${c.w.rows}x${c.w.cols} S=${c.S}: NMSE ${e}`);
         worst = Math.max(worst, e);
       }
@@ -192,7 +168,7 @@ describe("dec_gemm_ggml_cm vs the CPU (f64 over dequantizeGgml; NMSE <= 1e-5)", 
         using split = new GemmSplitScratch(device, w.rows, w.cols, c.S, c.splits, block);
         const [first, ...again] = runGgml(v, w, x, c.S, split, c.xOffset, c.yOffset);
         for (const y of again) expect(bitsOf(y)).toEqual(bitsOf(first!));
-        const e = nmse(ggmlReference(w, x, c.S), first!);
+        const e = nmse(ggmlGemmReference(w, x, c.S), first!);
         if (!(e <= BOUND)) throw new Error(`${type} ${w.rows}x${w.cols} S=${c.S}, ${split.splits} runs: NMSE ${e}`);
         worst = Math.max(worst, e);
       }

@@ -38,7 +38,7 @@ import { GemmSplitScratch } from "../src/kernels/decoder/quant-gemm.ts";
 import { DEC_GEMM_GGML_IDP, IDP_PIPELINES } from "../src/kernels/shaders.ts";
 import { DeviceLinear, GGML_IDP_GEMM_MAX_TOKENS, GGML_IDP_MAX_TOKENS, LinearKernels } from "../src/graph/device-linear.ts";
 import { GgmlBlockLinear } from "../src/model/linear.ts";
-import { dequantizeGgml, GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { dequantizedActivations } from "../src/quant/intdot.ts";
 import { nmse, pooledNmse } from "../src/quant/metrics.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
@@ -46,6 +46,7 @@ import { Buffer } from "../src/vk/memory.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
 import { randomGgmlTensor as randomTensor, ggmlSplitCases } from "./support/ggml-blocks.ts";
+import { ggmlGemmReference } from "./support/gemm-reference.ts";
 
 const ctx = openTestContext({ integerDotProduct: "on" });
 const device = ctx.device;
@@ -68,20 +69,6 @@ afterAll(() => {
 
 const fixtureTensors = (type: GgmlBlockType) =>
   [...fixture.tensors.values()].filter((t) => t.dtype === type).map((v) => ggmlBlockTensor(type, v.bytes, v.shape[0]!, v.shape[1]!, v.name));
-
-/** y[s, r] = Σ_c W[r, c] * xd[s, c] in f64 over GGML's exact weights. */
-function exactGemm(w: GgmlBlockTensor, xd: Float64Array, S: number): Float64Array {
-  const W = dequantizeGgml(w);
-  const y = new Float64Array(S * w.rows);
-  for (let s = 0; s < S; s++) {
-    for (let r = 0; r < w.rows; r++) {
-      let a = 0;
-      for (let c = 0; c < w.cols; c++) a += W[r * w.cols + c]! * xd[s * w.cols + c]!;
-      y[s * w.rows + r] = a;
-    }
-  }
-  return y;
-}
 
 /** Quantized rows for S tokens of `cols` (not a GgmlIdpScratch: S may pass its 64). */
 const quantizedRows = (cols: number, S: number) => new QuantizedRowsBuffers(device, S * cols);
@@ -124,7 +111,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
       const results = cases.map(({ w, S, xOffset, yOffset }) => {
         const x = randomGaussianF32(S * w.cols, seed++);
         const got = gpuIdp(w, x, S, xOffset, yOffset);
-        const vsExact = nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
+        const vsExact = nmse(ggmlGemmReference(w, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
         if (!(vsExact <= 1e-9)) throw new Error(`${type} ${w.rows}x${w.cols} S=${S}: NMSE ${vsExact} against the exact GEMM of the quantized x (bound 1e-9)`);
         worstExact = Math.max(worstExact, vsExact);
         return { ref: gpuFloat(w, x, S), got };
@@ -144,7 +131,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
       const w = randomTensor(type, 35, blocks, seed++), S = 19;
       const x = randomGaussianF32(S * w.cols, seed++);
       const one = gpuIdp(w, x, S, 0, 1);
-      expect(nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), one)).toBeLessThanOrEqual(1e-9);
+      expect(nmse(ggmlGemmReference(w, dequantizedActivations(x, GGML_IDP_GROUP), S), one)).toBeLessThanOrEqual(1e-9);
       for (const step of steps) expect({ step, y: bits(gpuIdp(w, x, S, 0, 1, step)) }).toEqual({ step, y: bits(one) });
     }
   }, 60_000);
@@ -165,7 +152,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp vs the exact GEMM of the quantized x (
       submitAndWait(device, (cb) => k.recordQuantized(cb, { matrix, y: y2, S, yOffset: 2, scratch }));
       expect(Array.from(u32(y2, S * w.rows, 2))).toEqual(Array.from(u32(y1, S * w.rows)));
       expect(Array.from(u32(y2, 2))).toEqual([SENTINEL, SENTINEL]);
-      expect(nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), f32(y1, S * w.rows))).toBeLessThanOrEqual(1e-9);
+      expect(nmse(ggmlGemmReference(w, dequantizedActivations(x, GGML_IDP_GROUP), S), f32(y1, S * w.rows))).toBeLessThanOrEqual(1e-9);
     }
   }, 60_000);
 });
@@ -193,7 +180,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScrat
           });
           for (const y of [y2, y3]) expect(Array.from(u32(y, S * w.rows, yOffset))).toEqual(Array.from(u32(first, S * w.rows, yOffset)));
         });
-        const eExact = nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), ys), eUnsplit = nmse(gpuIdp(w, x, S), ys);
+        const eExact = nmse(ggmlGemmReference(w, dequantizedActivations(x, GGML_IDP_GROUP), S), ys), eUnsplit = nmse(gpuIdp(w, x, S), ys);
         if (!(eExact <= 1e-9 && eUnsplit <= 1e-9)) throw new Error(`${type} ${w.rows}x${w.cols} S=${S}, ${split.splits} runs: NMSE ${eExact} vs the quantized x's exact GEMM, ${eUnsplit} vs the unsplit kernel`);
         worstExact = Math.max(worstExact, eExact);
         worstUnsplit = Math.max(worstUnsplit, eUnsplit);
@@ -210,7 +197,7 @@ describe.skipIf(noIdp)("dec_gemm_ggml_idp split over the columns (GemmSplitScrat
       const x = randomGaussianF32(S * w.cols, seed++);
       using split = new GemmSplitScratch(device, w.rows, w.cols, S, splits, GGML_BLOCK_LAYOUTS[type].blockElements);
       const one = gpuIdp(w, x, S, 0, 1, 1, split);
-      expect(nmse(exactGemm(w, dequantizedActivations(x, GGML_IDP_GROUP), S), one)).toBeLessThanOrEqual(1e-9);
+      expect(nmse(ggmlGemmReference(w, dequantizedActivations(x, GGML_IDP_GROUP), S), one)).toBeLessThanOrEqual(1e-9);
       expect(bits(gpuIdp(w, x, S, 0, 1, step, split))).toEqual(bits(one));
     }
   }, 60_000);

@@ -37,6 +37,7 @@ import { randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
 import { randomGgmlTensor as randomTensor, ggmlSplitCases } from "./support/ggml-blocks.ts";
+import { ggmlGemmReference } from "./support/gemm-reference.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -52,20 +53,6 @@ afterAll(() => {
   for (const k of [...gemms.values(), ...gemvs.values()]) k[Symbol.dispose]();
   finish(ctx);
 });
-
-/** y = x · Wᵀ over GGML's exact weights, summed in f64. */
-function cpuReference(w: GgmlBlockTensor, x: Float32Array, S: number): Float64Array {
-  const W = dequantizeGgml(w);
-  const y = new Float64Array(S * w.rows);
-  for (let s = 0; s < S; s++) {
-    for (let r = 0; r < w.rows; r++) {
-      let acc = 0;
-      for (let c = 0; c < w.cols; c++) acc += W[r * w.cols + c]! * x[s * w.cols + c]!;
-      y[s * w.rows + r] = acc;
-    }
-  }
-  return y;
-}
 
 /** Records `record` over x (placed at xOffset) and a sentinel-guarded y (at yOffset), returns y [S, rows]. */
 function runOnGpu(w: GgmlBlockTensor, x: Float32Array, S: number, xOffset: number, yOffset: number, record: (m: DeviceGgmlMatrix, xb: ReturnType<typeof hostBuffer>, yb: ReturnType<typeof hostBuffer>) => void): Float32Array {
@@ -104,7 +91,7 @@ describe("dec_gemm_ggml vs the CPU (f64 over dequantizeGgml) and vs dec_gemv_ggm
       for (const { w, S, xOffset, yOffset } of cases) {
         const x = randomGaussianF32(S * w.cols, seed++);
         const got = gpuGemm(w, x, S, xOffset, yOffset);
-        const eCpu = nmse(cpuReference(w, x, S), got), eGemv = nmse(gpuGemv(w, x, S), got);
+        const eCpu = nmse(ggmlGemmReference(w, x, S), got), eGemv = nmse(gpuGemv(w, x, S), got);
         if (!(eCpu <= BOUND && eGemv <= BOUND)) throw new Error(`${type} ${w.rows}x${w.cols} S=${S}: NMSE ${eCpu} vs the CPU, ${eGemv} vs the GEMV`);
         worstCpu = Math.max(worstCpu, eCpu);
         worstGemv = Math.max(worstGemv, eGemv);
@@ -204,7 +191,7 @@ describe("dec_gemm_ggml split over the columns (GemmSplitScratch, runs of whole 
         using split = new GemmSplitScratch(device, w.rows, w.cols, c.S, c.splits, block);
         expect({ c, runs: split.splits, whole: split.splitCols % block }).toEqual({ c, runs: c.runs, whole: 0 });
         const [first, ...again] = gpuGemmSplit(w, x, c.S, split, 3, c.xOffset, c.yOffset);
-        const eCpu = nmse(cpuReference(w, x, c.S), first!), eUnsplit = nmse(gpuGemm(w, x, c.S), first!);
+        const eCpu = nmse(ggmlGemmReference(w, x, c.S), first!), eUnsplit = nmse(gpuGemm(w, x, c.S), first!);
         if (!(eCpu <= BOUND && eUnsplit <= BOUND)) throw new Error(`${type} ${w.rows}x${w.cols} S=${c.S}, ${split.splits} runs: NMSE ${eCpu} vs the CPU, ${eUnsplit} vs the unsplit GEMM`);
         for (const y of again) expect(bitsOf(y)).toEqual(bitsOf(first!));
         worstCpu = Math.max(worstCpu, eCpu);

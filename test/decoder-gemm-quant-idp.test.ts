@@ -37,6 +37,7 @@ import { randomGaussianF32 } from "../src/quant/random.ts";
 import { Buffer } from "../src/vk/memory.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
+import { exactGemm } from "./support/gemm-reference.ts";
 
 const ctx = openTestContext({ integerDotProduct: "on" });
 const device = ctx.device;
@@ -58,20 +59,6 @@ afterAll(() => {
 
 const matrix = (format: QuantFormat, rows: number, cols: number, groupSize: 32 | 64 | 128, scaleType: "f16" | "f32", seed: number) =>
   quantize({ dtype: "f32", data: randomGaussianF32(rows * cols, seed) }, rows, cols, { format, groupSize, scaleType });
-
-/** y[s, r] = Σ_c W[r, c] * xd[s, c] in f64 over the matrix's exact weights. */
-function exactGemm(m: QuantMatrix, xd: Float64Array, S: number): Float64Array {
-  const W = dequantize(m);
-  const y = new Float64Array(S * m.rows);
-  for (let s = 0; s < S; s++) {
-    for (let r = 0; r < m.rows; r++) {
-      let a = 0;
-      for (let c = 0; c < m.cols; c++) a += W[r * m.cols + c]! * xd[s * m.cols + c]!;
-      y[s * m.rows + r] = a;
-    }
-  }
-  return y;
-}
 
 /** Quantized rows for S tokens of `cols` (not a GgmlIdpScratch: S may pass its 64). */
 const quantizedRows = (cols: number, S: number) => new QuantizedRowsBuffers(device, S * cols);
@@ -117,7 +104,7 @@ describe.skipIf(noIdp)("dec_gemm_quant_idp vs the exact GEMM of the quantized x 
         const m = matrix(format, c.rows, c.cols, c.groupSize, c.scaleType, seed++);
         const x = randomGaussianF32(c.S * c.cols, seed++);
         const y = gpuIdp(m, x, c.S, c.xOffset, c.yOffset);
-        const exact = exactGemm(m, dequantizedActivations(x, GGML_IDP_GROUP), c.S);
+        const exact = exactGemm(dequantize(m), m.rows, m.cols, dequantizedActivations(x, GGML_IDP_GROUP), c.S);
         const e = nmse(exact, y);
         if (!(e <= 1e-9)) throw new Error(`${format}/${c.scaleType}/g${c.groupSize} ${c.rows}x${c.cols} S=${c.S}: NMSE ${e} against the quantized x's exact GEMM`);
         got.push(y);
@@ -144,7 +131,7 @@ describe.skipIf(noIdp)("dec_gemm_quant_idp vs the exact GEMM of the quantized x 
       const x = randomGaussianF32(S * cols, seed++);
       using split = new GemmSplitScratch(device, rows, cols, S, splits);
       const y = gpuIdp(m, x, S, 0, 0, split), plain = gpuIdp(m, x, S);
-      const exact = exactGemm(m, dequantizedActivations(x, GGML_IDP_GROUP), S);
+      const exact = exactGemm(dequantize(m), m.rows, m.cols, dequantizedActivations(x, GGML_IDP_GROUP), S);
       expect(nmse(exact, y), `${format} ${rows}x${cols} ${split.splits} runs S=${S}`).toBeLessThanOrEqual(1e-9);
       expect(nmse(plain, y)).toBeLessThanOrEqual(1e-9);
     }
@@ -172,7 +159,7 @@ describe.skipIf(noIdp)("DeviceLinear sends q4/q8 prompt chunks to the integer-do
       const x = randomGaussianF32(S * m.cols, 503 + S);
       const viaIdp = runOnGpu(m, x, S, 0, 0, (_d, xb, yb) => submitAndWait(device, (cb) => dl.record(cb, xb, yb, S)));
       const viaFloat = runOnGpu(m, x, S, 0, 0, (_d, xb, yb) => submitAndWait(device, (cb) => plain.record(cb, xb, yb, S)));
-      const exact = exactGemm(m, dequantizedActivations(x, GGML_IDP_GROUP), S);
+      const exact = exactGemm(dequantize(m), m.rows, m.cols, dequantizedActivations(x, GGML_IDP_GROUP), S);
       expect(nmse(exact, viaIdp), `S=${S} via DeviceLinear`).toBeLessThanOrEqual(1e-9);
       expect(nmse(viaFloat, viaIdp)).toBeLessThanOrEqual(1e-3);
     }

@@ -15,13 +15,13 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
 import { GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../src/kernels/decoder/quant-gemm.ts";
 import { submitAndWait } from "../src/kernels/decoder/index.ts";
-import { gemvReference } from "../src/quant/gemv-reference.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { quantize } from "../src/quant/quantize.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { GroupSize, QuantFormat, QuantMatrix, ScaleType } from "../src/quant/types.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
+import { quantGemmReference } from "./support/gemm-reference.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -40,16 +40,6 @@ function kernelFor(m: QuantMatrix): QuantGemmKernel {
   let k = kernels.get(key);
   if (!k) kernels.set(key, (k = new QuantGemmKernel(device, m.format, m.scaleType === "f16", m.groupSize)));
   return k;
-}
-
-/** The f64 oracle for any S (gemvReference takes at most 64 tokens a call). */
-function reference(m: QuantMatrix, x: Float32Array, S: number): Float64Array {
-  const y = new Float64Array(S * m.rows);
-  for (let s0 = 0; s0 < S; s0 += 64) {
-    const n = Math.min(64, S - s0);
-    y.set(gemvReference(m, x.subarray(s0 * m.cols, (s0 + n) * m.cols), n), s0 * m.rows);
-  }
-  return y;
 }
 
 interface Case { O: number; I: number; S: number; format: QuantFormat; scaleType?: ScaleType; groupSize?: GroupSize; xOffset?: number; yOffset?: number; splits?: number; calls?: number }
@@ -73,7 +63,7 @@ function run(c: Case, corrupt?: (m: QuantMatrix) => QuantMatrix): number {
   });
   const bad = Array.from(u32(yb, yo)).concat(Array.from(u32(yb, SENTINEL_WORDS, yo + S * O))).findIndex((w) => w !== SENTINEL);
   if (bad >= 0) throw new Error(`${O}x${I} S=${S}: a sentinel word around y was overwritten`);
-  return nmse(reference(m, x, S), f32(yb, S * O, yo));
+  return nmse(quantGemmReference(m, x, S), f32(yb, S * O, yo));
 }
 
 describe("dec_gemm_quant vs gemvReference (NMSE <= 1e-10)", () => {

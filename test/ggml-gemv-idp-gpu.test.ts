@@ -29,6 +29,7 @@ import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS as TAIL, u32 } from "./support/host-buffers.ts";
 import { repoRoot } from "./support/paths.ts";
 import { randomGgmlTensor as randomTensor } from "./support/ggml-blocks.ts";
+import { exactGemm } from "./support/gemm-reference.ts";
 
 const ctx = openTestContext({ integerDotProduct: "on" });
 const device = ctx.device;
@@ -52,19 +53,6 @@ afterAll(() => {
 
 const fixtureTensors = (type: GgmlBlockType) =>
   [...fixture.tensors.values()].filter((t) => t.dtype === type).map((v) => ggmlBlockTensor(type, v.bytes, v.shape[0]!, v.shape[1]!, v.name));
-
-/** y[s, r] = Σ_c W[r, c] * xd[s, c] in f64 over GGML's exact weights. */
-function exactGemv(weights: Float32Array, rows: number, cols: number, xd: Float64Array, S: number): Float64Array {
-  const y = new Float64Array(S * rows);
-  for (let s = 0; s < S; s++) {
-    for (let r = 0; r < rows; r++) {
-      let a = 0;
-      for (let c = 0; c < cols; c++) a += weights[r * cols + c]! * xd[s * cols + c]!;
-      y[s * rows + r] = a;
-    }
-  }
-  return y;
-}
 
 function cpuGemv(w: GgmlBlockTensor, x: Float32Array, S: number): Float32Array {
   const y = new Float32Array(S * w.rows);
@@ -95,7 +83,7 @@ function gpuGemv(w: GgmlBlockTensor, x: Float32Array, S: number, o: { xOffset?: 
 function check(w: GgmlBlockTensor, S: number, seed: number, o: Parameters<typeof gpuGemv>[3] = {}): { ref: Float32Array; got: Float32Array; vsExact: number } {
   const x = randomGaussianF32(S * w.cols, seed);
   const got = gpuGemv(w, x, S, o);
-  const vsExact = nmse(exactGemv(dequantizeGgml(w), w.rows, w.cols, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
+  const vsExact = nmse(exactGemm(dequantizeGgml(w), w.rows, w.cols, dequantizedActivations(x, GGML_IDP_GROUP), S), got);
   if (!(vsExact <= 1e-9)) throw new Error(`${w.type} ${w.rows}x${w.cols} S=${S}: NMSE ${vsExact} against the exact GEMV of the quantized x (bound 1e-9)`);
   return { ref: cpuGemv(w, x, S), got, vsExact };
 }

@@ -278,24 +278,14 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
   };
 }
 
-/** vkGetPhysicalDeviceCooperativeMatrixPropertiesNV's list (each item's sType written before the call that fills it). */
+/** vkGetPhysicalDeviceCooperativeMatrixPropertiesNV's list; empty where the loader lacks the command or the call fails. */
 function queryCooperativeMatrixShapes(a: NativeArena, handle: bigint, query: NativeFn | undefined): CooperativeMatrixShape[] {
   if (!query) return [];
-  for (;;) {
-    using _ = a.scope();
-    const count = a.alloc(4, 4);
-    if (query(handle, a.address(count), 0n) !== 0) return [];
-    const n = a.view.getUint32(count, true);
-    if (n === 0) return [];
-    const L = VkCooperativeMatrixPropertiesNV;
-    const items = a.alloc(L.size * n, L.align);
-    for (let i = 0; i < n; i++) L.write(a.view, items + i * L.size, {});
-    const r = query(handle, a.address(count), a.address(items)) as number;
-    if (r === 5 /* VK_INCOMPLETE */) continue;
-    if (r !== 0) return [];
-    return Array.from({ length: a.view.getUint32(count, true) }, (_, i) => {
-      const v = L.read(a.view, items + i * L.size);
-      return { M: v.MSize, N: v.NSize, K: v.KSize, a: v.AType, b: v.BType, c: v.CType, d: v.DType, scope: v.scope } as CooperativeMatrixShape;
-    });
+  try {
+    return enumerate(a, VkCooperativeMatrixPropertiesNV, (n, p) => query(handle, n, p) as number, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV").map((v) => (
+      { M: v.MSize, N: v.NSize, K: v.KSize, a: v.AType, b: v.BType, c: v.CType, d: v.DType, scope: v.scope } as CooperativeMatrixShape
+    ));
+  } catch {
+    return [];  // the device is taken without the matrix-core GEMM
   }
 }

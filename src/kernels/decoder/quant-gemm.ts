@@ -8,6 +8,7 @@
  * given a GemmSplitScratch its tiles' columns are split over several workgroups (gemmSplits), the
  * last of a tile's workgroups adding the partials in split order (shaders/dec_gemm_quant.comp). The
  * GGML GEMMs (ggml-gemm.ts) split the same way, their runs whole blocks, over the same scratch.
+ * With matrixCores both take the matrix-core tiles instead (64 rows, gemm_coopmat_tile.glsl).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { QuantFormat } from "../../quant/types.ts";

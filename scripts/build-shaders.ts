@@ -11,8 +11,9 @@
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join, relative } from "node:path";
+import { basename, join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
+import { nvToKhrCoopmat } from "./lib/spirv-coopmat-khr.ts";
 
 const repoRoot = fileURLToPath(new URL("../", import.meta.url));
 const shaderDir = join(repoRoot, "shaders");
@@ -82,14 +83,26 @@ function listShaders(): string[] {
     .sort();
 }
 
-function compile(name: string, outDir: string): string {
+/**
+ * The matrix-core shaders (NAME_cm.comp) are also written as NAME_cmk.spv: the same module with its
+ * VK_NV_cooperative_matrix instructions rewritten as VK_KHR_cooperative_matrix ones
+ * (lib/spirv-coopmat-khr.ts), which this glslang cannot emit nor this spirv-val check.
+ */
+const khrVariant = (name: string) => (name.endsWith("_cm") ? `${name}k` : undefined);
+
+function compile(name: string, outDir: string): string[] {
   const glslang = tool("GLSLANG_VALIDATOR", "glslangValidator");
   const spirvVal = tool("SPIRV_VAL", "spirv-val");
   const out = join(outDir, `${name}.spv`);
   // relative source and include paths: nothing path-dependent can reach the binary
   exec(glslang, ["-V", "--target-env", TARGET_ENV, "-g0", "--quiet", "-I" + "shaders", "-o", out, `shaders/${name}.comp`], `glslangValidator ${name}.comp`);
   exec(spirvVal, ["--target-env", TARGET_ENV, out], `spirv-val ${name}.spv`);
-  return out;
+  const khr = khrVariant(name);
+  if (!khr) return [out];
+  const nv = readFileSync(out);
+  const khrOut = join(outDir, `${khr}.spv`);
+  writeFileSync(khrOut, nvToKhrCoopmat(new Uint32Array(nv.buffer, nv.byteOffset, nv.byteLength / 4)));
+  return [out, khrOut];
 }
 
 function sameBytes(a: string, b: string): boolean {
@@ -106,16 +119,18 @@ export function buildShaders(opts: BuildOptions = {}): BuildResult {
     const tmp = mkdtempSync(join(tmpdir(), "vkmoe-shaders-"));
     try {
       for (const n of names) {
-        compile(n, tmp);
-        const committed = join(committedDir, `${n}.spv`);
-        if (!existsSync(committed)) result.missing.push(`${n}.spv`);
-        else if (!sameBytes(committed, join(tmp, `${n}.spv`))) result.stale.push(`${n}.spv`);
+        for (const fresh of compile(n, tmp)) {
+          const file = basename(fresh);
+          const committed = join(committedDir, file);
+          if (!existsSync(committed)) result.missing.push(file);
+          else if (!sameBytes(committed, fresh)) result.stale.push(file);
+        }
         if (opts.verbose) console.log(`checked ${n}`);
       }
     } finally {
       rmSync(tmp, { recursive: true, force: true });
     }
-    const sources = new Set(names);
+    const sources = new Set(names.flatMap((n) => [n, khrVariant(n) ?? n]));
     for (const f of readdirSync(committedDir).filter((f) => f.endsWith(".spv")).sort()) {
       if (!sources.has(f.slice(0, -".spv".length))) result.orphans.push(f);
     }
@@ -127,13 +142,15 @@ export function buildShaders(opts: BuildOptions = {}): BuildResult {
   const tmp = mkdtempSync(join(tmpdir(), "vkmoe-shaders-"));
   try {
     for (const n of names) {
-      const fresh = compile(n, tmp);
-      const dest = join(outDir, `${n}.spv`);
-      if (!sameBytes(fresh, dest)) {
-        writeFileSync(dest, readFileSync(fresh));
-        result.written.push(`${n}.spv`);
+      for (const fresh of compile(n, tmp)) {
+        const file = basename(fresh);
+        const dest = join(outDir, file);
+        if (!sameBytes(fresh, dest)) {
+          writeFileSync(dest, readFileSync(fresh));
+          result.written.push(file);
+        }
+        if (opts.verbose) console.log(`${file}${result.written.includes(file) ? " (written)" : ""}`);
       }
-      if (opts.verbose) console.log(`${n}.spv${result.written.includes(`${n}.spv`) ? " (written)" : ""}`);
     }
   } finally {
     rmSync(tmp, { recursive: true, force: true });

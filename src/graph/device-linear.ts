@@ -160,7 +160,7 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
-    if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
+    if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && !this.matrixCores && (options.ggmlGemmIdp ?? true);
     this.quantGemmIdp = this.integerDot && !this.matrixCores && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");
     this.quantizedTokens = this.ggmlGemmIdp || this.quantGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;

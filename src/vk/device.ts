@@ -9,7 +9,7 @@ import type { StructLayout, Values } from "./layout.ts";
 import type { PhysicalDeviceInfo } from "./physical.ts";
 import { computeQueueFamily, planMemory, type MemoryPlan } from "./select.ts";
 import {
-  VkDeviceCreateInfo, VkDeviceQueueCreateInfo, VkPhysicalDeviceCooperativeMatrixFeaturesNV, VkPhysicalDeviceFeatures2, VkPhysicalDeviceMemoryPriorityFeaturesEXT,
+  VkDeviceCreateInfo, VkDeviceQueueCreateInfo, VkPhysicalDeviceCooperativeMatrixFeaturesKHR, VkPhysicalDeviceCooperativeMatrixFeaturesNV, VkPhysicalDeviceFeatures2, VkPhysicalDeviceMemoryPriorityFeaturesEXT,
   VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceSubgroupSizeControlFeatures,
   VkPhysicalDeviceVulkan11Features, VkPhysicalDeviceVulkan12Features,
 } from "./structs.ts";
@@ -22,10 +22,11 @@ export interface DeviceOptions {
   /** "off" never enables VK_EXT_shader_atomic_float (VKMOE_FLOAT_ATOMICS): MoE calls of few tokens then run grouped. */
   floatAtomics?: "auto" | "off";
   /**
-   * "on" enables VK_NV_cooperative_matrix where offered (VKMOE_COOPMAT=on): prompt chunks' GEMMs on the
-   * matrix cores. Default "off": they keep the f32 / integer-dot GEMMs.
+   * "on" enables VK_KHR_cooperative_matrix where it offers the kernel's shape, else VK_NV_cooperative_matrix
+   * (VKMOE_COOPMAT=on): prompt chunks' GEMMs on the matrix cores; "khr" / "nv" only that extension.
+   * Default "off": they keep the f32 / integer-dot GEMMs.
    */
-  cooperativeMatrix?: "on" | "off";
+  cooperativeMatrix?: "on" | "off" | "khr" | "nv";
   /** Memory model override (VKMOE_STAGED). */
   staged?: "auto" | "on" | "off";
 }
@@ -54,14 +55,17 @@ export interface EnabledFeatures {
    * the Vulkan memory model: the prompt chunks' matrix-core GEMM (src/kernels/decoder/coopmat-gemm.ts).
    */
   cooperativeMatrix: boolean;
+  /** Which extension the matrix-core GEMM runs on, where cooperativeMatrix is on (its SPIR-V differs). */
+  cooperativeMatrixExtension?: "khr" | "nv";
   /** Enabled wherever supported: the matrix-core GEMM's f16 tiles (and their test variant on any device). */
   shaderFloat16: boolean;
   vulkanMemoryModel: boolean;
 }
 
 /** The one cooperative-matrix shape the matrix-core GEMM is written for: M 16 x N 8 x K 16, f16 A and B (0), f32 C and D (1), subgroup scope (3). */
-export function offersCoopmatShape(info: PhysicalDeviceInfo): boolean {
-  return info.cooperativeMatrixShapes.some((s) => s.M === 16 && s.N === 8 && s.K === 16 && s.a === 0 && s.b === 0 && s.c === 1 && s.d === 1 && s.scope === 3);
+export function offersCoopmatShape(info: PhysicalDeviceInfo, extension: "khr" | "nv" = "nv"): boolean {
+  return (extension === "khr" ? info.cooperativeMatrixShapesKHR : info.cooperativeMatrixShapes)
+    .some((s) => s.M === 16 && s.N === 8 && s.K === 16 && s.a === 0 && s.b === 0 && s.c === 1 && s.d === 1 && s.scope === 3);
 }
 
 export class Device implements Disposable {
@@ -120,21 +124,27 @@ export class Device implements Disposable {
     const atomicFloat = decide("shaderBufferFloat32AtomicAdd", has("VK_EXT_shader_atomic_float") && f.bufferFloat32AtomicAdd, "not supported by the driver (MoE calls of few tokens run grouped)",
       options.floatAtomics === "off" ? "VKMOE_FLOAT_ATOMICS=off" : undefined);
     if (atomicFloat) extensions.push("VK_EXT_shader_atomic_float");
-    const coopmatWhy = !has("VK_NV_cooperative_matrix") ? "VK_NV_cooperative_matrix not offered (prompt chunks keep the f32 / integer-dot GEMMs)"
-      : !f.cooperativeMatrixNV ? "VK_NV_cooperative_matrix offered without its cooperativeMatrix feature"
+    // KHR first (AMD's drivers offer only it; NVIDIA's both), unless VKMOE_COOPMAT names one
+    const usable = (ext: "khr" | "nv") => has(`VK_${ext.toUpperCase()}_cooperative_matrix`) && (ext === "khr" ? f.cooperativeMatrixKHR : f.cooperativeMatrixNV) && offersCoopmatShape(info, ext);
+    const wanted: ("khr" | "nv")[] = options.cooperativeMatrix === "khr" ? ["khr"] : options.cooperativeMatrix === "nv" ? ["nv"] : ["khr", "nv"];
+    const coopmatExt = wanted.find(usable);
+    const named = wanted.map((e) => `VK_${e.toUpperCase()}_cooperative_matrix`).join(" or ");
+    const coopmatWhy = !wanted.some((e) => has(`VK_${e.toUpperCase()}_cooperative_matrix`)) ? `${named} not offered (prompt chunks keep the f32 / integer-dot GEMMs)`
+      : !coopmatExt ? `${named} offered without its cooperativeMatrix feature or a 16 x 8 x 16 f16 -> f32 subgroup shape`
       : !f.shaderFloat16 || !f.vulkanMemoryModel ? "needs shaderFloat16 and vulkanMemoryModel"
-      : info.subgroup.size !== 32 ? `the matrix-core GEMM is written for subgroups of 32, not ${info.subgroup.size}`
-      : "no 16 x 8 x 16 f16 -> f32 subgroup shape offered";
-    const coopmat = decide("cooperativeMatrix", has("VK_NV_cooperative_matrix") && f.cooperativeMatrixNV && f.shaderFloat16 && f.vulkanMemoryModel && info.subgroup.size === 32 && offersCoopmatShape(info),
-      coopmatWhy, options.cooperativeMatrix === "on" ? undefined : "off by default: not yet correct on any driver measured (VKMOE_COOPMAT=on to try it; a self-check guards it)", "supported (16 x 8 x 16 f16 -> f32)");
-    if (coopmat) extensions.push("VK_NV_cooperative_matrix");
+      : `the matrix-core GEMM is written for subgroups of 32, not ${info.subgroup.size}`;
+    const coopmatOff = options.cooperativeMatrix === undefined || options.cooperativeMatrix === "off";
+    const coopmat = decide("cooperativeMatrix", coopmatExt !== undefined && f.shaderFloat16 && f.vulkanMemoryModel && info.subgroup.size === 32,
+      coopmatWhy, coopmatOff ? "off by default: not yet correct on any driver measured (VKMOE_COOPMAT=on to try it; a self-check guards it)" : undefined,
+      `supported (VK_${coopmatExt?.toUpperCase()}_cooperative_matrix, 16 x 8 x 16 f16 -> f32)`);
+    if (coopmat) extensions.push(`VK_${coopmatExt!.toUpperCase()}_cooperative_matrix`);
     const f16 = f.shaderFloat16, vmm = f.vulkanMemoryModel;
     this.decisions = decisions;
     this.enabled = {
       bufferDeviceAddress: bda, shaderInt64: int64, shaderInt8: int8, storageBuffer8BitAccess: s8,
       storageBuffer16BitAccess: s16, integerDotProduct: idp, subgroupSizeControl: ssc, memoryPriority: prio, memoryBudget: budget,
       storageBufferArrayDynamicIndexing: dyn, bufferFloat32AtomicAdd: atomicFloat, cooperativeMatrix: coopmat,
-      shaderFloat16: f16, vulkanMemoryModel: vmm,
+      ...(coopmat ? { cooperativeMatrixExtension: coopmatExt } : {}), shaderFloat16: f16, vulkanMemoryModel: vmm,
     };
 
     const a = this.arena;
@@ -149,7 +159,7 @@ export class Device implements Disposable {
     if (ssc) next = link(VkPhysicalDeviceSubgroupSizeControlFeatures, { subgroupSizeControl: 1, computeFullSubgroups: f.computeFullSubgroups ? 1 : 0 }, next);
     if (atomicFloat) next = link(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, { shaderBufferFloat32Atomics: 1, shaderBufferFloat32AtomicAdd: 1 }, next);
     if (idp) next = link(VkPhysicalDeviceShaderIntegerDotProductFeatures, { shaderIntegerDotProduct: 1 }, next);
-    if (coopmat) next = link(VkPhysicalDeviceCooperativeMatrixFeaturesNV, { cooperativeMatrix: 1 }, next);
+    if (coopmat) next = link(coopmatExt === "khr" ? VkPhysicalDeviceCooperativeMatrixFeaturesKHR : VkPhysicalDeviceCooperativeMatrixFeaturesNV, { cooperativeMatrix: 1 }, next);
     next = link(VkPhysicalDeviceVulkan12Features, {
       bufferDeviceAddress: bda ? 1 : 0, shaderInt8: int8 ? 1 : 0, storageBuffer8BitAccess: s8 ? 1 : 0, timelineSemaphore: 1,
       shaderFloat16: f16 ? 1 : 0, vulkanMemoryModel: vmm ? 1 : 0, vulkanMemoryModelDeviceScope: vmm ? 1 : 0,

@@ -12,7 +12,7 @@ import {
   VkApplicationInfo, VkDebugUtilsMessengerCallbackDataEXT, VkDebugUtilsMessengerCreateInfoEXT,
   VkExtensionProperties, VkInstanceCreateInfo, VkLayerProperties, VkValidationFeaturesEXT,
 } from "./structs.ts";
-import { queryPhysicalDevice, type PhysicalDeviceInfo } from "./physical.ts";
+import { queryPhysicalDevice, type CooperativeMatrixQuery, type PhysicalDeviceInfo } from "./physical.ts";
 
 export const VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation";
 
@@ -160,7 +160,7 @@ export class Instance implements Disposable {
     const handles = a.alloc(8 * n);
     check("vkEnumeratePhysicalDevices", this.vk.vkEnumeratePhysicalDevices(this.handle, a.address(count), a.address(handles)));
     const got = a.view.getUint32(count, true);
-    const instanceProc = (name: "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV") => {
+    const instanceProc = (name: CooperativeMatrixQuery) => {
       try {
         return this.proc(name, extensionSignatures[name]);
       } catch {

@@ -92,6 +92,7 @@ export const extensionSignatures = {
   vkCreateDebugUtilsMessengerEXT: fn([P, P, P, P]),
   vkDestroyDebugUtilsMessengerEXT: fn([P, U64, P], V),
   vkGetPhysicalDeviceCooperativeMatrixPropertiesNV: fn([P, P, P]),
+  vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR: fn([P, P, P]),
 } as const satisfies Record<string, FnSignature>;
 
 /** Where we look for the loader, unless VKMOE_LOADER names one path (then only that path). */

@@ -10,7 +10,7 @@ import type { NativeFn } from "../ffi/index.ts";
 import type { CoreCommands } from "./loader.ts";
 import type { StructLayout, Values } from "./layout.ts";
 import {
-  VkCooperativeMatrixPropertiesNV, VkExtensionProperties, VkPhysicalDeviceCooperativeMatrixFeaturesNV, VkPhysicalDeviceDriverProperties, VkPhysicalDeviceFeatures2, VkPhysicalDeviceIDProperties,
+  VkCooperativeMatrixPropertiesKHR, VkCooperativeMatrixPropertiesNV, VkExtensionProperties, VkPhysicalDeviceCooperativeMatrixFeaturesKHR, VkPhysicalDeviceCooperativeMatrixFeaturesNV, VkPhysicalDeviceDriverProperties, VkPhysicalDeviceFeatures2, VkPhysicalDeviceIDProperties,
   VkPhysicalDeviceMaintenance3Properties, VkPhysicalDeviceMaintenance4Properties, VkPhysicalDeviceMemoryBudgetPropertiesEXT,
   VkPhysicalDeviceMemoryPriorityFeaturesEXT, VkPhysicalDeviceMemoryProperties2, VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, VkPhysicalDeviceProperties2,
   VkPhysicalDeviceShaderIntegerDotProductFeatures, VkPhysicalDeviceShaderIntegerDotProductProperties,
@@ -37,7 +37,13 @@ export interface QueueFamily {
   timestampValidBits: number;
 }
 
-/** One matrix shape VK_NV_cooperative_matrix offers (component types: VkComponentTypeNV, 0 = f16, 1 = f32; scope 3 = subgroup). */
+/** The instance commands that list a cooperative-matrix extension's shapes. */
+export type CooperativeMatrixQuery = "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV" | "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR";
+
+/**
+ * One matrix shape VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix offers (component types:
+ * VkComponentTypeKHR, which the NV enum's values equal: 0 = f16, 1 = f32; scope 3 = subgroup).
+ */
 export interface CooperativeMatrixShape {
   M: number;
   N: number;
@@ -105,9 +111,13 @@ export interface PhysicalDeviceInfo {
     vulkanMemoryModel: boolean;
     /** VK_NV_cooperative_matrix's cooperativeMatrix feature. */
     cooperativeMatrixNV: boolean;
+    /** VK_KHR_cooperative_matrix's cooperativeMatrix feature. */
+    cooperativeMatrixKHR: boolean;
   };
   /** The shapes VK_NV_cooperative_matrix offers (empty without it). */
   cooperativeMatrixShapes: CooperativeMatrixShape[];
+  /** The shapes VK_KHR_cooperative_matrix offers (empty without it). */
+  cooperativeMatrixShapesKHR: CooperativeMatrixShape[];
   integerDotProduct: { accelerated4x8Packed: boolean; accelerated4x8PackedMixed: boolean };
   deviceLocalBytes: bigint;
 }
@@ -131,7 +141,7 @@ function chain(a: NativeArena, head: StructLayout, parts: [StructLayout, boolean
 const bool = (v: unknown) => v === 1;
 
 /** `instanceProc`: an instance-level extension command by name (undefined where the loader has none). */
-export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: number, instanceProc?: (name: "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV") => NativeFn | undefined): PhysicalDeviceInfo {
+export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: number, instanceProc?: (name: CooperativeMatrixQuery) => NativeFn | undefined): PhysicalDeviceInfo {
   using a = new NativeArena(64 << 10);
   const extensions = new Set(
     enumerate(a, VkExtensionProperties, (n, p) => vk.vkEnumerateDeviceExtensionProperties(handle, 0n, n, p), "vkEnumerateDeviceExtensionProperties")
@@ -177,6 +187,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
     [VkPhysicalDeviceMemoryPriorityFeaturesEXT, extensions.has("VK_EXT_memory_priority")],
     [VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, extensions.has("VK_EXT_shader_atomic_float")],
     [VkPhysicalDeviceCooperativeMatrixFeaturesNV, extensions.has("VK_NV_cooperative_matrix")],
+    [VkPhysicalDeviceCooperativeMatrixFeaturesKHR, extensions.has("VK_KHR_cooperative_matrix")],
   ]);
   vk.vkGetPhysicalDeviceFeatures2(handle, a.address(feats.head));
   const f10 = VkPhysicalDeviceFeatures2.read(a.view, feats.head).features as Values;
@@ -187,7 +198,9 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
   const fPrio = read(VkPhysicalDeviceMemoryPriorityFeaturesEXT, feats.at);
   const fAtomicFloat = read(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, feats.at);
   const fCoopmat = read(VkPhysicalDeviceCooperativeMatrixFeaturesNV, feats.at);
-  const cooperativeMatrixShapes = bool(fCoopmat?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, instanceProc?.("vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")) : [];
+  const cooperativeMatrixShapes = bool(fCoopmat?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", instanceProc) : [];
+  const fCoopmatKhr = read(VkPhysicalDeviceCooperativeMatrixFeaturesKHR, feats.at);
+  const cooperativeMatrixShapesKHR = bool(fCoopmatKhr?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", instanceProc) : [];
 
   const mem = chain(a, VkPhysicalDeviceMemoryProperties2, [[VkPhysicalDeviceMemoryBudgetPropertiesEXT, extensions.has("VK_EXT_memory_budget")]]);
   vk.vkGetPhysicalDeviceMemoryProperties2(handle, a.address(mem.head));
@@ -268,8 +281,10 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
       bufferFloat32AtomicAdd: bool(fAtomicFloat?.shaderBufferFloat32AtomicAdd) && bool(fAtomicFloat?.shaderBufferFloat32Atomics),
       vulkanMemoryModel: bool(f12.vulkanMemoryModel) && bool(f12.vulkanMemoryModelDeviceScope),
       cooperativeMatrixNV: bool(fCoopmat?.cooperativeMatrix),
+      cooperativeMatrixKHR: bool(fCoopmatKhr?.cooperativeMatrix),
     },
     cooperativeMatrixShapes,
+    cooperativeMatrixShapesKHR,
     integerDotProduct: {
       accelerated4x8Packed: bool(idp?.integerDotProduct4x8BitPackedSignedAccelerated),
       accelerated4x8PackedMixed: bool(idp?.integerDotProduct4x8BitPackedMixedSignednessAccelerated),
@@ -278,12 +293,14 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
   };
 }
 
-/** vkGetPhysicalDeviceCooperativeMatrixPropertiesNV's list; empty where the loader lacks the command or the call fails. */
-function queryCooperativeMatrixShapes(a: NativeArena, handle: bigint, query: NativeFn | undefined): CooperativeMatrixShape[] {
+/** The extension's list of shapes; empty where the loader lacks the command or the call fails. */
+function queryCooperativeMatrixShapes(a: NativeArena, handle: bigint, name: CooperativeMatrixQuery, instanceProc: ((name: CooperativeMatrixQuery) => NativeFn | undefined) | undefined): CooperativeMatrixShape[] {
+  const query = instanceProc?.(name);
   if (!query) return [];
+  const khr = name === "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR";
   try {
-    return enumerate(a, VkCooperativeMatrixPropertiesNV, (n, p) => query(handle, n, p) as number, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV").map((v) => (
-      { M: v.MSize, N: v.NSize, K: v.KSize, a: v.AType, b: v.BType, c: v.CType, d: v.DType, scope: v.scope } as CooperativeMatrixShape
+    return enumerate(a, khr ? VkCooperativeMatrixPropertiesKHR : VkCooperativeMatrixPropertiesNV, (n, p) => query(handle, n, p) as number, name).map((v) => (
+      { M: v.MSize, N: v.NSize, K: v.KSize, a: v.AType, b: v.BType, c: v.CType, d: khr ? v.ResultType : v.DType, scope: v.scope } as CooperativeMatrixShape
     ));
   } catch {
     return [];  // the device is taken without the matrix-core GEMM

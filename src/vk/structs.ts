@@ -532,6 +532,28 @@ export const VkCooperativeMatrixPropertiesNV = struct("VkCooperativeMatrixProper
   scope: "u32",
 }, { sType: 1000249001 });
 
+/** VK_KHR_cooperative_matrix (AMD's drivers, and NVIDIA's beside the NV one): the same GEMM, its SPIR-V rewritten from the NV build. */
+export const VkPhysicalDeviceCooperativeMatrixFeaturesKHR = struct("VkPhysicalDeviceCooperativeMatrixFeaturesKHR", {
+  sType: "u32",
+  pNext: "ptr",
+  cooperativeMatrix: "u32",
+  cooperativeMatrixRobustBufferAccess: "u32",
+}, { sType: 1000506000 });
+
+export const VkCooperativeMatrixPropertiesKHR = struct("VkCooperativeMatrixPropertiesKHR", {
+  sType: "u32",
+  pNext: "ptr",
+  MSize: "u32",
+  NSize: "u32",
+  KSize: "u32",
+  AType: "u32",
+  BType: "u32",
+  CType: "u32",
+  ResultType: "u32",
+  saturatingAccumulation: "u32",
+  scope: "u32",
+}, { sType: 1000506001 });
+
 export const VkDeviceQueueCreateInfo = struct("VkDeviceQueueCreateInfo", {
   sType: "u32",
   pNext: "ptr",

@@ -31,16 +31,19 @@ const uint BK = 32u;  // columns per step
 const uint LDS = BK + 8u;  // f16 stride of a tile row: 80 bytes, a 16-byte multiple that staggers the banks
 const uint VALUES = BM * BN / 128u;  // C values a thread ends with (cmValue)
 
-// f16 pairs in 32-bit words, [row][k / 2] and [token][k / 2]: whole-word stores (16-bit stores to
-// shared memory were the first suspect of the wrong sums on the H200), and the cooperative loads
-// read a uint array as f16 (element and stride in words)
-shared uint wTile[BM * LDS / 2u];
-shared uint xTile[BN * LDS / 2u];
-#define W2(row, k) wTile[((row) * LDS + (k)) / 2u]
-#define X2(tok, k) xTile[((tok) * LDS + (k)) / 2u]
+// f16 pairs in 32-bit words, [row][k / 2] and [token][k / 2], held in uvec4 arrays: a cooperative
+// load or store needs its start 16-byte aligned in memory, and an array of a smaller type may be
+// placed at any 4-byte offset of shared memory (NVIDIA's 580 driver put these 4 bytes off: every load
+// then read its rows from 2 halves earlier, and columns 30, 31 of each 32-column step summed as
+// zero). Element and stride of the cooperative loads are in uvec4s (8 halves).
+shared uvec4 wTile[BM * LDS / 8u];
+shared uvec4 xTile[BN * LDS / 8u];
+#define WORD(tile, i) tile[(i) >> 2u][(i) & 3u]
+#define W2(row, k) WORD(wTile, ((row) * LDS + (k)) / 2u)
+#define X2(tok, k) WORD(xTile, ((tok) * LDS + (k)) / 2u)
 const uint CS = BM;                // f32 stride of cTile
-shared float cTile[BN * CS];       // [token][row], once the loop is done
-#define CT(row, tok) cTile[(tok) * CS + (row)]
+shared uvec4 cTile[BN * CS / 4u];  // f32 bits [token][row], once the loop is done (uvec4s: aligned as the tiles)
+#define CT(row, tok) uintBitsToFloat(WORD(cTile, (tok) * CS + (row)))
 
 // [tile][split][BM * BN] partial tiles and a word per tile (0 between calls), as gemm_split.glsl
 layout(std430, binding = SPLIT_PART_BINDING) coherent restrict buffer PT { float part[]; };
@@ -101,9 +104,9 @@ void cmTile(uint uBegin, uint uEnd) {
 // Runs steps uBegin .. uEnd - 1 (uniform), leaving this thread's C values in cmValues. The
 // accumulators are named, not an array: an array of cooperative matrices indexed in a loop may be
 // kept in memory rather than registers.
-#define CM_LOAD_B(j) coopMatLoadNV(b##j, xTile, ((n0 + 8u * j) * LDS + kk) / 2u, LDS / 2u, true)
+#define CM_LOAD_B(j) coopMatLoadNV(b##j, xTile, ((n0 + 8u * j) * LDS + kk) / 8u, LDS / 8u, true)
 #define CM_MMA(i, j) c##i##j = coopMatMulAddNV(a##i, b##j, c##i##j)
-#define CM_STORE(i, j) coopMatStoreNV(c##i##j, cTile, (n0 + 8u * j) * CS + r0 + 16u * i, CS, true)
+#define CM_STORE(i, j) coopMatStoreNV(c##i##j, cTile, ((n0 + 8u * j) * CS + r0 + 16u * i) / 4u, CS / 4u, true)
 void cmTile(uint uBegin, uint uEnd) {
     const uint g = gl_SubgroupID;
     const uint r0 = (g / 2u) * 32u, n0 = (g % 2u) * 32u;
@@ -117,8 +120,8 @@ void cmTile(uint uBegin, uint uEnd) {
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             CM_A a0, a1;
             CM_B b0, b1, b2, b3;
-            coopMatLoadNV(a0, wTile, (r0 * LDS + kk) / 2u, LDS / 2u, false);
-            coopMatLoadNV(a1, wTile, ((r0 + 16u) * LDS + kk) / 2u, LDS / 2u, false);
+            coopMatLoadNV(a0, wTile, (r0 * LDS + kk) / 8u, LDS / 8u, false);
+            coopMatLoadNV(a1, wTile, ((r0 + 16u) * LDS + kk) / 8u, LDS / 8u, false);
             CM_LOAD_B(0); CM_LOAD_B(1); CM_LOAD_B(2); CM_LOAD_B(3);
             CM_MMA(0, 0); CM_MMA(0, 1); CM_MMA(0, 2); CM_MMA(0, 3);
             CM_MMA(1, 0); CM_MMA(1, 1); CM_MMA(1, 2); CM_MMA(1, 3);

@@ -22,7 +22,7 @@ const envSchema = z.strictObject({
    * them and the kernel passes its self-check ("on"), or never ("off", the default: on the H200 the
    * kernel is 1.5-2.3x the float GEMM's speed but fails the self-check).
    */
-  VKMOE_COOPMAT: z.enum(["on", "off", "khr", "nv"]).default("off"),
+  VKMOE_COOPMAT: z.enum(["auto", "on", "off", "khr", "nv"]).default("auto"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */

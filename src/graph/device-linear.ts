@@ -32,6 +32,13 @@ import { GraphUnsupportedError } from "./errors.ts";
 
 /** Calls of this many tokens or more run q4/q8 matrices through the tiled GEMM instead of the GEMV. */
 export const GEMM_FROM_TOKENS = 8;
+/**
+ * Matrices at least this many rows and columns take the matrix-core GEMM where it is on; smaller ones
+ * keep the integer-dot / f32 GEMMs, which were faster there (H100, 2026-12-06, bench:gemm-pool, S = 64:
+ * the shared expert's gate 2048 -> 512 rows 0.8-0.9x the f32 GEMM's speed on the matrix cores, its
+ * down 512 -> 2048 columns 0.92-1.08x; qkv 2048 -> 8192 2.0-2.3x, out 4096 -> 2048 1.5x).
+ */
+export const MATRIX_CORE_MIN_DIM = 1024;
 
 /**
  * GGML block matrices take the integer-dot path for calls of up to this many tokens (decode and small
@@ -94,7 +101,7 @@ export interface LinearKernelsOptions {
    * Column runs a matrix's prompt-chunk GEMM is split into (default gemmSplits: a few for matrices of
    * few rows on a GPU, none on a CPU device); tests pass their own to run the split GEMMs on Lavapipe.
    */
-  gemmSplits?: (rows: number, cols: number) => number;
+  gemmSplits?: (rows: number, cols: number, tileRows: number) => number;
   /**
    * Prompt chunks (GEMM_FROM_TOKENS tokens or more) of q4/q8 and GGML block matrices on the matrix-core
    * GEMMs (default: where the device has cooperativeMatrix enabled, VKMOE_COOPMAT=on, and the kernel
@@ -124,7 +131,7 @@ export class LinearKernels implements Disposable {
   /** By type and shape (ggmlOptions: by the matrix's rows on a GPU). */
   private readonly ggml = new Map<string, GgmlGemvKernel>();
   private readonly ggmlIdp = new Map<string, GgmlGemvIdpKernel>();
-  private readonly ggmlGemmKernels = new Map<GgmlBlockType, GgmlGemmKernel>();
+  private readonly ggmlGemmKernels = new Map<string, GgmlGemmKernel>();
   private readonly ggmlGemmIdpKernels = new Map<GgmlBlockType, GgmlGemmIdpKernel>();
   /** GGML block matrices take the integer-dot path (for calls of up to GGML_IDP_MAX_TOKENS tokens). */
   readonly integerDot: boolean;
@@ -143,7 +150,7 @@ export class LinearKernels implements Disposable {
    */
   readonly quantizedTokens: number;
   /** Column runs a matrix's prompt-chunk GEMM is split into (LinearKernelsOptions.gemmSplits). */
-  readonly gemmSplits: (rows: number, cols: number) => number;
+  readonly gemmSplits: (rows: number, cols: number, tileRows: number) => number;
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -161,11 +168,11 @@ export class LinearKernels implements Disposable {
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
     if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
-    this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && !this.matrixCores && (options.ggmlGemmIdp ?? true);
-    this.quantGemmIdp = this.integerDot && !this.matrixCores && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");
+    // with the matrix cores on, the matrices below MATRIX_CORE_MIN_DIM keep these
+    this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
+    this.quantGemmIdp = this.integerDot && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");
     this.quantizedTokens = this.ggmlGemmIdp || this.quantGemmIdp ? GGML_IDP_GEMM_MAX_TOKENS : this.integerDot ? GGML_IDP_MAX_TOKENS : 0;
-    const tileRows = this.matrixCores ? COOPMAT_GEMM_ROWS : GEMM_ROWS;
-    this.gemmSplits = options.gemmSplits ?? ((rows, cols) => gemmSplits(device, rows, cols, tileRows));
+    this.gemmSplits = options.gemmSplits ?? ((rows, cols, tileRows) => gemmSplits(device, rows, cols, tileRows));
     if (this.integerDot && !device.enabled.integerDotProduct) throw new GraphUnsupportedError(`integer-dot GGML GEMVs need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
   }
 
@@ -180,10 +187,11 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
-  gemmKernel(m: QuantLinear["matrix"]): QuantGemmKernel {
-    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+  /** The prompt-chunk GEMM of a q4/q8 matrix: on the matrix cores (only where they are on) or the f32 tiles. */
+  gemmKernel(m: QuantLinear["matrix"], matrixCores = false): QuantGemmKernel {
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}/${matrixCores}`;
     let k = this.gemm.get(key);
-    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: this.matrixCores })));
+    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: matrixCores && this.matrixCores })));
     return k;
   }
 
@@ -202,9 +210,11 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
-  ggmlGemmKernel(type: GgmlBlockType): GgmlGemmKernel {
-    let k = this.ggmlGemmKernels.get(type);
-    if (!k) this.ggmlGemmKernels.set(type, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256, matrixCores: this.matrixCores })));
+  /** The prompt-chunk GEMM of a GGML block type: on the matrix cores (only where they are on) or the f32 tiles. */
+  ggmlGemmKernel(type: GgmlBlockType, matrixCores = false): GgmlGemmKernel {
+    const key = `${type}/${matrixCores}`;
+    let k = this.ggmlGemmKernels.get(key);
+    if (!k) this.ggmlGemmKernels.set(key, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256, matrixCores: matrixCores && this.matrixCores })));
     return k;
   }
 
@@ -260,6 +270,8 @@ export class DeviceLinear implements Disposable {
    * recorded without a barrier between them, and calls on one scratch must not overlap.
    */
   private readonly gemmSplit: GemmSplitScratch | undefined;
+  /** Prompt chunks of this matrix run the matrix-core GEMM (LinearKernels.matrixCores and MATRIX_CORE_MIN_DIM). */
+  readonly onMatrixCores: boolean;
 
   /**
    * `floatKernel`: a float matrix records through this kernel instead of the graph's shared one
@@ -269,6 +281,8 @@ export class DeviceLinear implements Disposable {
     const device = kernels.device;
     this.rows = linear.rows;
     this.cols = linear.cols;
+    this.onMatrixCores = kernels.matrixCores && (linear instanceof QuantLinear || (linear instanceof GgmlBlockLinear && kernels.ggmlGemm)) && linear.rows >= MATRIX_CORE_MIN_DIM && linear.cols >= MATRIX_CORE_MIN_DIM;
+    const tileRows = this.onMatrixCores ? COOPMAT_GEMM_ROWS : GEMM_ROWS;
     const limit = device.info.limits.maxStorageBufferRange;
     if (linear.bytes > limit) throw new GraphUnsupportedError(`${name} takes ${linear.bytes} bytes, past this device's maxStorageBufferRange of ${limit}`);
     if (linear instanceof FloatLinear) {
@@ -286,8 +300,8 @@ export class DeviceLinear implements Disposable {
       this.matrix = new DeviceMatrix(device, linear.matrix);
       try {
         // the integer-dot GEMM takes rows of whole 32-column slices (GGUF's Q4_0 / Q8_0 always are)
-        if (kernels.quantGemmIdp && linear.cols % 32 === 0) this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.quantizedTokens);
-        const splits = kernels.gemmSplits(linear.rows, linear.cols);
+        if (kernels.quantGemmIdp && !this.onMatrixCores && linear.cols % 32 === 0) this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.quantizedTokens);
+        const splits = kernels.gemmSplits(linear.rows, linear.cols, tileRows);
         if (splits > 1 && splitRuns(linear.cols, splits).splits > 1) this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits);
       } catch (e) {
         this.idpScratch?.[Symbol.dispose]();
@@ -299,7 +313,7 @@ export class DeviceLinear implements Disposable {
       try {
         if (kernels.integerDot) this.idpScratch = new GgmlIdpScratch(device, linear.cols, kernels.quantizedTokens);
         // runs of whole blocks (a K-quant's 256 columns): a matrix of few blocks a row may not split
-        const block = GGML_BLOCK_LAYOUTS[linear.tensor.type].blockElements, splits = kernels.gemmSplits(linear.rows, linear.cols);
+        const block = GGML_BLOCK_LAYOUTS[linear.tensor.type].blockElements, splits = kernels.gemmSplits(linear.rows, linear.cols, tileRows);
         if (kernels.ggmlGemm && splits > 1 && splitRuns(linear.cols, splits, block).splits > 1) {
           this.gemmSplit = new GemmSplitScratch(device, linear.rows, linear.cols, GEMM_TOKENS, splits, block);
         }
@@ -342,6 +356,7 @@ export class DeviceLinear implements Disposable {
    */
   private ggmlPath(S: number): "idp-gemv" | "idp-gemm" | "gemm" | "gemv" {
     if (this.idpScratch && S <= GGML_IDP_MAX_TOKENS) return "idp-gemv";
+    if (this.onMatrixCores && S >= GEMM_FROM_TOKENS) return "gemm";
     if (this.idpScratch && this.kernels.ggmlGemmIdp && S <= this.idpScratch.maxTokens) return "idp-gemm";
     return this.kernels.ggmlGemm && S >= GEMM_FROM_TOKENS ? "gemm" : "gemv";
   }
@@ -394,7 +409,7 @@ export class DeviceLinear implements Disposable {
       const args = { matrix: this.matrix!, x, y, S, xOffset, yOffset };
       const path = this.quantPath(S);
       if (path === "idp-gemm") this.kernels.gemmIdpKernel(m).record(cb, { ...args, scratch: this.idpScratch! }, this.splitFor(S));
-      else if (path === "gemm") this.kernels.gemmKernel(m).record(cb, args, this.splitFor(S));
+      else if (path === "gemm") this.kernels.gemmKernel(m, this.onMatrixCores).record(cb, args, this.splitFor(S));
       else this.kernels.quantKernel(m).record(cb, args);
     }
   }
@@ -406,7 +421,7 @@ export class DeviceLinear implements Disposable {
     } else if (path === "idp-gemm") {
       this.kernels.ggmlGemmIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! }, this.splitFor(S));
     } else if (path === "gemm") {
-      this.kernels.ggmlGemmKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset }, this.splitFor(S));
+      this.kernels.ggmlGemmKernel(blocks.type, this.onMatrixCores).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset }, this.splitFor(S));
     } else {
       for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
         const n = Math.min(GGML_GEMV_MAX_S, S - t);

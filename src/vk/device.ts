@@ -22,11 +22,11 @@ export interface DeviceOptions {
   /** "off" never enables VK_EXT_shader_atomic_float (VKMOE_FLOAT_ATOMICS): MoE calls of few tokens then run grouped. */
   floatAtomics?: "auto" | "off";
   /**
-   * "on" enables VK_KHR_cooperative_matrix where it offers the kernel's shape, else VK_NV_cooperative_matrix
-   * (VKMOE_COOPMAT=on): prompt chunks' GEMMs on the matrix cores; "khr" / "nv" only that extension.
-   * Default "off": they keep the f32 / integer-dot GEMMs.
+   * Prompt chunks' GEMMs on the matrix cores (VKMOE_COOPMAT): "auto" (the default; "on" is the same)
+   * enables VK_NV_cooperative_matrix where it offers the kernel's shape, else VK_KHR_cooperative_matrix;
+   * "khr" / "nv" only that extension; "off" never (the f32 / integer-dot GEMMs).
    */
-  cooperativeMatrix?: "on" | "off" | "khr" | "nv";
+  cooperativeMatrix?: "auto" | "on" | "off" | "khr" | "nv";
   /** Memory model override (VKMOE_STAGED). */
   staged?: "auto" | "on" | "off";
 }
@@ -124,18 +124,18 @@ export class Device implements Disposable {
     const atomicFloat = decide("shaderBufferFloat32AtomicAdd", has("VK_EXT_shader_atomic_float") && f.bufferFloat32AtomicAdd, "not supported by the driver (MoE calls of few tokens run grouped)",
       options.floatAtomics === "off" ? "VKMOE_FLOAT_ATOMICS=off" : undefined);
     if (atomicFloat) extensions.push("VK_EXT_shader_atomic_float");
-    // KHR first (AMD's drivers offer only it; NVIDIA's both), unless VKMOE_COOPMAT names one
+    // NV first where both are offered (NVIDIA's drivers; Debian 12's validation layer predates KHR),
+    // KHR elsewhere (AMD's drivers offer only it), unless VKMOE_COOPMAT names one
     const usable = (ext: "khr" | "nv") => has(`VK_${ext.toUpperCase()}_cooperative_matrix`) && (ext === "khr" ? f.cooperativeMatrixKHR : f.cooperativeMatrixNV) && offersCoopmatShape(info, ext);
-    const wanted: ("khr" | "nv")[] = options.cooperativeMatrix === "khr" ? ["khr"] : options.cooperativeMatrix === "nv" ? ["nv"] : ["khr", "nv"];
+    const wanted: ("khr" | "nv")[] = options.cooperativeMatrix === "khr" ? ["khr"] : options.cooperativeMatrix === "nv" ? ["nv"] : ["nv", "khr"];
     const coopmatExt = wanted.find(usable);
     const named = wanted.map((e) => `VK_${e.toUpperCase()}_cooperative_matrix`).join(" or ");
     const coopmatWhy = !wanted.some((e) => has(`VK_${e.toUpperCase()}_cooperative_matrix`)) ? `${named} not offered (prompt chunks keep the f32 / integer-dot GEMMs)`
       : !coopmatExt ? `${named} offered without its cooperativeMatrix feature or a 16 x 8 x 16 f16 -> f32 subgroup shape`
       : !f.shaderFloat16 || !f.vulkanMemoryModel ? "needs shaderFloat16 and vulkanMemoryModel"
       : `the matrix-core GEMM is written for subgroups of 32, not ${info.subgroup.size}`;
-    const coopmatOff = options.cooperativeMatrix === undefined || options.cooperativeMatrix === "off";
     const coopmat = decide("cooperativeMatrix", coopmatExt !== undefined && f.shaderFloat16 && f.vulkanMemoryModel && info.subgroup.size === 32,
-      coopmatWhy, coopmatOff ? "off by default: not yet correct on any driver measured (VKMOE_COOPMAT=on to try it; a self-check guards it)" : undefined,
+      coopmatWhy, options.cooperativeMatrix === "off" ? "VKMOE_COOPMAT=off" : undefined,
       `supported (VK_${coopmatExt?.toUpperCase()}_cooperative_matrix, 16 x 8 x 16 f16 -> f32)`);
     if (coopmat) extensions.push(`VK_${coopmatExt!.toUpperCase()}_cooperative_matrix`);
     const f16 = f.shaderFloat16, vmm = f.vulkanMemoryModel;

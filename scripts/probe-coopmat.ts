@@ -5,8 +5,8 @@
 //   - for one-hot x (every token a 1 in column k, k = 0..63), the columns k whose weight column does
 //     not come out (y[s][o] should equal W[o][k]);
 //   - whether three calls agree bit for bit.
-// Run with VKMOE_COOPMAT=on (or khr / nv) on a device with cooperative matrices.
-//   bun scripts/probe-coopmat.ts
+// On a device with cooperative matrices (VKMOE_COOPMAT=khr / nv picks the extension).
+//   bun run probe:coopmat
 import { readConfig } from "../src/config.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";

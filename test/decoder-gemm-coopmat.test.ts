@@ -18,9 +18,11 @@
  * - Where the device has no cooperative matrices (Lavapipe: Mesa 22.3 offers none) the real kernels'
  *   cases are skipped with the device's reason printed, and the decision is checked: LinearKernels
  *   keeps the f32 / integer-dot GEMMs, and asking for the matrix cores is refused with a typed error.
- * Negative controls (by hand, 2026-12-04): on the H200 one 16 x 16 type for both A and B (the first
- * version) gave NMSE 2.8e-2..7.1e-2 and NaN split; on Lavapipe the emulation reading x of the next
- * token (tok + 1) gave NMSE 1 on the first q4 case and 2.06 on the first Q4_K one.
+ * Negative controls (by hand): on the H200 (2026-12-04) and the H100 (2026-12-06) the tiles as uint
+ * arrays, 4 bytes off a 16-byte boundary, gave NMSE 2.8e-2..7.6e-2 (columns 30, 31 of each step lost);
+ * on Lavapipe the emulation reading x of the next token (tok + 1) gave NMSE 1 on the first q4 case and
+ * 2.06 on the first Q4_K one. On the H100 all of this file passes with VKMOE_COOPMAT=nv (2026-12-06;
+ * Debian 12's validation layer predates the KHR extension).
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";

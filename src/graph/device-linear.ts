@@ -103,9 +103,10 @@ export interface LinearKernelsOptions {
    */
   gemmSplits?: (rows: number, cols: number, tileRows: number) => number;
   /**
-   * Prompt chunks (GEMM_FROM_TOKENS tokens or more) of q4/q8 and GGML block matrices on the matrix-core
-   * GEMMs (default: where the device has cooperativeMatrix enabled, VKMOE_COOPMAT=on, and the kernel
-   * passes its self-check, coopmat-check.ts; false: the f32 / integer-dot GEMMs). They take the place of both.
+   * Prompt chunks (GEMM_FROM_TOKENS tokens or more) of q4/q8 and GGML block matrices of MATRIX_CORE_MIN_DIM
+   * rows and columns or more on the matrix-core GEMMs (default: where the device has cooperativeMatrix
+   * enabled, VKMOE_COOPMAT, and the kernel passes its self-check, coopmat-check.ts; false: the f32 /
+   * integer-dot GEMMs for every matrix).
    */
   matrixCores?: boolean;
 }

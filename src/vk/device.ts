@@ -51,8 +51,9 @@ export interface EnabledFeatures {
   /** atomicAdd on float32 in storage buffers (VK_EXT_shader_atomic_float): the one-dispatch MoE call. */
   bufferFloat32AtomicAdd: boolean;
   /**
-   * VK_NV_cooperative_matrix with the 16 x 8 x 16 f16 x f16 -> f32 subgroup shape, shaderFloat16 and
-   * the Vulkan memory model: the prompt chunks' matrix-core GEMM (src/kernels/decoder/coopmat-gemm.ts).
+   * VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix with the 16 x 8 x 16 f16 x f16 -> f32 subgroup
+   * shape, shaderFloat16 and the Vulkan memory model: the prompt chunks' matrix-core GEMMs
+   * (src/kernels/decoder/quant-gemm.ts, ggml-gemm.ts).
    */
   cooperativeMatrix: boolean;
   /** Which extension the matrix-core GEMM runs on, where cooperativeMatrix is on (its SPIR-V differs). */

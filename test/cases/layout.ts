@@ -15,8 +15,24 @@ export const VK_XML = "/usr/share/vulkan/registry/vk.xml";
 
 export type CFacts = Map<string, number>;
 
+/**
+ * Structs of extensions newer than Debian 12's header and vk.xml (1.3.239): their C definitions and
+ * sType values as the Khronos registry gives them (Vulkan-Headers 1.3.255+, VK_KHR_cooperative_matrix;
+ * enums written as uint32_t, their size), used only where the installed header lacks the extension.
+ */
+const NEWER_THAN_HEADER: { extension: string; c: string; sTypes: Record<string, number> }[] = [{
+  extension: "VK_KHR_cooperative_matrix",
+  c: `typedef struct VkCooperativeMatrixPropertiesKHR { VkStructureType sType; void* pNext; uint32_t MSize; uint32_t NSize; uint32_t KSize;
+  uint32_t AType; uint32_t BType; uint32_t CType; uint32_t ResultType; VkBool32 saturatingAccumulation; uint32_t scope; } VkCooperativeMatrixPropertiesKHR;
+typedef struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR { VkStructureType sType; void* pNext; VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess; } VkPhysicalDeviceCooperativeMatrixFeaturesKHR;`,
+  sTypes: { VkPhysicalDeviceCooperativeMatrixFeaturesKHR: 1000506000, VkCooperativeMatrixPropertiesKHR: 1000506001 },
+}];
+
 export function probeSource(layouts: Iterable<StructLayout>): string {
-  const lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <vulkan/vulkan_core.h>", "int main(void) {"];
+  const lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <vulkan/vulkan_core.h>"];
+  for (const n of NEWER_THAN_HEADER) lines.push(`#ifndef ${n.extension}`, n.c, "#endif");
+  lines.push("int main(void) {");
   for (const s of layouts) {
     lines.push(`  printf("%s size %zu\\n", "${s.name}", sizeof(${s.name}));`);
     lines.push(`  printf("%s align %zu\\n", "${s.name}", _Alignof(${s.name}));`);
@@ -82,7 +98,9 @@ export function compareSTypes(layouts: Iterable<StructLayout>): string[] {
     const named = /values="(VK_STRUCTURE_TYPE_\w+)"/.exec(block)?.[1];
     if (!hasSType) continue;
     if (!named) {
-      problems.push(`${s.name}: no sType value in vk.xml`);
+      const newer = NEWER_THAN_HEADER.find((n) => s.name in n.sTypes)?.sTypes[s.name];
+      if (newer === undefined) problems.push(`${s.name}: no sType value in vk.xml`);
+      else if (newer !== s.defaults.sType) problems.push(`${s.name}: sType ours ${String(s.defaults.sType)}, the registry's ${newer}`);
       continue;
     }
     const value = new RegExp(`\\b${named} = (-?\\d+)`).exec(header)?.[1];

@@ -1,9 +1,10 @@
 /**
  * The matrix-core GEMM's self-check: one q8 prompt-chunk GEMM (64 x 96, 64 tokens, every row and
  * token tile edge) through dec_gemm_quant_cm against gemvReference before the graphs route any chunk
- * to it. A driver that computes the products wrong (the NVIDIA 580.159 H200 run of 2026-12-04: two
- * columns of each 32-column step summed as zero, NMSE 6e-2) then leaves the prompt chunks on the
- * f32 / integer-dot GEMMs, with one line saying why, instead of answering wrong. Once per device.
+ * to it. A driver that computes the products wrong (as the kernel's tiles did on NVIDIA 580.159 until
+ * they were 16-byte aligned: two columns of each 32-column step summed as zero, NMSE 6e-2) then leaves
+ * the prompt chunks on the f32 / integer-dot GEMMs, with one line saying why, instead of answering
+ * wrong. Once per device.
  */
 import { gemvReference } from "../../quant/gemv-reference.ts";
 import { nmse } from "../../quant/metrics.ts";

@@ -5,10 +5,12 @@
 //   - for one-hot x (every token a 1 in column k, k = 0..63), the columns k whose weight column does
 //     not come out (y[s][o] should equal W[o][k]);
 //   - whether three calls agree bit for bit.
+// Exits 1 when a kernel is past the self-check's bound (COOPMAT_CHECK_BOUND) or differs between calls.
 // On a device with cooperative matrices (VKMOE_COOPMAT=khr / nv picks the extension).
 //   bun run probe:coopmat
 import { readConfig } from "../src/config.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
+import { COOPMAT_CHECK_BOUND } from "../src/kernels/decoder/coopmat-check.ts";
 import { QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
 import { gemvReference } from "../src/quant/gemv-reference.ts";
@@ -47,6 +49,7 @@ function badBy(ref: Float64Array, got: Float32Array, of: (i: number) => number, 
   return Array.from({ length: n }, (_, j) => j).filter((j) => err[j]! > 1e-2 * Math.max(energy[j]!, 1e-30));
 }
 
+let failed = false;
 const variants: (true | "emulated")[] = device.enabled.cooperativeMatrix ? [true, "emulated"] : ["emulated"];
 for (const v of variants) {
   using kernel = new QuantGemmKernel(device, "q8", true, 32, { matrixCores: v });
@@ -55,7 +58,9 @@ for (const v of variants) {
   const ys = [run(kernel, x), run(kernel, x), run(kernel, x)];
   const y = ys[0]!;
   const same = ys.every((z) => z.every((f, i) => Object.is(f, y[i])));
-  console.log(`${v === true ? "matrix cores" : "emulated"}: random x NMSE ${nmse(ref, y).toExponential(2)}, 3 calls ${same ? "equal" : "DIFFER"}`);
+  const e = nmse(ref, y);
+  if (!(e <= COOPMAT_CHECK_BOUND) || !same) failed = true;
+  console.log(`${v === true ? "matrix cores" : "emulated"}: random x NMSE ${e.toExponential(2)}, 3 calls ${same ? "equal" : "DIFFER"}`);
   console.log(`  bad tokens: [${badBy(ref, y, (i) => Math.floor(i / O), S).join(" ")}]`);
   console.log(`  bad rows: [${badBy(ref, y, (i) => i % O, O).join(" ")}]`);
   const missing: string[] = [];
@@ -68,3 +73,4 @@ for (const v of variants) {
   }
   console.log(`  one-hot columns wrong: ${missing.length === 0 ? "none" : missing.join("; ")}`);
 }
+if (failed) process.exit(1);

@@ -81,9 +81,10 @@ export function nvToKhrCoopmat(input: Uint32Array): Uint32Array {
   // whose types are known, and take the types of the others from the instructions that make them
   const typeOfId = new Map<number, number>();
   const matrixTypes = new Set(body.filter((i) => i.op === Op.TypeCooperativeMatrixNV).map((i) => i.words[0]!));
+  const annotations = new Set([5, 6, 71, 72, 332]); // OpName, OpMemberName, OpDecorate, OpMemberDecorate, OpDecorateId: a type as their target
   for (const i of body) {
     // instructions with a result type first: [resultType, result, ...]
-    if (i.words.length >= 2 && matrixTypes.has(i.words[0]!)) typeOfId.set(i.words[1]!, i.words[0]!);
+    if (i.words.length >= 2 && matrixTypes.has(i.words[0]!) && !annotations.has(i.op)) typeOfId.set(i.words[1]!, i.words[0]!);
   }
   for (const i of body) if (i.op === Op.CooperativeMatrixMulAddNV) {
     const [rt, , a, b, c] = i.words;

@@ -18,9 +18,9 @@ const envSchema = z.strictObject({
   VKMOE_IDP: mode3.default("auto"),
   VKMOE_FLOAT_ATOMICS: z.enum(["auto", "off"]).default("auto"),
   /**
-   * Prompt chunks' dense GEMMs on the matrix cores (VK_NV_cooperative_matrix) where the driver offers
-   * them and the kernel passes its self-check ("on"), or never ("off", the default: on the H200 the
-   * kernel is 1.5-2.3x the float GEMM's speed but fails the self-check).
+   * Prompt chunks' larger dense GEMMs on the matrix cores where the driver offers them and the kernel
+   * passes its self-check ("auto", the default, or "on": VK_NV_cooperative_matrix, else
+   * VK_KHR_cooperative_matrix; "nv" / "khr": only that one), or never ("off").
    */
   VKMOE_COOPMAT: z.enum(["auto", "on", "off", "khr", "nv"]).default("auto"),
   VKMOE_PRELAUNCH: mode3.default("auto"),

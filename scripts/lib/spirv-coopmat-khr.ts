@@ -132,10 +132,6 @@ export function nvToKhrCoopmat(input: Uint32Array): Uint32Array {
         out.push(name === "SPV_NV_cooperative_matrix" ? { op: i.op, words: stringWords("SPV_KHR_cooperative_matrix") } : i);
         break;
       }
-      case Op.TypeInt:
-        out.push(i);
-        if (i.words[0] === uintType) out.push(...added.splice(0)); // constants right after their type
-        break;
       case Op.TypeCooperativeMatrixNV: {
         const [result, comp, scope, rows, cols] = i.words;
         out.push({ op: Op.TypeCooperativeMatrixKHR, words: [result!, comp!, scope!, rows!, cols!, uintConstant(use.get(result!)!)] });
@@ -161,7 +157,7 @@ export function nvToKhrCoopmat(input: Uint32Array): Uint32Array {
         out.push(i);
     }
   }
-  // constants made while rewriting the instructions after the integer type: insert them after it
+  // the constants made while rewriting: right after their type, before any matrix type uses them
   if (added.length > 0) {
     const at = out.findIndex((i) => i.op === Op.TypeInt && i.words[0] === uintType);
     out.splice(at + 1, 0, ...added);

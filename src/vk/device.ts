@@ -65,7 +65,7 @@ export interface EnabledFeatures {
 
 /** The one cooperative-matrix shape the matrix-core GEMM is written for: M 16 x N 8 x K 16, f16 A and B (0), f32 C and D (1), subgroup scope (3). */
 export function offersCoopmatShape(info: PhysicalDeviceInfo, extension: "khr" | "nv" = "nv"): boolean {
-  return (extension === "khr" ? info.cooperativeMatrixShapesKHR : info.cooperativeMatrixShapes)
+  return (extension === "khr" ? info.cooperativeMatrixShapesKHR : info.cooperativeMatrixShapesNV)
     .some((s) => s.M === 16 && s.N === 8 && s.K === 16 && s.a === 0 && s.b === 0 && s.c === 1 && s.d === 1 && s.scope === 3);
 }
 
@@ -127,18 +127,19 @@ export class Device implements Disposable {
     if (atomicFloat) extensions.push("VK_EXT_shader_atomic_float");
     // NV first where both are offered (NVIDIA's drivers; Debian 12's validation layer predates KHR),
     // KHR elsewhere (AMD's drivers offer only it), unless VKMOE_COOPMAT names one
-    const usable = (ext: "khr" | "nv") => has(`VK_${ext.toUpperCase()}_cooperative_matrix`) && (ext === "khr" ? f.cooperativeMatrixKHR : f.cooperativeMatrixNV) && offersCoopmatShape(info, ext);
+    const extName = (ext: "khr" | "nv") => `VK_${ext.toUpperCase()}_cooperative_matrix`;
+    const usable = (ext: "khr" | "nv") => has(extName(ext)) && (ext === "khr" ? f.cooperativeMatrixKHR : f.cooperativeMatrixNV) && offersCoopmatShape(info, ext);
     const wanted: ("khr" | "nv")[] = options.cooperativeMatrix === "khr" ? ["khr"] : options.cooperativeMatrix === "nv" ? ["nv"] : ["nv", "khr"];
     const coopmatExt = wanted.find(usable);
-    const named = wanted.map((e) => `VK_${e.toUpperCase()}_cooperative_matrix`).join(" or ");
-    const coopmatWhy = !wanted.some((e) => has(`VK_${e.toUpperCase()}_cooperative_matrix`)) ? `${named} not offered (prompt chunks keep the f32 / integer-dot GEMMs)`
+    const named = wanted.map(extName).join(" or ");
+    const coopmatWhy = !wanted.some((e) => has(extName(e))) ? `${named} not offered (prompt chunks keep the f32 / integer-dot GEMMs)`
       : !coopmatExt ? `${named} offered without its cooperativeMatrix feature or a 16 x 8 x 16 f16 -> f32 subgroup shape`
       : !f.shaderFloat16 || !f.vulkanMemoryModel ? "needs shaderFloat16 and vulkanMemoryModel"
       : `the matrix-core GEMM is written for subgroups of 32, not ${info.subgroup.size}`;
     const coopmat = decide("cooperativeMatrix", coopmatExt !== undefined && f.shaderFloat16 && f.vulkanMemoryModel && info.subgroup.size === 32,
       coopmatWhy, options.cooperativeMatrix === "off" ? "VKMOE_COOPMAT=off" : undefined,
-      `supported (VK_${coopmatExt?.toUpperCase()}_cooperative_matrix, 16 x 8 x 16 f16 -> f32)`);
-    if (coopmat) extensions.push(`VK_${coopmatExt!.toUpperCase()}_cooperative_matrix`);
+      `supported (${coopmatExt && extName(coopmatExt)}, 16 x 8 x 16 f16 -> f32)`);
+    if (coopmat) extensions.push(extName(coopmatExt!));
     const f16 = f.shaderFloat16, vmm = f.vulkanMemoryModel;
     this.decisions = decisions;
     this.enabled = {

@@ -115,7 +115,7 @@ export interface PhysicalDeviceInfo {
     cooperativeMatrixKHR: boolean;
   };
   /** The shapes VK_NV_cooperative_matrix offers (empty without it). */
-  cooperativeMatrixShapes: CooperativeMatrixShape[];
+  cooperativeMatrixShapesNV: CooperativeMatrixShape[];
   /** The shapes VK_KHR_cooperative_matrix offers (empty without it). */
   cooperativeMatrixShapesKHR: CooperativeMatrixShape[];
   integerDotProduct: { accelerated4x8Packed: boolean; accelerated4x8PackedMixed: boolean };
@@ -198,7 +198,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
   const fPrio = read(VkPhysicalDeviceMemoryPriorityFeaturesEXT, feats.at);
   const fAtomicFloat = read(VkPhysicalDeviceShaderAtomicFloatFeaturesEXT, feats.at);
   const fCoopmat = read(VkPhysicalDeviceCooperativeMatrixFeaturesNV, feats.at);
-  const cooperativeMatrixShapes = bool(fCoopmat?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", instanceProc) : [];
+  const cooperativeMatrixShapesNV = bool(fCoopmat?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", instanceProc) : [];
   const fCoopmatKhr = read(VkPhysicalDeviceCooperativeMatrixFeaturesKHR, feats.at);
   const cooperativeMatrixShapesKHR = bool(fCoopmatKhr?.cooperativeMatrix) ? queryCooperativeMatrixShapes(a, handle, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", instanceProc) : [];
 
@@ -283,7 +283,7 @@ export function queryPhysicalDevice(vk: CoreCommands, handle: bigint, index: num
       cooperativeMatrixNV: bool(fCoopmat?.cooperativeMatrix),
       cooperativeMatrixKHR: bool(fCoopmatKhr?.cooperativeMatrix),
     },
-    cooperativeMatrixShapes,
+    cooperativeMatrixShapesNV,
     cooperativeMatrixShapesKHR,
     integerDotProduct: {
       accelerated4x8Packed: bool(idp?.integerDotProduct4x8BitPackedSignedAccelerated),

@@ -30,8 +30,6 @@ import { chunkGemmTile, GEMM_ROWS, GEMM_TOKENS, type ChunkGemmOptions, type Gemm
 export const DEC_GEMM_GGML: ShaderInterface = { name: "dec_gemm_ggml", storageBuffers: 5, pushConstantBytes: 32 };
 /** The same on the matrix cores (shaders/dec_gemm_ggml_cm.comp): bindings and push constants as dec_gemm_ggml's. */
 export const DEC_GEMM_GGML_CM: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_cm" };
-/** The same with VK_KHR_cooperative_matrix's SPIR-V (rewritten from dec_gemm_ggml_cm's by the shader build). */
-export const DEC_GEMM_GGML_CMK: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_cmk" };
 /** Its test variant (dec_gemm_ggml_cm_emu.comp), as DEC_GEMM_QUANT_CM_EMU. */
 export const DEC_GEMM_GGML_CM_EMU: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_cm_emu" };
 /** Rows and tokens of one workgroup's tile (dec_gemm_quant's: GemmSplitScratch's tiles fit both). */
@@ -79,7 +77,7 @@ export class GgmlGemmKernel extends DecoderKernel {
 
   constructor(device: Device, readonly type: GgmlBlockType, options: ChunkGemmOptions = {}) {
     if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMM for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
-    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: DEC_GEMM_GGML_CM, cmk: DEC_GEMM_GGML_CMK, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
+    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
     super(device, shader, { 0: FORMAT_ID[type] }, options);
     this.tileRows = tileRows;
   }

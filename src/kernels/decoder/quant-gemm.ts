@@ -25,8 +25,6 @@ import type { QuantGemvArgs } from "./quant-gemv.ts";
 export const DEC_GEMM_QUANT: ShaderInterface = { name: "dec_gemm_quant", storageBuffers: 6, pushConstantBytes: 44 };
 /** The same on the matrix cores (shaders/dec_gemm_quant_cm.comp, gemm_coopmat_tile.glsl): bindings and push constants as dec_gemm_quant's. */
 export const DEC_GEMM_QUANT_CM: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cm" };
-/** The same with VK_KHR_cooperative_matrix's SPIR-V (rewritten from dec_gemm_quant_cm's by the shader build). */
-export const DEC_GEMM_QUANT_CMK: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cmk" };
 /** Its test variant: the same tiles with plain sums in place of the matrix products (dec_gemm_quant_cm_emu.comp). */
 export const DEC_GEMM_QUANT_CM_EMU: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cm_emu" };
 /** Rows and tokens of one workgroup's tile. */
@@ -47,7 +45,7 @@ export interface ChunkGemmOptions extends DecoderKernelOptions {
 
 /** The shader and tile rows of a chunk GEMM, checked against the device's features. */
 export function chunkGemmTile(
-  device: Device, shaders: { f32: ShaderInterface; cm: ShaderInterface; cmk: ShaderInterface; emulated: ShaderInterface }, matrixCores: boolean | "emulated" | undefined,
+  device: Device, shaders: { f32: ShaderInterface; cm: ShaderInterface; emulated: ShaderInterface }, matrixCores: boolean | "emulated" | undefined,
 ): { shader: ShaderInterface; tileRows: number } {
   if (!matrixCores) return { shader: shaders.f32, tileRows: GEMM_ROWS };
   if (matrixCores === "emulated") {
@@ -55,7 +53,9 @@ export function chunkGemmTile(
     return { shader: shaders.emulated, tileRows: COOPMAT_GEMM_ROWS };
   }
   if (!device.enabled.cooperativeMatrix) throw new InvalidArgumentError(`the matrix-core GEMM needs VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
-  return { shader: device.enabled.cooperativeMatrixExtension === "khr" ? shaders.cmk : shaders.cm, tileRows: COOPMAT_GEMM_ROWS };
+  // on VK_KHR_cooperative_matrix: NAME_cmk.spv, the shader build's KHR rewrite of NAME_cm.spv
+  const shader = device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
+  return { shader, tileRows: COOPMAT_GEMM_ROWS };
 }
 
 /** Workgroups a split call aims at (a few per core on a large GPU), and the fewest columns a split run takes. */
@@ -123,7 +123,7 @@ export class QuantGemmKernel extends DecoderKernel {
 
   constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: ChunkGemmOptions = {}) {
     if (![32, 64, 128].includes(groupSize)) throw new InvalidArgumentError(`groupSize must be 32, 64 or 128, got ${groupSize}`);
-    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: DEC_GEMM_QUANT_CM, cmk: DEC_GEMM_QUANT_CMK, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
+    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: DEC_GEMM_QUANT_CM, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
     super(device, shader, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize }, options);
     this.tileRows = tileRows;
   }

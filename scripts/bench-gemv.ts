@@ -7,6 +7,10 @@
 // kernels'). --ggml runs only the GGML cases; --force-idp runs the integer-dot cases where the
 // decision is off but the device has the feature (a measurement, e.g. on Lavapipe: not "accelerated").
 // --ggml-factored times the float path's factored variant (GgmlGemvKernelOptions.factored).
+// --ggml-shape's optional fourth number is the slices a lane takes a step (slicesPerLane, 1 or 2).
+// --idp-alone adds "int-dot alone" rows: the GGML integer-dot GEMVs over an x quantized once before
+// the batch, no barrier between them (as the float rows, and as a decode graph runs them: its input
+// norm writes the quantized x that q, k and v share).
 // --only TEXT keeps the cases whose "label fmt" contains TEXT (e.g. "4096->14336 Q4_K").
 // --gemm-idp instead times the GGML prompt-chunk GEMMs (S = 64), the float dec_gemm_ggml against the
 // integer-dot dec_gemm_ggml_idp (its quantize_act and barrier counted, and alone), on Qwen3-30B-A3B's
@@ -18,7 +22,7 @@
 // against unsplit, both GEMMs, in the same run; --gemm-splits N asks for N runs (default gemmSplits'
 // count for the shape on this device, or 4 where that is 1, e.g. a CPU device). Needs the
 // integer-dot decision on (or --force-idp where the device has the feature).
-//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS] [--force-idp] [--ggml-factored] [--only TEXT] [--gemm-idp [--gemm-steps 1,2,4] [--gemm-splits N]]
+//   bun scripts/bench-gemv.ts [--pool-mib N] [--quick] [--ggml] [--ggml-shape WG,ROWS,TOKENS[,SLICES]] [--idp-alone] [--force-idp] [--ggml-factored] [--only TEXT] [--gemm-idp [--gemm-steps 1,2,4] [--gemm-splits N]]
 import { readConfig } from "../src/config.ts";
 import { GemvKernels } from "../src/kernels/gemv.ts";
 import { GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmIdpKernel, GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
@@ -47,13 +51,14 @@ const only = onlyArg >= 0 ? String(args[onlyArg + 1]) : undefined;
 const ggmlShape: GgmlGemvKernelOptions = {};
 const factored = args.includes("--ggml-factored");
 const gemmIdpMode = args.includes("--gemm-idp");
+const idpAlone = args.includes("--idp-alone");
 const stepsArg = args.indexOf("--gemm-steps");
 const gemmSteps = (stepsArg >= 0 ? String(args[stepsArg + 1]) : "1,2,4").split(",").map(Number);
 const splitsArg = args.indexOf("--gemm-splits");
 const gemmSplitsAsked = splitsArg >= 0 ? Number(args[splitsArg + 1]) : undefined;
 if (shapeArg >= 0) {
-  const [wg, rows, tokens] = String(args[shapeArg + 1]).split(",").map(Number);
-  Object.assign(ggmlShape, { workgroupSize: wg, rowsPerWorkgroup: rows, tokensPerChunk: tokens });
+  const [wg, rows, tokens, slices] = String(args[shapeArg + 1]).split(",").map(Number);
+  Object.assign(ggmlShape, { workgroupSize: wg, rowsPerWorkgroup: rows, tokensPerChunk: tokens, ...(slices ? { slicesPerLane: slices } : {}) });
 }
 
 const env = readConfig();
@@ -143,7 +148,7 @@ const read = measure((cb) => {
 const readGBs = (4 * streamBytes) / read.gpuNs;
 console.log(`\nstreaming read: ${(4 * streamBytes / MiB).toFixed(0)} MiB in ${(read.gpuNs / 1e3).toFixed(0)} µs = ${readGBs.toFixed(1)} GB/s (device read bandwidth baseline)`);
 
-interface Case { label: string; I: number; O: number; format: QuantFormat | GgmlBlockType; S: number; idp?: boolean }
+interface Case { label: string; I: number; O: number; format: QuantFormat | GgmlBlockType; S: number; idp?: boolean; alone?: boolean }
 const cases: Case[] = [
   { label: "2048->768", I: 2048, O: 768, format: "q4", S: 1 },
   { label: "768->2048", I: 768, O: 2048, format: "q4", S: 1 },
@@ -159,13 +164,13 @@ const cases: Case[] = [
   { label: "4096->14336 S=8", I: 4096, O: 14336, format: "q4", S: 8 },
   // GGML types: the issue's 4096x14336 both ways, and Qwen3-30B-A3B's attention shapes (hidden 2048:
   // q 2048->4096, k/v 2048->512, o 4096->2048); each float and integer-dot
-  ...(["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"] as const).flatMap((format) => [false, true].flatMap((idp) => [
+  ...(["Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"] as const).flatMap((format) => [0, 1, 2].filter((path) => path < 2 || idpAlone).flatMap((path) => [
     { label: "4096->14336", I: 4096, O: 14336, format, S: 1 },
     { label: "14336->4096", I: 14336, O: 4096, format, S: 1 },
     { label: "2048->4096", I: 2048, O: 4096, format, S: 1 },
     { label: "2048->512", I: 2048, O: 512, format, S: 1 },
     { label: "4096->2048", I: 4096, O: 2048, format, S: 1 },
-  ].map((c) => ({ ...c, idp, label: idp ? `${c.label} int-dot` : c.label })))),
+  ].map((c) => ({ ...c, idp: path > 0, alone: path === 2, label: `${c.label}${["", " int-dot", " int-dot alone"][path]}` })))),
   { label: "4096->14336 S=8", I: 4096, O: 14336, format: "Q4_K", S: 8 },
   { label: "4096->14336 S=8 int-dot", I: 4096, O: 14336, format: "Q4_K", S: 8, idp: true },
 ];
@@ -201,6 +206,7 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
   const gpr = groupsPerRowFor(c.I, GROUP);
   const xqRowWords = Math.ceil(c.I / 16) * 4;
   let one: (cb: ReturnType<CommandPool["allocate"]>, m: number) => void;
+  let before = (_cb: ReturnType<CommandPool["allocate"]>) => {}; // once a batch, not counted a GEMV
   if (gk && c.idp) {
     // Per GEMV: quantize x in groups of 16, a barrier, the integer-dot GEMV (all counted), as GgmlGemvIdpKernel.record.
     const q = kernels.pipeline(QUANTIZE_ACT, false, GGML_IDP_GROUP);
@@ -211,7 +217,10 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
     const [qx, qy] = kernels.grid(Math.ceil((c.S * groups16 * (GGML_IDP_GROUP / 4)) / config.workgroupSize));
     const qpc = new Uint32Array([c.I, c.S, groups16, 0, c.I / 4]);
     const pc = (m: number) => new Uint32Array([c.O, c.I, c.S, m * stride, 0]);
-    one = (cb, m) => cb.bind(q, qset).pushConstants(q, qpc).dispatch(qx, qy).barrier("computeToCompute").bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy).barrier("computeToCompute");
+    one = c.alone
+      ? (cb, m) => cb.bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy)
+      : (cb, m) => cb.bind(q, qset).pushConstants(q, qpc).dispatch(qx, qy).barrier("computeToCompute").bind(p, set).pushConstants(p, pc(m)).dispatch(gx, gy).barrier("computeToCompute");
+    if (c.alone) before = (cb) => cb.bind(q, qset).pushConstants(q, qpc).dispatch(qx, qy).barrier("computeToCompute");
   } else if (gk) {
     const p = gk.pipeline;
     const set = setFor(p, "ggml", [{ buffer: pool }, { buffer: x }, { buffer: y }]);
@@ -236,9 +245,13 @@ for (const c of quick ? [...chosen.filter((c) => !isGgml(c.format)).slice(0, 3),
   // Software rasterizers are ~1000x slower: keep their batches short (the ratio, not the size, matters).
   const reps = cpuLike ? Math.min(count, 8) : Math.max(count, Math.min(4 * count, 400));
   const batch = measure((cb) => {
+    before(cb);
     for (let r = 0; r < reps; r++) one(cb, r % count);
   });
-  const single = measure((cb) => one(cb, 0), cpuLike ? 3 : 20);
+  const single = measure((cb) => {
+    before(cb);
+    one(cb, 0);
+  }, cpuLike ? 3 : 20);
   const gpuUs = batch.gpuNs / reps / 1e3;
   const gbs = (weightBytes + scaleBytes) / (batch.gpuNs / reps);
   rows.push([c.label, c.format, String(c.S), String(count), `${((count * stride) / MiB).toFixed(0)} MiB`, gpuUs.toFixed(1), (batch.hostNs / reps / 1e3).toFixed(1), (single.hostNs / 1e3).toFixed(1), gbs.toPrecision(3), `${((100 * gbs) / readGBs).toFixed(0)}%`]);
@@ -247,7 +260,7 @@ const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length))
 if (!gemmIdpMode) console.log(`\n${new Date().toISOString().slice(0, 10)} ${info.name}, ${info.driverName} ${info.driverInfo}; q4/q8 group ${GROUP}, f16 scales; GB/s over weight+scale bytes (GGML types: the file's block bytes); GPU µs from timestamps over a batch`);
 if (ggmlKernels.size) {
   const k = [...ggmlKernels.values()][0]!;
-  console.log(`GGML types: dec_gemv_ggml float path${k.factored ? " (factored)" : ""}${ggmlIdpKernels.size ? " and dec_gemv_ggml_idp (int-dot: quantize_act in groups of 16 counted)" : ""}, ${k.workgroupSize} threads x ${k.rowsPerWorkgroup} rows per workgroup, ${k.tokensPerChunk} tokens per chunk`);
+  console.log(`GGML types: dec_gemv_ggml float path${k.factored ? " (factored)" : ""}${ggmlIdpKernels.size ? ` and dec_gemv_ggml_idp (int-dot: quantize_act in groups of 16 counted${idpAlone ? "; int-dot alone: x quantized once a batch" : ""})` : ""}, ${k.workgroupSize} threads x ${k.rowsPerWorkgroup} rows per workgroup, ${k.tokensPerChunk} tokens per chunk; slices a lane: float ${k.slicesPerLane}${[...ggmlIdpKernels].map(([t, ik]) => `, ${t} int-dot ${ik.slicesPerLane}`).join("")}`);
 }
 for (const k of ggmlKernels.values()) k[Symbol.dispose]();
 for (const k of ggmlIdpKernels.values()) k[Symbol.dispose]();

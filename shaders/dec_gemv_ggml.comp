@@ -35,6 +35,7 @@ layout(constant_id = 2) const bool USE_SUBGROUP = true;
 layout(constant_id = 3) const uint FORMAT = 3u;  // GGML_FMT_*
 layout(constant_id = 4) const uint TOKENS = 1u;  // tokens per register chunk, 1..8
 layout(constant_id = 5) const bool FACTORED = false;
+layout(constant_id = 6) const uint SLICES_PER_LANE = 1u;  // consecutive slices a lane takes a step, 1 or 2
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
@@ -85,60 +86,64 @@ void main() {
         [[unroll]] for (uint r = 0u; r < R; ++r)
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[r][k] = 0.0;
 
-        for (uint u = t; u < slices; u += WG) {
-            const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-            const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
-            [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
-                if (k < nt) {  // uniform
-                    const uint xa = (pc.xOffset + (tok0 + k) * I + col) >> 2u;
-                    [[unroll]] for (uint q = 0u; q < 4u; ++q) {
-                        xr[k][q] = xv[xa + q];
-                        xr[k][4u + q] = xv[xa + GAP + q];
-                    }
-                    if (FACTORED && HAS_MIN) {
-                        vec4 s0 = (xr[k][0] + xr[k][1]) + (xr[k][2] + xr[k][3]), s1 = (xr[k][4] + xr[k][5]) + (xr[k][6] + xr[k][7]);
-                        xsumr[k] = vec2((s0.x + s0.y) + (s0.z + s0.w), (s1.x + s1.y) + (s1.z + s1.w));
+        for (uint u0 = t * SLICES_PER_LANE; u0 < slices; u0 += WG * SLICES_PER_LANE) {
+            [[unroll]] for (uint p = 0u; p < SLICES_PER_LANE; ++p) {
+                const uint u = u0 + p;
+                if (SLICES_PER_BLOCK == 1u && p > 0u && u >= slices) break;  // 32-element blocks: an odd slice count
+                const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+                const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+                [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                    if (k < nt) {  // uniform
+                        const uint xa = (pc.xOffset + (tok0 + k) * I + col) >> 2u;
+                        [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                            xr[k][q] = xv[xa + q];
+                            xr[k][4u + q] = xv[xa + GAP + q];
+                        }
+                        if (FACTORED && HAS_MIN) {
+                            vec4 s0 = (xr[k][0] + xr[k][1]) + (xr[k][2] + xr[k][3]), s1 = (xr[k][4] + xr[k][5]) + (xr[k][6] + xr[k][7]);
+                            xsumr[k] = vec2((s0.x + s0.y) + (s0.z + s0.w), (s1.x + s1.y) + (s1.z + s1.w));
+                        }
                     }
                 }
-            }
-            [[unroll]] for (uint r = 0u; r < R; ++r) {
-                uvec4 q0, q1;
-                vec2 d, m;
-                ggml_slice(FORMAT, rowAddr[r] + blk * BLOCK_BYTES, s, q0, q1, d, m);
-                float w[32];
-                if (FACTORED) {
-                    ggml_slice_quants(FORMAT, q0, q1, w);
+                [[unroll]] for (uint r = 0u; r < R; ++r) {
+                    uvec4 q0, q1;
+                    vec2 d, m;
+                    ggml_slice(FORMAT, rowAddr[r] + blk * BLOCK_BYTES, s, q0, q1, d, m);
+                    float w[32];
+                    if (FACTORED) {
+                        ggml_slice_quants(FORMAT, q0, q1, w);
+                        [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                            if (k < nt) {  // uniform
+                                float a = acc[r][k];
+                                [[unroll]] for (uint run = 0u; run < 2u; ++run) {
+                                    float even = 0.0, odd = 0.0;  // odd: quants read at bit 8 (x 256)
+                                    [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                                        const vec4 xq4 = xr[k][4u * run + q];
+                                        even = fma(w[16u * run + 4u * q], xq4.x, even);
+                                        odd = fma(w[16u * run + 4u * q + 1u], xq4.y, odd);
+                                        even = fma(w[16u * run + 4u * q + 2u], xq4.z, even);
+                                        odd = fma(w[16u * run + 4u * q + 3u], xq4.w, odd);
+                                    }
+                                    a = fma(d[run], fma(odd, 1.0 / 256.0, even), a);
+                                    if (HAS_MIN) a = fma(m[run], xsumr[k][run], a);
+                                }
+                                acc[r][k] = a;
+                            }
+                        }
+                        continue;
+                    }
+                    ggml_slice_weights(FORMAT, q0, q1, d, m, w);
                     [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                         if (k < nt) {  // uniform
                             float a = acc[r][k];
-                            [[unroll]] for (uint run = 0u; run < 2u; ++run) {
-                                float even = 0.0, odd = 0.0;  // odd: quants read at bit 8 (x 256)
-                                [[unroll]] for (uint q = 0u; q < 4u; ++q) {
-                                    const vec4 xq4 = xr[k][4u * run + q];
-                                    even = fma(w[16u * run + 4u * q], xq4.x, even);
-                                    odd = fma(w[16u * run + 4u * q + 1u], xq4.y, odd);
-                                    even = fma(w[16u * run + 4u * q + 2u], xq4.z, even);
-                                    odd = fma(w[16u * run + 4u * q + 3u], xq4.w, odd);
-                                }
-                                a = fma(d[run], fma(odd, 1.0 / 256.0, even), a);
-                                if (HAS_MIN) a = fma(m[run], xsumr[k][run], a);
+                            [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+                                a = fma(w[4u * q], xr[k][q].x, a);
+                                a = fma(w[4u * q + 1u], xr[k][q].y, a);
+                                a = fma(w[4u * q + 2u], xr[k][q].z, a);
+                                a = fma(w[4u * q + 3u], xr[k][q].w, a);
                             }
                             acc[r][k] = a;
                         }
-                    }
-                    continue;
-                }
-                ggml_slice_weights(FORMAT, q0, q1, d, m, w);
-                [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
-                    if (k < nt) {  // uniform
-                        float a = acc[r][k];
-                        [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-                            a = fma(w[4u * q], xr[k][q].x, a);
-                            a = fma(w[4u * q + 1u], xr[k][q].y, a);
-                            a = fma(w[4u * q + 2u], xr[k][q].z, a);
-                            a = fma(w[4u * q + 3u], xr[k][q].w, a);
-                        }
-                        acc[r][k] = a;
                     }
                 }
             }

@@ -21,6 +21,7 @@ layout(constant_id = 1) const uint ROWS_PER_WG = 4u;
 layout(constant_id = 2) const bool USE_SUBGROUP = true;
 layout(constant_id = 3) const uint FORMAT = 3u;  // GGML_FMT_*
 layout(constant_id = 4) const uint TOKENS = 1u;  // tokens per register chunk, 1..8
+layout(constant_id = 5) const uint SLICES_PER_LANE = 1u;  // consecutive slices a lane takes a step, 1 or 2
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
@@ -83,30 +84,34 @@ void main() {
         [[unroll]] for (uint r = 0u; r < R; ++r)
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[r][k] = 0.0;
 
-        for (uint u = t; u < slices; u += WG) {
-            const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-            const uint g = (blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s)) >> 4u;
-            [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
-                if (k < nt) {  // uniform
-                    const uint at = (tok0 + k) * groups + g;
-                    xa[k][0] = xq[at];
-                    xa[k][1] = xq[at + GAP];
-                    xs[k] = vec2(xscale[at], xscale[at + GAP]);
-                    xsm[k] = ivec2(xsum[at], xsum[at + GAP]);
-                }
-            }
-            [[unroll]] for (uint r = 0u; r < R; ++r) {
-                uvec4 q0, q1;
-                vec2 d, m;
-                ggml_slice(FORMAT, rowAddr[r] + blk * BLOCK_BYTES, s, q0, q1, d, m);
+        for (uint u0 = t * SLICES_PER_LANE; u0 < slices; u0 += WG * SLICES_PER_LANE) {
+            [[unroll]] for (uint p = 0u; p < SLICES_PER_LANE; ++p) {
+                const uint u = u0 + p;
+                if (SLICES_PER_BLOCK == 1u && p > 0u && u >= slices) break;  // 32-element blocks: an odd slice count
+                const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+                const uint g = (blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s)) >> 4u;
                 [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                     if (k < nt) {  // uniform
-                        const int d0 = dot16(xa[k][0], q0) - OFF * xsm[k].x;
-                        const int d1 = dot16(xa[k][1], q1) - OFF * xsm[k].y;
-                        float a = acc[r][k];
-                        a = fma(xs[k].x, fma(d.x, float(d0), m.x * float(xsm[k].x)), a);
-                        a = fma(xs[k].y, fma(d.y, float(d1), m.y * float(xsm[k].y)), a);
-                        acc[r][k] = a;
+                        const uint at = (tok0 + k) * groups + g;
+                        xa[k][0] = xq[at];
+                        xa[k][1] = xq[at + GAP];
+                        xs[k] = vec2(xscale[at], xscale[at + GAP]);
+                        xsm[k] = ivec2(xsum[at], xsum[at + GAP]);
+                    }
+                }
+                [[unroll]] for (uint r = 0u; r < R; ++r) {
+                    uvec4 q0, q1;
+                    vec2 d, m;
+                    ggml_slice(FORMAT, rowAddr[r] + blk * BLOCK_BYTES, s, q0, q1, d, m);
+                    [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                        if (k < nt) {  // uniform
+                            const int d0 = dot16(xa[k][0], q0) - OFF * xsm[k].x;
+                            const int d1 = dot16(xa[k][1], q1) - OFF * xsm[k].y;
+                            float a = acc[r][k];
+                            a = fma(xs[k].x, fma(d.x, float(d0), m.x * float(xsm[k].x)), a);
+                            a = fma(xs[k].y, fma(d.y, float(d1), m.y * float(xsm[k].y)), a);
+                            acc[r][k] = a;
+                        }
                     }
                 }
             }

@@ -309,9 +309,15 @@ void ggml_slice(uint fmt, uint a, uint s, out uvec4 q0, out uvec4 q1, out vec2 d
         const uvec4 h = GGML_VEC4(v);  // d | dmin << 16, scales[0..11]
         const vec2 dd = unpackHalf2x16(h.x);
         const uint j = 2u * (s >> 1u);  // sub-blocks j (low nibbles) and j + 1 (high)
-        const uvec2 sm0 = ggml_scale_min_k4(j, h.y, h.z, h.w), sm1 = ggml_scale_min_k4(j + 1u, h.y, h.z, h.w);
-        precise float d0 = dd.x * ggml_small(sm0.x), d1 = dd.x * ggml_small(sm1.x);
-        precise float m0 = dd.y * ggml_small(sm0.y), m1 = dd.y * ggml_small(sm1.y);
+        // get_scale_min_k4 for all 8 sub-blocks a byte each, 4 to a word, without a branch on j (a
+        // lane's j differs from its neighbours'): scales[0..3] & 63 / mins[0..3] & 63 for j < 4;
+        // for j >= 4 the low nibbles (scales) or high nibbles (mins) of scales[8..11] with bits 6-7
+        // of scales[0..3] / [4..7] moved to bits 4-5. The same integers as ggml_scale_min_k4.
+        const uint scw = j < 4u ? (h.y & 0x3F3F3F3Fu) : ((h.w & 0x0F0F0F0Fu) | ((h.y >> 2u) & 0x30303030u));
+        const uint mnw = j < 4u ? (h.z & 0x3F3F3F3Fu) : (((h.w >> 4u) & 0x0F0F0F0Fu) | ((h.z >> 2u) & 0x30303030u));
+        const uint sh = (j & 2u) << 3u;  // bytes j%4, j%4 + 1 of the word: bit 0 or 16
+        precise float d0 = dd.x * ggml_small((scw >> sh) & 0xFFu), d1 = dd.x * ggml_small((scw >> (sh + 8u)) & 0xFFu);
+        precise float m0 = dd.y * ggml_small((mnw >> sh) & 0xFFu), m1 = dd.y * ggml_small((mnw >> (sh + 8u)) & 0xFFu);
         d = vec2(d0, d1);
         m = -vec2(m0, m1);  // negation is exact: q*d - m1 = q*d + (-m1)
         const uvec4 q = GGML_VEC4(v + (five ? 3u : 1u) + s);

@@ -152,11 +152,14 @@ describe("dec_gemv_ggml vs the CPU GEMV over the same blocks (NMSE ≤ 1e-9)", (
     expect([k.workgroupSize, k.rowsPerWorkgroup]).toEqual([32, 4]);
   });
 
-  test("other kernel shapes: shared-memory tree (no subgroup ops), 1 token a chunk, 8 tokens a chunk", () => {
+  test("other kernel shapes: shared-memory tree (no subgroup ops), 1 token a chunk, 8 tokens a chunk, 2 slices a lane", () => {
     const shapes: [GgmlBlockType, GgmlGemvKernelOptions][] = [
       ["Q4_K", { useSubgroup: false, workgroupSize: 16, rowsPerWorkgroup: 3, tokensPerChunk: 3 }],
       ["Q6_K", { ...ggmlGemvShape("nvidia", 4096), tokensPerChunk: 1 }], // the graphs' NVIDIA shape below lm_head's rows: 64 x 2
       ["Q5_0", { workgroupSize: 16, rowsPerWorkgroup: 1, tokensPerChunk: 8 }], // 18 KiB of staged x
+      // two slices a lane: a K-quant sub-block pair; Q4_1's 9 blocks a row leave the last lane one slice
+      ["Q5_K", { workgroupSize: 8, rowsPerWorkgroup: 2, slicesPerLane: 2 }],
+      ["Q4_1", { workgroupSize: 8, rowsPerWorkgroup: 3, slicesPerLane: 2 }],
     ];
     let seed = 7;
     for (const [type, kernel] of shapes) {
@@ -250,5 +253,6 @@ describe("argument checks", () => {
     expect(() => submitAndWait(device, (cb) => k.record(cb, { matrix: m, x: b, y: b, S: 1, xOffset: 2 }))).toThrow(/multiple of 4/);
     expect(() => new GgmlGemvKernel(device, "Q2_K" as GgmlBlockType)).toThrow(/Q2_K/);
     expect(() => new GgmlGemvKernel(device, "Q4_K", { workgroupSize: 1024, tokensPerChunk: 8 })).toThrow(/shared memory/);
+    expect(() => new GgmlGemvKernel(device, "Q4_K", { slicesPerLane: 3 })).toThrow(/slicesPerLane must be 1 or 2/);
   });
 });

@@ -109,11 +109,15 @@ describe.skipIf(noIdp)("dec_gemv_ggml_idp vs the CPU path (NMSE ≤ 1e-3) and vs
     }, 60_000);
   }
 
-  test("other kernel shapes: shared-memory tree (no subgroup ops), several tokens a chunk, 1 row a workgroup", () => {
+  test("other kernel shapes: shared-memory tree (no subgroup ops), several tokens a chunk, 1 row a workgroup, 2 slices a lane", () => {
     const shapes: [GgmlBlockType, GgmlGemvKernelOptions][] = [
-      ["Q4_K", { useSubgroup: false, workgroupSize: 16, rowsPerWorkgroup: 3, tokensPerChunk: 3 }],
+      ["Q4_K", { useSubgroup: false, workgroupSize: 16, rowsPerWorkgroup: 3, tokensPerChunk: 3, slicesPerLane: 1 }], // Q4_K takes 2 by default
       ["Q6_K", { workgroupSize: 64, rowsPerWorkgroup: 2, tokensPerChunk: 2 }],
       ["Q5_0", { workgroupSize: 8, rowsPerWorkgroup: 1, tokensPerChunk: 4 }],
+      // two slices a lane: a K-quant sub-block pair; Q5_1's 9 blocks a row leave the last lane one slice
+      ["Q4_K", { workgroupSize: 8, rowsPerWorkgroup: 2, slicesPerLane: 2 }],
+      ["Q6_K", { workgroupSize: 8, rowsPerWorkgroup: 3, slicesPerLane: 2 }],
+      ["Q5_1", { workgroupSize: 8, rowsPerWorkgroup: 2, slicesPerLane: 2 }],
     ];
     let seed = 77;
     for (const [type, kernel] of shapes) {

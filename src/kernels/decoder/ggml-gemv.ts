@@ -79,6 +79,12 @@ export interface GgmlGemvKernelOptions extends DecoderKernelOptions {
   /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
   /**
+   * Consecutive 32-weight slices a lane takes a step, 1 or 2. With 2 a K-quant lane reads 32
+   * consecutive quant bytes of one sub-block pair and decodes its scales once for both slices.
+   * Default: 2 for Q4_K / Q5_K on the integer-dot path, else 1 (KQUANT_PAIR_TYPES).
+   */
+  slicesPerLane?: number;
+  /**
    * Float path only: d * Σ (q - off) x + m * Σ x per 16-column run instead of Σ w x over weights
    * formed first (default false). One f32 op a weight fewer; one-hot inputs still give GGML's weights
    * bit for bit, other inputs differ from Σ w x at the f32 rounding level (dec_gemv_ggml.comp).
@@ -86,8 +92,15 @@ export interface GgmlGemvKernelOptions extends DecoderKernelOptions {
   factored?: boolean;
 }
 
+/**
+ * Types whose integer-dot GEMV takes two slices a lane by default. H100, 2026-12-06, bench:gemv
+ * --ggml --idp-alone, 4096->14336, S = 1, one slice / two a lane (of read bandwidth): Q4_K 81 / 88%,
+ * Q5_K 77 / 88%; but Q6_K 85 / 77%, Q5_0 92 / 86%, and the float path lost on every type (Q4_K 58 / 44%).
+ */
+const KQUANT_PAIR_TYPES: readonly GgmlBlockType[] = ["Q4_K", "Q5_K"];
+
 /** The checked kernel shape and specialization constants shared by both paths' shaders. */
-function ggmlKernelShape(device: Device, type: GgmlBlockType, options: GgmlGemvKernelOptions) {
+function ggmlKernelShape(device: Device, type: GgmlBlockType, options: GgmlGemvKernelOptions, defaultSlicesPerLane = 1) {
   if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMV for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
   const wg = options.workgroupSize ?? 32;
   if (!Number.isInteger(wg) || wg < 1 || (wg & (wg - 1)) !== 0) throw new InvalidArgumentError(`workgroupSize must be a power of two, got ${wg}`);
@@ -100,7 +113,9 @@ function ggmlKernelShape(device: Device, type: GgmlBlockType, options: GgmlGemvK
     throw new InvalidArgumentError(`${wg} threads x ${rpw} rows x ${tokens} tokens a chunk need ${shared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
   }
   const sub = options.useSubgroup ?? device.info.subgroup.arithmetic;
-  return { workgroupSize: wg, rowsPerWorkgroup: rpw, tokensPerChunk: tokens, specialization: { 0: wg, 1: rpw, 2: sub ? 1 : 0, 3: FORMAT_ID[type], 4: tokens } };
+  const spl = options.slicesPerLane ?? defaultSlicesPerLane;
+  if (spl !== 1 && spl !== 2) throw new InvalidArgumentError(`slicesPerLane must be 1 or 2, got ${spl}`);
+  return { workgroupSize: wg, rowsPerWorkgroup: rpw, tokensPerChunk: tokens, slicesPerLane: spl, specialization: { 0: wg, 1: rpw, 2: sub ? 1 : 0, 3: FORMAT_ID[type], 4: tokens } };
 }
 
 function checkGemvArgs(kernelType: GgmlBlockType, m: DeviceGgmlMatrix, S: number): void {
@@ -113,12 +128,14 @@ export class GgmlGemvKernel extends DecoderKernel {
   readonly workgroupSize: number;
   readonly rowsPerWorkgroup: number;
   readonly tokensPerChunk: number;
+  readonly slicesPerLane: number;
   readonly factored: boolean;
 
   constructor(device: Device, readonly type: GgmlBlockType, options: GgmlGemvKernelOptions = {}) {
     const shape = ggmlKernelShape(device, type, options);
-    super(device, DEC_GEMV_GGML, { ...shape.specialization, 5: options.factored ? 1 : 0 }, options);
+    super(device, DEC_GEMV_GGML, { ...shape.specialization, 5: options.factored ? 1 : 0, 6: shape.slicesPerLane }, options);
     this.factored = options.factored ?? false;
+    this.slicesPerLane = shape.slicesPerLane;
     this.workgroupSize = shape.workgroupSize;
     this.rowsPerWorkgroup = shape.rowsPerWorkgroup;
     this.tokensPerChunk = shape.tokensPerChunk;
@@ -218,15 +235,17 @@ export class GgmlGemvIdpKernel extends DecoderKernel {
   readonly workgroupSize: number;
   readonly rowsPerWorkgroup: number;
   readonly tokensPerChunk: number;
+  readonly slicesPerLane: number;
   private readonly quantize: GgmlQuantizeKernel;
 
   constructor(device: Device, readonly type: GgmlBlockType, options: GgmlGemvKernelOptions = {}) {
     if (!device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML GEMV needs shaderIntegerDotProduct, not enabled on ${device.info.name}`);
-    const shape = ggmlKernelShape(device, type, options);
-    super(device, DEC_GEMV_GGML_IDP, shape.specialization, options);
+    const shape = ggmlKernelShape(device, type, options, KQUANT_PAIR_TYPES.includes(type) ? 2 : 1);
+    super(device, DEC_GEMV_GGML_IDP, { ...shape.specialization, 5: shape.slicesPerLane }, options);
     this.workgroupSize = shape.workgroupSize;
     this.rowsPerWorkgroup = shape.rowsPerWorkgroup;
     this.tokensPerChunk = shape.tokensPerChunk;
+    this.slicesPerLane = shape.slicesPerLane;
     try {
       this.quantize = new GgmlQuantizeKernel(device, options);
     } catch (e) {

@@ -9,6 +9,14 @@
 const uint R = ROWS_PER_WG;
 const uint MAX_S = 8u;
 
+// Where x is read (the includer may define them first: dec_router_route reads its own normed x from
+// shared memory): element i, 16-byte element i (x as vec4s), and the offset of token 0's row.
+#ifndef GEMV_HALF_X
+#define GEMV_HALF_X(i) xs[i]
+#define GEMV_HALF_X4(i) xv[i]
+#define GEMV_HALF_X_OFFSET pc.xOffset
+#endif
+
 shared float red[WG * R];
 
 bool bf16() { return (pc.flags & 1u) != 0u; }
@@ -48,7 +56,8 @@ void gemvHalfRows(const uint rowBase) {
     const uint nFull = I >> 3u;  // chunks of 8 columns all < I
     const bool vecW = ((I & 7u) | (pc.weightOffset & 3u)) == 0u;
     const bool evenI = (I & 1u) == 0u;
-    const bool vecX = ((I | pc.xOffset) & 3u) == 0u;
+    const uint xOffset = GEMV_HALF_X_OFFSET;
+    const bool vecX = ((I | xOffset) & 3u) == 0u;
     const bool f32W = f32w();
     const bool vecW32 = ((I | pc.weightOffset) & 3u) == 0u;
 
@@ -86,14 +95,14 @@ void gemvHalfRows(const uint rowBase) {
         }
         [[unroll]] for (uint s = 0u; s < MAX_S; ++s) {
             if (s < S) {  // uniform
-                const uint xb = pc.xOffset + s * I + 8u * c;
+                const uint xb = xOffset + s * I + 8u * c;
                 vec4 xa, xc;
                 if (vecX) {
-                    xa = xv[xb >> 2u];
-                    xc = xv[(xb >> 2u) + 1u];
+                    xa = GEMV_HALF_X4(xb >> 2u);
+                    xc = GEMV_HALF_X4((xb >> 2u) + 1u);
                 } else {
-                    xa = vec4(xs[xb], xs[xb + 1u], xs[xb + 2u], xs[xb + 3u]);
-                    xc = vec4(xs[xb + 4u], xs[xb + 5u], xs[xb + 6u], xs[xb + 7u]);
+                    xa = vec4(GEMV_HALF_X(xb), GEMV_HALF_X(xb + 1u), GEMV_HALF_X(xb + 2u), GEMV_HALF_X(xb + 3u));
+                    xc = vec4(GEMV_HALF_X(xb + 4u), GEMV_HALF_X(xb + 5u), GEMV_HALF_X(xb + 6u), GEMV_HALF_X(xb + 7u));
                 }
                 [[unroll]] for (uint r = 0u; r < R; ++r) {
                     acc[r][s] = fma(wlo[r].x, xa.x, acc[r][s]);
@@ -118,7 +127,7 @@ void gemvHalfRows(const uint rowBase) {
                 const uint row = min(rowBase + r, pc.O - 1u);
                 const float wv = loadWeight(row, col);
                 [[unroll]] for (uint s = 0u; s < MAX_S; ++s) {
-                    if (s < S) acc[r][s] = fma(wv, xs[pc.xOffset + s * I + col], acc[r][s]);
+                    if (s < S) acc[r][s] = fma(wv, GEMV_HALF_X(xOffset + s * I + col), acc[r][s]);
                 }
             }
         }

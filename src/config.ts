@@ -29,8 +29,11 @@ const envSchema = z.strictObject({
   VKMOE_ROPE_FOLD: z.enum(["auto", "off"]).default("auto"),
   /** Decode's Gated DeltaNet delta rule runs the conv1d itself ("auto"), or after the conv's own dispatch ("off"). */
   VKMOE_CONV_FOLD: z.enum(["auto", "off"]).default("auto"),
-  /** Decode's MoE router GEMV routes the tokens itself, in its last workgroup ("auto"), or the route runs as its own dispatch ("off"). */
-  VKMOE_ROUTE_FOLD: z.enum(["auto", "off"]).default("auto"),
+  /**
+   * Decode's MoE router GEMV does the post-attention norm in each workgroup and routes the tokens in
+   * its last ("auto"), only routes them ("route": the norm its own dispatch), or neither ("off").
+   */
+  VKMOE_ROUTE_FOLD: z.enum(["auto", "route", "off"]).default("auto"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
   VKMOE_VALIDATION: z.stringbool().default(false),

@@ -12,9 +12,9 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
-import { GemvHalfKernel, RouteKernel, submitAndWait } from "../src/kernels/decoder/index.ts";
+import { GemvHalfKernel, RmsNormKernel, RouteKernel, submitAndWait } from "../src/kernels/decoder/index.ts";
 import type { GemvWeightDType } from "../src/kernels/decoder/gemv-half.ts";
-import { ROUTER_ROUTE_MAX_S, RouterRouteKernel } from "../src/kernels/decoder/router-route.ts";
+import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../src/kernels/decoder/router-route.ts";
 import { routeTopK } from "../src/model/ops.ts";
 import { f32ToBf16Bits, f32ToF16Bits, bf16BitsToF32, f16BitsToF32 } from "../src/quant/half.ts";
 import { nmse } from "../src/quant/metrics.ts";
@@ -214,6 +214,93 @@ describe("dec_router_route vs dec_gemv_half + dec_route (logits and tables bit-i
       }, 120_000);
     }
   }
+});
+
+/**
+ * The post-attention norm folded in (normCols): against dec_rmsnorm (x += o, y = its norm), a
+ * barrier, then the unfolded dec_router_route over y, on the same inputs in one command buffer. The
+ * new residual must be bit-identical (one add either way); the normed rows and logits may differ
+ * from the two steps only by the order of the sum of squares (NMSE ≤ 1e-12); the routed ids equal
+ * (logits drawn with margins of 1e-3) and the weights within 1e-5 relative. D = 2048 is the graphs'
+ * hidden size; 130 a size no workgroup divides.
+ */
+describe("dec_router_route with the post-attention norm folded in vs dec_rmsnorm + dec_router_route", () => {
+  for (const shape of SHAPES) {
+    test(`${shape.name}: D 130 and 2048, S 1..4, E 128 k 8 and E 60 k 2, f32 and bf16 routers`, () => {
+      using norm = new RmsNormKernel(device, { useSubgroup: shape.useSubgroup });
+      const plain = kernels.find((k) => k.shape === shape)!.fused;
+      let worst = 0;
+      for (const D of [130, 2048]) {
+        using folded = new RouterRouteKernel(device, { ...shape, normCols: D });
+        // Lavapipe's 32 KiB hold 3 tokens of 2048 beside the rest; 48 KiB (NVIDIA) all 4
+        expect(folded.normTokens).toBe(routerNormTokens(device, D, shape.workgroupSize, shape.rowsPerWorkgroup));
+        expect(folded.normTokens).toBeGreaterThanOrEqual(D === 2048 && device.info.limits.maxComputeSharedMemorySize < 49152 ? 3 : ROUTER_ROUTE_MAX_S);
+        for (const [E, k, S0, dtype] of [[128, 8, 1, "f32"], [60, 2, 4, "bf16"], [128, 8, 3, "bf16"], [128, 8, 2, "f32"]] as const) {
+          const S = Math.min(S0, folded.normTokens);
+          const xOffset = 1 + (seed % 3), wOffset = 2 + (seed % 5), eps = 1e-6;
+          const w = routerWeights(E, D, dtype, seed++);
+          const h = randomGaussianF32(S * D, seed++), o = randomGaussianF32(S * D, seed++, 0.5), nw = randomGaussianF32(D, seed++, 1 / Math.sqrt(D));
+          const table = hostBuffer(device, 2 * E, "upload");
+          u32(table, 2 * E).set(randomWords(2 * E, seed++));
+          const wb = hostBuffer(device, w.words.length, "upload");
+          u32(wb, w.words.length).set(w.words);
+          const nwb = hostBuffer(device, wOffset + D, "upload");
+          f32(nwb, D, wOffset).set(nw);
+          const side = () => {
+            const b = { h: hostBuffer(device, xOffset + S * D, "upload"), o: hostBuffer(device, xOffset + S * D, "upload"), xn: hostBuffer(device, xOffset + S * D), logits: hostBuffer(device, S * E), work: hostBuffer(device, 4 * (1 + S * k)), pairs: hostBuffer(device, S * k), slotWeight: hostBuffer(device, S * k), slotExpert: hostBuffer(device, 2 * S * k), chosen: hostBuffer(device, S * k) };
+            f32(b.h, S * D, xOffset).set(h);
+            f32(b.o, S * D, xOffset).set(o);
+            return b;
+          };
+          const two = side(), one = side();
+          const route = { S, E, k, normalize: true, seq: seed++, table, weights: wb, dtype, cols: D, arrived, xOffset, logitsOffset: 0 };
+          try {
+            submitAndWait(device, (cb) => {
+              norm.record(cb, { x: two.h, add: two.o, w: nwb, wOffset, y: two.xn, rows: S, n: D, eps, xOffset, addOffset: xOffset, yOffset: xOffset });
+              cb.barrier("computeToCompute");
+              plain.record(cb, { ...route, ...two, x: two.xn });
+              cb.barrier("computeToCompute");
+              folded.record(cb, { ...route, ...one, x: one.xn, norm: { h: one.h, add: one.o, weights: nwb, weightOffset: wOffset, eps, xn: one.xn } });
+            });
+            const what = `${shape.name} D=${D} E=${E} k=${k} S=${S} ${dtype}`;
+            const hTwo = u32(two.h, S * D, xOffset), hOne = u32(one.h, S * D, xOffset);
+            const bad = hTwo.findIndex((v, i) => v !== hOne[i]);
+            if (bad >= 0) throw new Error(`${what}: h[${bad}] differs from dec_rmsnorm's h + o`);
+            const eXn = nmse(f32(two.xn, S * D, xOffset), f32(one.xn, S * D, xOffset)), eLogits = nmse(f32(two.logits, S * E), f32(one.logits, S * E));
+            if (!(eXn <= 1e-12 && eLogits <= 1e-12)) throw new Error(`${what}: normed rows NMSE ${eXn}, logits NMSE ${eLogits} against the two steps`);
+            worst = Math.max(worst, eXn, eLogits);
+            const ids = [u32(two.chosen, S * k), u32(one.chosen, S * k)], wts = [f32(two.slotWeight, S * k), f32(one.slotWeight, S * k)];
+            expect({ what, ids: Array.from(ids[1]!) }).toEqual({ what, ids: Array.from(ids[0]!) });
+            for (let u = 0; u < S * k; u++) if (!(Math.abs(wts[1]![u]! - wts[0]![u]!) <= 1e-5 * Math.abs(wts[0]![u]!))) throw new Error(`${what}: slot ${u} weight ${wts[1]![u]} vs ${wts[0]![u]}`);
+            expect(Array.from(u32(one.work, 4))).toEqual([S, k, S * k, route.seq]);
+            expect(u32(arrived, 1)[0]).toBe(0);
+          } finally {
+            for (const b of [table, wb, nwb, ...Object.values(two), ...Object.values(one)]) b[Symbol.dispose]();
+          }
+        }
+      }
+      console.log(`  router-route + norm ${shape.name}: worst NMSE against the two steps ${worst.toExponential(2)}`);
+    }, 120_000);
+  }
+
+  test("a folded kernel without norm arguments, norm arguments on a plain kernel, a norm of other columns: clear errors", () => {
+    using folded = new RouterRouteKernel(device, { normCols: 8 });
+    using b = hostBuffer(device, 4096);
+    using c = hostBuffer(device, 64);
+    using d = hostBuffer(device, 64);
+    using e = hostBuffer(device, 64);
+    using h = hostBuffer(device, 64);
+    using o = hostBuffer(device, 64);
+    using xn = hostBuffer(device, 64);
+    const args = { weights: b, x: b, logits: b, table: b, work: c, pairs: d, slotWeight: e, slotExpert: b, chosen: b, arrived, E: 8, cols: 8, S: 1, k: 2, normalize: true, dtype: "f32" as const };
+    const normArgs = { h, add: o, weights: b, weightOffset: 0, eps: 1e-6, xn };
+    expect(() => submitAndWait(device, (cb) => folded.record(cb, args))).toThrow(/give `norm`/);
+    expect(() => submitAndWait(device, (cb) => kernels[0]!.fused.record(cb, { ...args, norm: normArgs }))).toThrow(/normCols/);
+    expect(() => submitAndWait(device, (cb) => folded.record(cb, { ...args, cols: 16, norm: normArgs }))).toThrow(/a norm of 8 columns on a router of 16/);
+    expect(() => submitAndWait(device, (cb) => folded.record(cb, { ...args, norm: { ...normArgs, xn: h } }))).toThrow(/buffers of their own/);
+    expect(() => submitAndWait(device, (cb) => folded.record(cb, { ...args, S: folded.normTokens + 1, norm: normArgs }))).toThrow(InvalidArgumentError); // past normTokens (or past the route's 4)
+    expect(() => new RouterRouteKernel(device, { normCols: 1 << 20 })).toThrow(/shared memory/);
+  });
 });
 
 describe("dec_router_route argument checks", () => {

@@ -154,7 +154,7 @@ describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
   }, 240_000);
 });
 
-describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () => {
+describe("the router GEMV routing in its last workgroup, and the post norm in each (VKMOE_ROUTE_FOLD)", () => {
   /** A decode token's dispatches and barriers; the logits of a 6-token prompt chunk (S > 4: two steps either way), decode steps, a batch's decode rounds. */
   function run(m: Model, ps: number[][]) {
     const { dispatches, barriers } = decodeTokenCommands(m);
@@ -169,26 +169,36 @@ describe("the router GEMV routing in its last workgroup (VKMOE_ROUTE_FOLD)", () 
     return { logits, dispatches, barriers };
   }
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
-  test("off: the separate dec_route step, one barrier and one dispatch more a layer, the same logits bit for bit (prompt chunk, decode steps, a batch)", async () => {
+  test("route: the norm its own step; off: the separate dec_route step too; each one barrier and one dispatch more a layer. route and off: the same logits bit for bit; auto (the norm folded in) within NMSE 1e-10 a row (prompt chunks, decode steps, a batch)", async () => {
     const ps = prompts();
     const name = "qwen3-moe-tiny.Q8_0.gguf"; // a GGUF router is F32: the fold applies
     const path = fixture(name);
-    // synchronization validation on the folded run: the route reads the other workgroups' logits with no barrier of its own
+    // synchronization validation on the folded run: the route reads the other workgroups' logits with no barrier of its own,
+    // and the last workgroup writes the residual the others read
     using folded = path ? await Model.load(path, { quant: "auto", env: baseEnv({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;
     if (!ps || !folded) return;
     const a = run(folded, ps);
-    using restore = processEnv("VKMOE_ROUTE_FOLD", "off"); // the graph reads it from the process env when it is made
-    using separate = await load(name, baseEnv({ VKMOE_ROUTE_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
-    const b = run(separate!, ps);
+    const runWith = async (fold: "route" | "off") => {
+      using restore = processEnv("VKMOE_ROUTE_FOLD", fold); // the graph reads it from the process env when it is made
+      using m = await load(name, baseEnv({ VKMOE_ROUTE_FOLD: fold, VKMOE_FLOAT_ATOMICS: "off" }));
+      const r = run(m!, ps);
+      expect(m!.takeValidationMessages()).toEqual([]);
+      return r;
+    };
+    const b = await runWith("route"), c = await runWith("off");
     const layers = folded.config.layers;
-    console.log(`route fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token folded, ${b.barriers} and ${b.dispatches} separate (${layers} layers); ${a.logits.length} logits rows compared`);
-    expect(b.barriers - a.barriers).toBe(layers);
-    expect(b.dispatches - a.dispatches).toBe(layers);
-    expect(b.logits.length).toBe(a.logits.length);
-    expect(differingRows(a.logits, b.logits)).toEqual([]);
+    console.log(`route fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token with the norm folded in, ${b.barriers} and ${b.dispatches} routing only, ${c.barriers} and ${c.dispatches} separate (${layers} layers); ${a.logits.length} logits rows compared`);
+    for (const [more, fewer] of [[c, b], [b, a]] as const) {
+      expect(more.barriers - fewer.barriers).toBe(layers);
+      expect(more.dispatches - fewer.dispatches).toBe(layers);
+      expect(more.logits.length).toBe(fewer.logits.length);
+    }
+    expect(differingRows(b.logits, c.logits)).toEqual([]);
+    const worst = Math.max(...a.logits.map((row, i) => nmse(b.logits[i]!, row)));
+    console.log(`  norm folded in: worst logits NMSE a row against the separate norm ${worst.toExponential(2)}`);
+    expect(worst).toBeLessThanOrEqual(1e-10);
     expect(folded.takeValidationMessages()).toEqual([]);
-    expect(separate!.takeValidationMessages()).toEqual([]);
-  }, 240_000);
+  }, 360_000);
 });
 
 describe("negative controls", () => {

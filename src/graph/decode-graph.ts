@@ -21,7 +21,7 @@ import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOK
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
-import { ROUTER_ROUTE_MAX_S, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
+import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
 import type { Qwen3MoeConfig } from "../model/config.ts";
 import { ropeInverseFrequencies } from "../model/ops.ts";
@@ -79,6 +79,12 @@ export class DecodeGraph implements Disposable {
    * from the process env when the graph is made, as VKMOE_ROPE_FOLD).
    */
   readonly routerRoute: RouterRouteKernel | undefined;
+  /**
+   * The same with the post-attention norm folded in too (its calls of up to normTokens tokens; one
+   * more dependent step fewer a layer): VKMOE_ROUTE_FOLD=auto where the rows fit shared memory
+   * (routerNormTokens); `route` keeps the separate norm.
+   */
+  readonly routerRouteNorm: RouterRouteKernel | undefined;
   /** The float routers' GEMV, in the shape of `route` and `routerRoute` on every device (not LinearKernels' CPU shape), so that folded and separate steps give the same bits. */
   private readonly routerGemv: GemvHalfKernel;
   /**
@@ -148,7 +154,11 @@ export class DecodeGraph implements Disposable {
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
       this.norm = this.own(new NormFeed(this.linears, D));
       this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
-      this.routerRoute = readConfig().VKMOE_ROUTE_FOLD !== "off" && this.layers.some((L) => L.router.floatWeights) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      const routeFold = readConfig().VKMOE_ROUTE_FOLD;
+      this.routerRoute = routeFold !== "off" && this.layers.some((L) => L.router.floatWeights) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      this.routerRouteNorm = this.routerRoute && routeFold === "auto" && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
+        ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
+        : undefined;
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -276,12 +286,17 @@ export class DecodeGraph implements Disposable {
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
-      const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
-      op("post norm");
-      cb.barrier("computeToCompute");
       // decode tokens of a float router: the route runs in the router GEMV's last workgroup, no barrier between the two
       const routerWeights = L.router.floatWeights;
       const routeFold = !r.split && this.routerRoute !== undefined && routerWeights !== undefined && S <= ROUTER_ROUTE_MAX_S;
+      // and the post norm in each of its workgroups (the last moves the residual on and writes xn)
+      const normFold = routeFold && this.routerRouteNorm !== undefined && S <= this.routerRouteNorm.normTokens;
+      let xqPost: GgmlIdpScratch | undefined;
+      if (!normFold) {
+        xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
+        op("post norm");
+        cb.barrier("computeToCompute");
+      }
       if (!routeFold) op("router", L.router.recordFrom(cb, s.xn, xqPost, s.routerLogits, S));
       if (r.split) {
         cb.barrier("computeToTransfer")
@@ -294,7 +309,11 @@ export class DecodeGraph implements Disposable {
         table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
         chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
       };
-      if (routeFold) {
+      if (normFold) {
+        const norm = { h: s.h, add: s.o, weights: this.norms, weightOffset: L.postNorm, eps, xn: s.xn };
+        this.routerRouteNorm!.record(cb, { ...route, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm });
+        op("post norm + router + route");
+      } else if (routeFold) {
         this.routerRoute!.record(cb, { ...route, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
         op("router + route");
       } else {

@@ -171,8 +171,12 @@ const cases: Case[] = [
     { label: "2048->512", I: 2048, O: 512, format, S: 1 },
     { label: "4096->2048", I: 4096, O: 2048, format, S: 1 },
   ].map((c) => ({ ...c, idp: path > 0, alone: path === 2, label: `${c.label}${["", " int-dot", " int-dot alone"][path]}` })))),
-  { label: "4096->14336 S=8", I: 4096, O: 14336, format: "Q4_K", S: 8 },
-  { label: "4096->14336 S=8 int-dot", I: 4096, O: 14336, format: "Q4_K", S: 8, idp: true },
+  // several tokens a call (a batch's decode step): Q4_K and Q6_K, the float and integer-dot GEMVs
+  ...([2, 4, 8] as const).flatMap((S) => (["Q4_K", "Q6_K"] as const).flatMap((format) => [
+    { label: `4096->14336 S=${S}`, I: 4096, O: 14336, format, S },
+    { label: `4096->14336 S=${S} int-dot`, I: 4096, O: 14336, format, S, idp: true },
+    ...(idpAlone ? [{ label: `4096->14336 S=${S} int-dot alone`, I: 4096, O: 14336, format, S, idp: true, alone: true }] : []),
+  ])),
 ];
 const ggmlKernels = new Map<GgmlBlockType, GgmlGemvKernel>();
 const ggmlKernel = (t: GgmlBlockType) => {

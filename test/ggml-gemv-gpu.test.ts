@@ -141,12 +141,18 @@ describe("dec_gemv_ggml vs the CPU GEMV over the same blocks (NMSE ≤ 1e-9)", (
 
   // Each shape is one more pipeline, and Lavapipe's LLVM compiles one in 1..7 s with a cold shader
   // cache (the code is unrolled R x TOKENS times): one type each, the grid split included.
-  test("the graphs' shape: 64 threads x 2 rows below GGML_GEMV_WIDE_ROWS rows on NVIDIA, the kernel's default (32 x 4) from there and on other GPUs; 8 x 4 on a CPU device", () => {
+  test("the graphs' shape: 64 threads x 2 rows below GGML_GEMV_WIDE_ROWS rows on NVIDIA, the kernel's default (32 x 4) from there and on other GPUs; 8 x 4 on a CPU device; chunks of 2 or 4 tokens for several tokens on a GPU", () => {
     expect(ggmlGemvShape("nvidia", 2048)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
     expect(ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS - 1)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
     expect(ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS)).toEqual({});
     expect(ggmlGemvShape("other", 2048)).toEqual({});
     expect(ggmlGemvShape("cpu", 2048)).toEqual({ workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 });
+    // several tokens: chunks of 2 (NVIDIA, 2 tokens) or 4, on a GPU; a CPU device keeps 1
+    expect(ggmlGemvShape("nvidia", 2048, 2)).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2, tokensPerChunk: 2 });
+    expect(ggmlGemvShape("nvidia", 2048, 3)).toEqual({ workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 });
+    expect(ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS, 2)).toEqual({ workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 });
+    expect(ggmlGemvShape("other", 2048, 2)).toEqual({ workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 });
+    expect(ggmlGemvShape("cpu", 2048, 8)).toEqual({ workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 });
     expect([gemvDeviceKind({ type: 4, vendorId: 0x10005 }), gemvDeviceKind({ type: 2, vendorId: 0x10de }), gemvDeviceKind({ type: 1, vendorId: 0x1002 })]).toEqual(["cpu", "nvidia", "other"]);
     using k = new GgmlGemvKernel(device, "Q4_K", ggmlGemvShape("nvidia", GGML_GEMV_WIDE_ROWS));
     expect([k.workgroupSize, k.rowsPerWorkgroup]).toEqual([32, 4]);
@@ -160,6 +166,7 @@ describe("dec_gemv_ggml vs the CPU GEMV over the same blocks (NMSE ≤ 1e-9)", (
       // two slices a lane: a K-quant sub-block pair; Q4_1's 9 blocks a row leave the last lane one slice
       ["Q5_K", { workgroupSize: 8, rowsPerWorkgroup: 2, slicesPerLane: 2 }],
       ["Q4_1", { workgroupSize: 8, rowsPerWorkgroup: 3, slicesPerLane: 2 }],
+      ["Q6_K", { workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 }], // the graphs' GPU shape for 3..8 tokens
     ];
     let seed = 7;
     for (const [type, kernel] of shapes) {

@@ -118,6 +118,7 @@ describe.skipIf(noIdp)("dec_gemv_ggml_idp vs the CPU path (NMSE ≤ 1e-3) and vs
       ["Q4_K", { workgroupSize: 8, rowsPerWorkgroup: 2, slicesPerLane: 2 }],
       ["Q6_K", { workgroupSize: 8, rowsPerWorkgroup: 3, slicesPerLane: 2 }],
       ["Q5_1", { workgroupSize: 8, rowsPerWorkgroup: 2, slicesPerLane: 2 }],
+      ["Q4_K", { workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 }], // the graphs' GPU shape for 3..8 tokens
     ];
     let seed = 77;
     for (const [type, kernel] of shapes) {

@@ -65,10 +65,21 @@ export function gemvDeviceKind(d: { type: number; vendorId: number }): GemvDevic
   return d.type === 4 ? "cpu" : d.vendorId === 0x10de ? "nvidia" : "other";
 }
 
-/** The graphs' GGML GEMV shape for a matrix of `rows` rows (undefined fields: the kernel's defaults, 32 x 4). */
-export function ggmlGemvShape(kind: GemvDeviceKind, rows: number): GgmlGemvShape {
+/**
+ * The graphs' GGML GEMV shape for a call of S tokens of a matrix of `rows` rows (undefined fields:
+ * the kernel's defaults, 32 x 4, 1 token a register chunk). Several tokens (a batch's decode step, a
+ * short prompt chunk) take chunks of 2 or 4 tokens on a GPU: a slice is then unpacked once a chunk,
+ * not once a token. H100, 2026-12-06, `bench:gemv --ggml --idp-alone --only S=`, 4096->14336,
+ * integer dot, µs at 64 x 2 x 1 token / 64 x 2 x 2 / 32 x 4 x 4: S = 2 Q4_K 18.9 / 16.0 / 16.6, Q6_K
+ * 36.6 / 22.4 / 30.2; S = 4 Q4_K 36.8 / 30.7 / 19.8, Q6_K 72.8 / 41.3 / 32.8; S = 8 Q4_K 73.4 / 60.7
+ * / 38.0, Q6_K 144.8 / 82.0 / 56.1 (the float path alike: S = 8 Q4_K 171 -> 107 at 32 x 4 x 4).
+ * Other GPUs (not measured) take the chunks of 4 at the default shape.
+ */
+export function ggmlGemvShape(kind: GemvDeviceKind, rows: number, S = 1): GgmlGemvShape {
   if (kind === "cpu") return { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 };
-  return kind === "nvidia" && rows < GGML_GEMV_WIDE_ROWS ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : {};
+  if (S >= 2 && (kind !== "nvidia" || S >= 3 || rows >= GGML_GEMV_WIDE_ROWS)) return { workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 };
+  if (kind !== "nvidia" || rows >= GGML_GEMV_WIDE_ROWS) return {};
+  return S === 2 ? { workgroupSize: 64, rowsPerWorkgroup: 2, tokensPerChunk: 2 } : { workgroupSize: 64, rowsPerWorkgroup: 2 };
 }
 
 /**
@@ -203,9 +214,9 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
-  /** The decode GEMV of a GGML type for a matrix of `rows` rows (its shape: ggmlOptions). */
-  ggmlKernel(type: GgmlBlockType, rows: number): GgmlGemvKernel {
-    const options = this.ggmlOptions(rows), key = `${type}/${options.workgroupSize ?? 0}x${options.rowsPerWorkgroup ?? 0}`;
+  /** The decode GEMV of a GGML type for a call of S tokens of a matrix of `rows` rows (its shape: ggmlOptions). */
+  ggmlKernel(type: GgmlBlockType, rows: number, S = 1): GgmlGemvKernel {
+    const options = this.ggmlOptions(rows, S), key = `${type}/${options.workgroupSize ?? 0}x${options.rowsPerWorkgroup ?? 0}x${options.tokensPerChunk ?? 0}`;
     let k = this.ggml.get(key);
     if (!k) this.ggml.set(key, (k = new GgmlGemvKernel(this.device, type, options)));
     return k;
@@ -225,24 +236,24 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
-  /** The integer-dot decode GEMV of a GGML type for a matrix of `rows` rows (its shape: ggmlOptions). */
-  ggmlIdpKernel(type: GgmlBlockType, rows: number): GgmlGemvIdpKernel {
-    const options = this.ggmlOptions(rows), key = `${type}/${options.workgroupSize ?? 0}x${options.rowsPerWorkgroup ?? 0}`;
+  /** The integer-dot decode GEMV of a GGML type for a call of S tokens of a matrix of `rows` rows (its shape: ggmlOptions). */
+  ggmlIdpKernel(type: GgmlBlockType, rows: number, S = 1): GgmlGemvIdpKernel {
+    const options = this.ggmlOptions(rows, S), key = `${type}/${options.workgroupSize ?? 0}x${options.rowsPerWorkgroup ?? 0}x${options.tokensPerChunk ?? 0}`;
     let k = this.ggmlIdp.get(key);
     if (!k) this.ggmlIdp.set(key, (k = new GgmlGemvIdpKernel(this.device, type, options)));
     return k;
   }
 
   /**
-   * The GGML GEMVs' shape. CPU device: one subgroup of 8 threads a workgroup as above, 4 rows and
-   * 1 token a chunk (LLVM compiles the unrolled 8 x 2 in 20 s). NVIDIA: 64 threads x 2 rows for
-   * matrices of fewer than GGML_GEMV_WIDE_ROWS rows, the kernel's default 32 x 4 for more (lm_head);
-   * other GPUs (not measured) keep 32 x 4.
+   * The GGML GEMVs' shape (ggmlGemvShape). CPU device: one subgroup of 8 threads a workgroup as
+   * above, 4 rows and 1 token a chunk (LLVM compiles the unrolled 8 x 2 in 20 s). NVIDIA, one token:
+   * 64 threads x 2 rows for matrices of fewer than GGML_GEMV_WIDE_ROWS rows, the kernel's default
+   * 32 x 4 for more (lm_head); other GPUs (not measured) keep 32 x 4. Several tokens: chunks of 2 or 4.
    * H200, 2026-12-04 (profile:graph, Qwen3-30B-like Q4_K_M 8 layers, decode, µs a layer at
    * 32 x 4 / 64 x 2): q, k, v 13.1 / 8.6, o 17.3 / 9.0; lm_head (151936 rows) 108 / 122.
    */
-  private ggmlOptions(rows: number): GgmlGemvShape & { maxSets: number } {
-    return { maxSets: 256, ...ggmlGemvShape(gemvDeviceKind(this.device.info), rows) };
+  private ggmlOptions(rows: number, S: number): GgmlGemvShape & { maxSets: number } {
+    return { maxSets: 256, ...ggmlGemvShape(gemvDeviceKind(this.device.info), rows, S) };
   }
 
   [Symbol.dispose](): void {
@@ -387,7 +398,7 @@ export class DeviceLinear implements Disposable {
     }
     if (takes && this.blocks) {
       const args = { matrix: this.blocks, y, S, scratch: quantized };
-      if (this.ggmlPath(S) === "idp-gemv") this.kernels.ggmlIdpKernel(this.blocks.type, this.rows).recordQuantized(cb, args);
+      if (this.ggmlPath(S) === "idp-gemv") this.kernels.ggmlIdpKernel(this.blocks.type, this.rows, S).recordQuantized(cb, args);
       else this.kernels.ggmlGemmIdpKernel(this.blocks.type).recordQuantized(cb, args, this.splitFor(S));
       return 1;
     }
@@ -418,7 +429,7 @@ export class DeviceLinear implements Disposable {
   private recordGgml(cb: CommandBuffer, blocks: DeviceGgmlMatrix, x: Buffer, y: Buffer, S: number, xOffset: number, yOffset: number): void {
     const path = this.ggmlPath(S);
     if (path === "idp-gemv") {
-      this.kernels.ggmlIdpKernel(blocks.type, this.rows).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
+      this.kernels.ggmlIdpKernel(blocks.type, this.rows, S).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
     } else if (path === "idp-gemm") {
       this.kernels.ggmlGemmIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! }, this.splitFor(S));
     } else if (path === "gemm") {
@@ -426,7 +437,7 @@ export class DeviceLinear implements Disposable {
     } else {
       for (let t = 0; t < S; t += GGML_GEMV_MAX_S) {
         const n = Math.min(GGML_GEMV_MAX_S, S - t);
-        this.kernels.ggmlKernel(blocks.type, this.rows).record(cb, { matrix: blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
+        this.kernels.ggmlKernel(blocks.type, this.rows, n).record(cb, { matrix: blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
     }
   }

@@ -149,7 +149,10 @@ export class RouterRouteKernel extends DecoderKernel {
       normWords = [wo, n.eps];
     }
     const x = n ? n.xn : a.x; // not read where the norm is folded in
-    const set = this.setFor([a.weights, x, a.logits, a.table, a.work, a.pairs, a.slotWeight, a.slotExpert, a.chosen, a.arrived, n?.h ?? x, n?.add ?? x, n?.weights ?? a.weights, n?.xn ?? x]);
+    // without the norm, bindings 10-13 go unused: the kernel's own arrival word (10, 13) and weights (11, 12), not x:
+    // 10 and 13 are declared writable, so the synchronization checks would count a write to x, racing any kernel
+    // recorded beside this one that reads x (seen with Qwen3.5's shared-expert GEMVs in the same step)
+    const set = this.setFor([a.weights, x, a.logits, a.table, a.work, a.pairs, a.slotWeight, a.slotExpert, a.chosen, a.arrived, n?.h ?? a.arrived, n?.add ?? a.weights, n?.weights ?? a.weights, n?.xn ?? a.arrived]);
     const pc = pushWords([E, I, S, weightOffset, xOffset, logitsOffset, flags, k, tableOffset, chosenOffset, seq, a.normalize ? 1 : 0, ...normWords], [13]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(Math.ceil(E / this.rowsPerWorkgroup));
   }

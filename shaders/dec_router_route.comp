@@ -78,36 +78,9 @@ shared float xsh[NORM ? NORM_TOKENS * NORM_COLS : 4u];
 #define GEMV_HALF_X_OFFSET (NORM ? 0u : pc.xOffset)
 #include "gemv_half.glsl"
 #include "route.glsl"
+#include "workgroup_sum.glsl"
 
 shared bool lastToArrive;
-shared float normPartial[WG];
-
-// The workgroup's sum of v (every thread gets it), as dec_rmsnorm's workgroupSum; a barrier after,
-// so that the next call may write normPartial.
-float normSum(float v) {
-    const uint t = gl_LocalInvocationIndex;
-    float total;
-    if (USE_SUBGROUP) {
-        v = subgroupAdd(v);
-        const uint nsg = gl_NumSubgroups;
-        if (subgroupElect()) normPartial[gl_SubgroupID] = v;
-        barrier();
-        float u = 0.0;
-        for (uint g = gl_SubgroupInvocationID; g < nsg; g += gl_SubgroupSize) u += normPartial[g];
-        total = subgroupAdd(u);
-    } else {
-        normPartial[t] = v;
-        barrier();
-        for (uint h = WG / 2u; h > 0u; h >>= 1u) {
-            if (t < h) normPartial[t] += normPartial[t + h];
-            barrier();
-        }
-        total = normPartial[0];
-    }
-    barrier();
-    return total;
-}
-
 // xsh = RMSNorm(h + o) of the S rows, each thread its columns t, t + WG, ...
 void normToShared() {
     const uint t = gl_LocalInvocationIndex, D = NORM_COLS;
@@ -119,7 +92,7 @@ void normToShared() {
             xsh[s * D + i] = v;
             ss += v * v;
         }
-        const float inv = 1.0 / sqrt(normSum(ss) / float(D) + pc.eps);
+        const float inv = 1.0 / sqrt(workgroupSum(ss, WG) / float(D) + pc.eps);
         for (uint i = t; i < D; i += WG) {
             precise float u = xsh[s * D + i] * inv;
             precise float y = normW[pc.normWOffset + i] * u;

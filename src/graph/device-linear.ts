@@ -77,9 +77,10 @@ export function gemvDeviceKind(d: { type: number; vendorId: number }): GemvDevic
  */
 export function ggmlGemvShape(kind: GemvDeviceKind, rows: number, S = 1): GgmlGemvShape {
   if (kind === "cpu") return { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 };
-  if (S >= 2 && (kind !== "nvidia" || S >= 3 || rows >= GGML_GEMV_WIDE_ROWS)) return { workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 };
-  if (kind !== "nvidia" || rows >= GGML_GEMV_WIDE_ROWS) return {};
-  return S === 2 ? { workgroupSize: 64, rowsPerWorkgroup: 2, tokensPerChunk: 2 } : { workgroupSize: 64, rowsPerWorkgroup: 2 };
+  const nvidiaNarrow = kind === "nvidia" && rows < GGML_GEMV_WIDE_ROWS;
+  if (S === 2 && nvidiaNarrow) return { workgroupSize: 64, rowsPerWorkgroup: 2, tokensPerChunk: 2 };
+  if (S >= 2) return { workgroupSize: 32, rowsPerWorkgroup: 4, tokensPerChunk: 4 };
+  return nvidiaNarrow ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : {};
 }
 
 /**

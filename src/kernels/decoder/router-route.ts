@@ -110,7 +110,7 @@ export class RouterRouteKernel extends DecoderKernel {
     const rpw = options.rowsPerWorkgroup ?? 4;
     if (!Number.isInteger(rpw) || rpw < 1 || rpw > 16) throw new InvalidArgumentError(`rowsPerWorkgroup must be an integer in 1..16, got ${rpw}`);
     const normCols = options.normCols ?? 0;
-    if (!Number.isInteger(normCols) || normCols < 0) throw new InvalidArgumentError(`normCols must be a positive integer, got ${normCols}`);
+    if (!Number.isInteger(normCols) || normCols < 0) throw new InvalidArgumentError(`normCols must be a non-negative integer (0: no norm), got ${normCols}`);
     const shared = sharedBytes(wg, rpw), limit = device.info.limits.maxComputeSharedMemorySize;
     if (shared > limit) throw new InvalidArgumentError(`${wg} threads x ${rpw} rows need ${shared} bytes of shared memory, past this device's ${limit}`);
     const normTokens = normCols ? routerNormTokens(device, normCols, wg, rpw) : 0;

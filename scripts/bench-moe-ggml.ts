@@ -22,6 +22,8 @@
 //     --idp      grouped lists (S > 4) also on the integer-dot rows kernel (moe_ggml_rows_idp, x and h
 //                quantized first), in the same run: "idp µs" and "float/idp" columns; and with
 //                rowsPrefetch (a lane's next slice read before the current one is computed): "idp pf µs"
+//     --cm       grouped lists (S > 4) also on the matrix cores (moe_ggml_cm), in the same run: "cm µs",
+//                "float/cm" and, with --idp, "idp/cm" (needs cooperative matrices: VKMOE_COOPMAT)
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
@@ -41,7 +43,7 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
@@ -52,11 +54,13 @@ const rowsTokensArg = opts.int("--rows-tokens", 1, 8);
 const slices = opts.flag("--slices");
 const rowsLanesArg = opts.int("--rows-lanes", 1, 4);
 const withIdp = opts.flag("--idp");
+const withCm = opts.flag("--cm");
 
 const env = readConfig();
 using ctx = new VulkanContext(withIdp ? { integerDotProduct: "on" } : {}, env);
 const device = ctx.device;
 if (withIdp && (!device.enabled.integerDotProduct || !device.info.subgroup.shuffle)) fail(SCRIPT, `--idp: ${device.info.name} lacks shaderIntegerDotProduct or subgroup shuffles`);
+if (withCm && !device.enabled.cooperativeMatrix) fail(SCRIPT, `--cm: cooperative matrices are not enabled on ${device.info.name} (${device.decisions.find((d) => d.name === "cooperativeMatrix")?.reason ?? "no decision"})`);
 const cpuDevice = device.info.type === 4;
 const calls = opts.int("--calls", 1, 4096) ?? (cpuDevice ? 4 : 64);
 const ROUTINGS = 16;
@@ -174,7 +178,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? ["cm µs", "float/cm", ...(withIdp ? ["idp/cm"] : [])] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -186,6 +190,7 @@ for (const full of SHAPES) {
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
     using idpKernels = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true }) : undefined;
     using idpPrefetch = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true, rowsPrefetch: true }) : undefined;
+    using cmKernels = withCm ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, matrixCores: true }) : undefined;
     shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (lanes a row gate+up ${kernels.rowsLanesFor(model.hidden)}, down ${kernels.rowsLanesFor(model.intermediate)}; ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
@@ -199,12 +204,17 @@ for (const full of SHAPES) {
         graphUs = fmt(timeCalls(kernels, bySlot));
       }
       const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`, graphUs];
+      // the per-slot lists of S <= 4 stay on the float kernels: only grouped lists take the idp and cm ones
+      const idpUs = idpKernels && S > 4 ? timeCalls(idpKernels, set) : undefined;
       if (idpKernels) {
-        // the per-slot lists of S <= 4 stay on the float kernels: only grouped lists take the idp one
-        const idpUs = S > 4 ? timeCalls(idpKernels, set) : undefined;
         row.push(idpUs === undefined ? "-" : fmt(idpUs), idpUs === undefined ? "-" : `${(us / idpUs).toFixed(2)}x`);
         const pfUs = S > 4 && idpPrefetch ? timeCalls(idpPrefetch, set) : undefined;
         row.push(pfUs === undefined ? "-" : fmt(pfUs), pfUs === undefined ? "-" : `${(us / pfUs).toFixed(2)}x`);
+      }
+      if (cmKernels) {
+        const cmUs = S > 4 ? timeCalls(cmKernels, set) : undefined;
+        row.push(cmUs === undefined ? "-" : fmt(cmUs), cmUs === undefined ? "-" : `${(us / cmUs).toFixed(2)}x`);
+        if (withIdp) row.push(cmUs === undefined || idpUs === undefined ? "-" : `${(idpUs / cmUs).toFixed(2)}x`);
       }
       if (withQ4) {
         const q = q4.get(S);

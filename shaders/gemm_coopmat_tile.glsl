@@ -12,7 +12,8 @@
 //                        computes: with a barrier per step, a load issued after it stalls every step)
 //   void cmStore()       writes the weights as f16 pairs (packHalf2x16) into the words W2(row, k),
 //                        k even, then cmStoreX() the x it loaded into nextX (below)
-//   SPLIT_PART_BINDING, SPLIT_ARRIVED_BINDING  the split scratch's bindings
+//   SPLIT_PART_BINDING, SPLIT_ARRIVED_BINDING  the split scratch's bindings (or CM_NO_SPLIT: none,
+//                        and no cmLastSplit)
 // and calls cmTile(uBegin, uEnd) with its run of steps, then cmLastSplit where split, then cmWrite.
 // Weights and x become f16 here (the products' inputs; the sums are f32), as llama.cpp's matrix-core
 // GEMM does: |x| past 65504 would overflow. CM_EMULATE (tests on devices without cooperative
@@ -45,10 +46,12 @@ const uint CS = BM;                // f32 stride of cTile
 shared uvec4 cTile[BN * CS / 4u];  // f32 bits [token][row], once the loop is done (uvec4s: aligned as the tiles)
 #define CT(row, tok) uintBitsToFloat(WORD(cTile, (tok) * CS + (row)))
 
+#ifndef CM_NO_SPLIT
 // [tile][split][BM * BN] partial tiles and a word per tile (0 between calls), as gemm_split.glsl
 layout(std430, binding = SPLIT_PART_BINDING) coherent restrict buffer PT { float part[]; };
 layout(std430, binding = SPLIT_ARRIVED_BINDING) coherent restrict buffer AR { uint arrived[]; };
 shared bool lastToArrive;
+#endif
 
 #ifndef CM_EMULATE
 // A and B must be distinct types (16 x 16 and 16 x 8): a driver may give the registers of a matrix
@@ -140,6 +143,7 @@ void cmTile(uint uBegin, uint uEnd) {
 }
 #endif
 
+#ifndef CM_NO_SPLIT
 // The split ending (gemm_split.glsl's, over cmValues, with the memory model's scopes): stores this
 // workgroup's partial tile; true in the tile's last workgroup to arrive, cmValues then the sum of
 // every split's partial in split order.
@@ -162,6 +166,7 @@ bool cmLastSplit(uint splits) {
     if (t == 0u) arrived[tile] = 0u;
     return true;
 }
+#endif
 
 // Writes the tile's C values to y[S][O] from yOffset (tokens past S and rows past O dropped): value e
 // of thread t is row (e * 128 + t) % BM, token (e * 128 + t) / BM of the tile (rows contiguous).

@@ -20,7 +20,7 @@ import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, G
 import { planKernels } from "../kernels/setup.ts";
 import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
-import { coopmatSelfCheck } from "../kernels/decoder/coopmat-check.ts";
+import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
 import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -121,18 +121,6 @@ export interface LinearKernelsOptions {
    * integer-dot GEMMs for every matrix).
    */
   matrixCores?: boolean;
-}
-
-const warned = new WeakSet<Device>();
-
-/** The matrix-core GEMM's self-check on this device (coopmat-check.ts), with one line on stderr the first time it fails. */
-function matrixCoresPass(device: Device): boolean {
-  const check = coopmatSelfCheck(device);
-  if (!check.ok && !warned.has(device)) {
-    warned.add(device);
-    console.error(`vkmoe: ${check.why}: prompt chunks keep the f32 / integer-dot GEMMs`);
-  }
-  return check.ok;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */

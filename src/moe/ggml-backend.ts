@@ -12,6 +12,7 @@
  */
 import { readConfig, type VkmoeEnv } from "../config.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
+import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
 import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
 import { planKernels } from "../kernels/setup.ts";
 import { computeBudget } from "../pool/budget.ts";
@@ -64,6 +65,13 @@ export interface GgmlMoeOptions {
   syncValidation?: boolean;
   /** Lists grouped by expert (prompt chunks) on the integer-dot rows kernel (default: the integer-dot decision, planKernels, where the device has subgroup shuffles). */
   integerDot?: boolean;
+  /**
+   * Lists grouped by expert (prompt chunks) on the matrix cores, moe_ggml_cm, where cooperative
+   * matrices are enabled (VKMOE_COOPMAT) and the self-check passes (ahead of integerDot for those
+   * lists). Default false: at a 64-token chunk's few slots an expert it was 4x slower than the
+   * integer-dot rows kernel on the H100 (README).
+   */
+  matrixCores?: boolean;
   /** After each layer's upload. */
   progress?: (layer: number) => void;
   log?: (line: string) => void;
@@ -195,10 +203,11 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       const layers: (GgmlExpertLayer | undefined)[] = Array.from({ length: o.layers }, () => undefined);
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the prompt chunks' path.
       const integerDot = device.info.subgroup.shuffle && device.enabled.integerDotProduct && (o.integerDot ?? planKernels(device, env).integerDot.on);
+      const matrixCores = o.matrixCores === true && device.enabled.cooperativeMatrix && matrixCoresPass(device);
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores });
           made.push(k);
           kernels.set(key, k);
         }
@@ -207,7 +216,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
         layers[l] = layer;
         o.progress?.(l);
       }
-      const call = new CallBuffers(device, D, I, MAX_TOKENS * o.topK, integerDot);
+      const call = new CallBuffers(device, D, I, MAX_TOKENS * o.topK, integerDot && !matrixCores);
       made.push(call);
       return { ctx, layers, kernels, call, bytes };
     } catch (e) {
@@ -413,7 +422,8 @@ export class GgmlGraphStage implements MoeGraphStage {
       this.done = buf(16);
       // Zeroed, so that no kernel ever reads undefined memory.
       for (const b of [this.work, this.pairs, this.slotWeight, this.slotExpert, this.h, this.ypair, this.done]) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
-      const idp = [...kernels.values()].some((k) => k.integerDot);
+      // the matrix cores take lists grouped by expert ahead of the integer-dot kernel: no quantized x or h then
+      const idp = [...kernels.values()].some((k) => k.integerDot && !k.matrixCores);
       this.quantized = idp && opts.maxTokens > PER_SLOT_TOKENS ? this.owned.use(new ExpertQuantScratch(device, D, I, opts.maxTokens, K)) : undefined;
       this.group = this.owned.use(new GroupExpertsKernel(device, { maxSets: opts.layers + 4 }));
     } catch (e) {

@@ -16,11 +16,15 @@
  * there the slices' reductions, not the reads, were the cost. Where the integer-dot path is on
  * (the caller's decision: idp-policy.ts), those lists run shaders/moe_ggml_rows_idp.comp over x and h
  * quantized by quantize_act (groups of 16) into an ExpertQuantScratch: 4 int8 products an instruction.
+ * Where the matrix cores are on (the caller's decision: the graphs' self-checked one), those lists
+ * run shaders/moe_ggml_cm.comp instead: 64-row x 64-slot tiles, each expert's weights dequantized
+ * once per 64 of its slots and the products on the matrix cores.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "../kernels/decoder/common.ts";
 import { GgmlQuantizeKernel, QuantizedRowsBuffers } from "../kernels/decoder/ggml-gemv.ts";
+import { chunkGemmTile } from "../kernels/decoder/quant-gemm.ts";
 import { MOE_GGML_ROWS_IDP, type ShaderInterface } from "../kernels/shaders.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
@@ -32,6 +36,11 @@ import type { WorkList } from "./routing.ts";
 export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
 /** moe_ggml's bindings and push constants; a row per lane (prompt chunks' lists grouped by expert). */
 export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBuffers: 7, pushConstantBytes: 8 };
+/** moe_ggml_rows' bindings and push constants on the matrix cores (shaders/moe_ggml_cm.comp), and its test variant (CM_EMULATE). */
+export const MOE_GGML_CM: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm" };
+export const MOE_GGML_CM_EMU: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm_emu" };
+/** moe_ggml_cm's rows a workgroup (gemm_coopmat_tile.glsl's BM). */
+const CM_TILE_ROWS = 64;
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -211,6 +220,13 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   integerDot?: boolean;
   /** moe_ggml_rows_idp reads a lane's next slice before computing the current one (default false: slower on the H200 at the default lanes, 2026-12-04). */
   rowsPrefetch?: boolean;
+  /**
+   * Lists grouped by expert run moe_ggml_cm on the matrix cores (true; the device needs
+   * cooperative matrices enabled), or its emulation ("emulated": tests on devices without them).
+   * Default false: the caller passes its matrix-core decision (the self-checked one). Takes
+   * precedence over integerDot for those lists.
+   */
+  matrixCores?: boolean | "emulated";
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -273,6 +289,8 @@ export class GgmlExpertKernels implements Disposable {
   /** moe_ggml_rows' lanes a row as given (undefined: rowsLanesFor's default). */
   readonly rowsLanes: number | undefined;
   readonly integerDot: boolean;
+  /** moe_ggml_cm's shader for lists grouped by expert (the KHR or NV build, or the emulation); undefined: matrix cores off. */
+  private readonly cmShader: ShaderInterface | undefined;
   private quantizer: GgmlQuantizeKernel | undefined;
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
@@ -305,12 +323,29 @@ export class GgmlExpertKernels implements Disposable {
     }
     if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
+    this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores).shader : undefined;
     this.sum = new MoeSumKernel(device, options);
   }
 
   /** Dispatches record() makes for a list grouped by expert (the per-slot lists: 2 or 3). */
   groupedDispatches(): number {
-    return this.integerDot ? 5 : 3;
+    return this.integerDot && !this.cmShader ? 5 : 3;
+  }
+
+  /** Lists grouped by expert run on the matrix cores (moe_ggml_cm, or its emulation). */
+  get matrixCores(): boolean {
+    return this.cmShader !== undefined;
+  }
+
+  /** moe_ggml_cm's pipeline of a mode. */
+  private cmMode(gateUp: boolean): MoeGgmlKernel {
+    const key = `cm:${gateUp ? "gu" : "down"}`;
+    let k = this.modes.get(key);
+    if (k === undefined) {
+      k = new MoeGgmlKernel(this.device, this.cmShader!, { 0: FORMAT_ID[gateUp ? this.gateUpType : this.downType], 1: gateUp ? 1 : 0 }, this.options);
+      this.modes.set(key, k);
+    }
+    return k;
   }
 
   /** moe_ggml_rows' rows a workgroup. */
@@ -381,6 +416,17 @@ export class GgmlExpertKernels implements Disposable {
     // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
     const single = c.singleSlotItems ?? c.items === slots;
+    if (!single && !c.itemPerSlot && this.cmShader) {
+      this.cmMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / CM_TILE_ROWS), c.items);
+      mark("gate+up");
+      cb.barrier("computeToCompute");
+      this.cmMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / CM_TILE_ROWS), c.items);
+      mark("down");
+      cb.barrier("computeToCompute");
+      this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);
+      mark("sum");
+      return cb;
+    }
     if (!single && !c.itemPerSlot && this.integerDot) {
       const q = c.quantized;
       if (!q) throw new InvalidArgumentError("the integer-dot GGML experts need an ExpertQuantScratch (quantized) for lists grouped by expert");

@@ -51,3 +51,15 @@ export function coopmatSelfCheck(device: Device, variant: true | "emulated" = tr
   if (variant === true && bound === COOPMAT_CHECK_BOUND) verdicts.set(device, verdict);
   return verdict;
 }
+
+const warned = new WeakSet<Device>();
+
+/** The self-check's verdict for the real kernel on this device, with one line on stderr the first time it fails. */
+export function matrixCoresPass(device: Device): boolean {
+  const check = coopmatSelfCheck(device);
+  if (!check.ok && !warned.has(device)) {
+    warned.add(device);
+    console.error(`vkmoe: ${check.why}: prompt chunks keep the f32 / integer-dot GEMMs`);
+  }
+  return check.ok;
+}

@@ -7,6 +7,9 @@
 // slots. The order of slots within an item is not fixed (atomic fill), which changes nothing:
 // every slot's h row and weighted down row are computed alone and summed per token in j order.
 // A slot with no expert (NONE: NaN logits) gets weight 0, so the sum skips it.
+// maxSlots > 0 splits an expert of more slots into items of at most maxSlots each (consecutive runs
+// of its pairs): a workgroup per item, so an expert many tokens chose is not one long tail of the
+// dispatch (its weights are then read once per item, mostly from L2).
 // One workgroup. The item list is laid out by a prefix sum over the experts (each thread owns
 // ceil(MAX_E / WG) consecutive ids), so every table load and item store is issued in parallel:
 // a single thread walking 256 experts took ~35 µs a call on the H200.
@@ -25,6 +28,7 @@ layout(push_constant) uniform Params {
     uint chosenOffset;  // uints: slot u's expert id at chosen[chosenOffset + u]
     uint tableOffset;   // uvec2: expert e's handle at table[tableOffset + e]
     uint seq;           // the work header's .w
+    uint maxSlots;      // slots an item at most; 0: one item per expert
 } pc;
 
 const uint WG = gl_WorkGroupSize.x;
@@ -55,7 +59,7 @@ void main() {
         const uint e = first + k;
         const uint c = e < E ? count[e] : 0u;
         slots += c;
-        items += c > 0u ? 1u : 0u;
+        items += pc.maxSlots > 0u ? (c + pc.maxSlots - 1u) / pc.maxSlots : (c > 0u ? 1u : 0u);
     }
     slotScan[t] = slots;
     itemScan[t] = items;
@@ -76,11 +80,12 @@ void main() {
         if (e >= E) break;
         start[e] = s;
         const uint c = count[e];
-        if (c > 0u) {
-            work[1u + item] = uvec4(table[pc.tableOffset + e], s, c);
+        const uint run = pc.maxSlots > 0u ? pc.maxSlots : max(c, 1u);
+        for (uint j = 0u; j < c; j += run) {
+            work[1u + item] = uvec4(table[pc.tableOffset + e], s + j, min(run, c - j));
             item++;
-            s += c;
         }
+        s += c;
     }
     if (t == WG - 1u) work[0] = uvec4(pc.S, pc.K, itemScan[WG - 1u], pc.seq);
     barrier();

@@ -5,10 +5,13 @@
  * and pairCount, each item's slots (as a set: the fill order is free), and slot weight 0 for a slot
  * with no expert (id >= E) while every other weight stays as written. Cases: E 1..512 (past one
  * expert a thread: 2 a thread at 256 threads, 16 at 32), k 1..8, S 1..64, skewed and uniform
- * choices, ids >= E, and a 32-thread workgroup (16 ids a thread). Sentinels past every output.
+ * choices, ids >= E, and a 32-thread workgroup (16 ids a thread). With maxSlots, an expert's slots
+ * as runs of at most maxSlots items (1, 3, 8, 64). Sentinels past every output. Negative control (by
+ * hand, Lavapipe, 2026-12-06): items of one run each whatever maxSlots fails the maxSlots case.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
+import { groupedItemsMax } from "../src/kernels/decoder/group-experts.ts";
 import { GroupExpertsKernel, submitAndWait } from "../src/kernels/decoder/index.ts";
 import { mulberry32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
@@ -43,8 +46,8 @@ function choices(rnd: () => number, S: number, k: number, E: number, skewed: boo
   return chosen;
 }
 
-function run(kernel: GroupExpertsKernel, S: number, k: number, E: number, chosen: Uint32Array, label: string): void {
-  const slots = S * k, items = Math.min(slots, E);
+function run(kernel: GroupExpertsKernel, S: number, k: number, E: number, chosen: Uint32Array, label: string, maxSlots = 0): void {
+  const slots = S * k, items = groupedItemsMax(S, E, k, maxSlots);
   using chosenBuf = hostBuffer(device, CHOSEN_OFFSET + slots, "upload");
   u32(chosenBuf, slots, CHOSEN_OFFSET).set(chosen);
   using table = hostBuffer(device, 2 * (TABLE_OFFSET + E), "upload");
@@ -55,19 +58,24 @@ function run(kernel: GroupExpertsKernel, S: number, k: number, E: number, chosen
   using weights = hostBuffer(device, slots);
   const w = f32(weights, slots);
   for (let u = 0; u < slots; u++) w[u] = 1 + u;
-  submitAndWait(device, (cb) => kernel.record(cb, { chosen: chosenBuf, table, work, pairs, slotWeight: weights, S, E, k, seq: SEQ, chosenOffset: CHOSEN_OFFSET, tableOffset: TABLE_OFFSET }));
-  // the host's list: distinct ids in order, their slots
+  submitAndWait(device, (cb) => kernel.record(cb, { chosen: chosenBuf, table, work, pairs, slotWeight: weights, S, E, k, seq: SEQ, chosenOffset: CHOSEN_OFFSET, tableOffset: TABLE_OFFSET, maxSlots }));
+  // the host's list: distinct ids in order, their slots; with maxSlots, an expert's items are runs of at most maxSlots of them
   const bySlot = new Map<number, number[]>();
   for (let u = 0; u < slots; u++) if (chosen[u]! < E) bySlot.set(chosen[u]!, [...(bySlot.get(chosen[u]!) ?? []), u]);
   const ids = [...bySlot.keys()].sort((a, b) => a - b);
+  const runs = ids.map((e) => (maxSlots ? Math.ceil(bySlot.get(e)!.length / maxSlots) : 1));
+  const total = runs.reduce((a, b) => a + b, 0);
+  expect(total, `${label}: items within groupedItemsMax`).toBeLessThanOrEqual(items);
   const header = u32(work, 4);
-  expect([...header], `${label}: header`).toEqual([S, k, ids.length, SEQ]);
+  expect([...header], `${label}: header`).toEqual([S, k, total, SEQ]);
   const p = u32(pairs, slots);
-  let start = 0;
-  ids.forEach((e, i) => {
-    const item = [...u32(work, 4, 4 * (1 + i))];
+  let start = 0, i = 0;
+  ids.forEach((e, n) => {
     const want = bySlot.get(e)!;
-    expect(item, `${label}: item ${i} (expert ${e})`).toEqual([handles[2 * e]!, handles[2 * e + 1]!, start, want.length]);
+    for (let r = 0; r < runs[n]!; r++, i++) {
+      const count = maxSlots ? Math.min(maxSlots, want.length - r * maxSlots) : want.length;
+      expect([...u32(work, 4, 4 * (1 + i))], `${label}: item ${i} (expert ${e}, run ${r})`).toEqual([handles[2 * e]!, handles[2 * e + 1]!, start + r * (maxSlots || 0), count]);
+    }
     expect([...p.subarray(start, start + want.length)].sort((a, b) => a - b), `${label}: expert ${e}'s slots`).toEqual(want);
     start += want.length;
   });
@@ -88,6 +96,18 @@ describe("dec_group_experts: the work list by expert, laid out by a prefix sum",
       for (const [S, k, E, skewed, none] of cases) run(kernel, S, k, E, choices(rnd, S, k, E, skewed, none), `${name} S=${S} k=${k} E=${E}`);
     });
   }
+
+  test("maxSlots: an expert of more slots becomes runs of at most maxSlots items (1, 3, 8, 64), its slots still one contiguous range", () => {
+    const rnd = mulberry32(4343);
+    for (const maxSlots of [1, 3, 8, 64]) {
+      for (const [S, k, E, skewed, none] of [[64, 8, 128, true, 2], [64, 8, 8, false, 0], [37, 3, 40, true, 0], [5, 2, 4, false, 1]] as const) {
+        run(wide, S, k, E, choices(rnd, S, k, E, skewed, none), `maxSlots ${maxSlots} S=${S} k=${k} E=${E}`, maxSlots);
+      }
+    }
+    expect(groupedItemsMax(64, 128, 8, 8)).toBe(128 + 64);
+    expect(groupedItemsMax(4, 128, 8, 8)).toBe(32);
+    expect(() => submitAndWait(device, (cb) => wide.record(cb, { chosen: wide as never, table: wide as never, work: wide as never, pairs: wide as never, slotWeight: wide as never, S: 1, E: 1, k: 1, maxSlots: -1 }))).toThrow(/maxSlots must be a non-negative integer, got -1/);
+  });
 
   test("a workgroup size outside 8..256 or not a power of two: one clear error", () => {
     expect(() => new GroupExpertsKernel(device, { workgroupSize: 48 })).toThrow(InvalidArgumentError);

@@ -13,15 +13,21 @@ import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 
-/** chosen r, table `uvec2[]` r, work `uvec4[]` w, pairs w, slotWeight rw; push S, E, K, chosenOffset, tableOffset, seq: 24 B. */
-export const DEC_GROUP_EXPERTS: ShaderInterface = { name: "dec_group_experts", storageBuffers: 5, pushConstantBytes: 24 };
+/** chosen r, table `uvec2[]` r, work `uvec4[]` w, pairs w, slotWeight rw; push S, E, K, chosenOffset, tableOffset, seq, maxSlots: 28 B. */
+export const DEC_GROUP_EXPERTS: ShaderInterface = { name: "dec_group_experts", storageBuffers: 5, pushConstantBytes: 28 };
+
+/** Items a grouped list of S * k slots over E experts holds at most, with items of at most `maxSlots` slots (0: one item per expert). */
+export function groupedItemsMax(S: number, E: number, k: number, maxSlots = 0): number {
+  const slots = S * k;
+  return maxSlots > 0 ? Math.min(slots, E + Math.floor(slots / maxSlots)) : Math.min(slots, E);
+}
 
 export interface GroupExpertsArgs {
   /** S*k expert ids at chosenOffset (dec_route's `chosen`; ids >= E: no expert). */
   chosen: Buffer;
   /** Expert handles, 2 words each: expert e's at uvec2 element tableOffset + e. */
   table: Buffer;
-  /** Rewritten: header (S, k, items, seq), then one item (handle, pairStart, pairCount) per distinct expert, in id order. */
+  /** Rewritten: header (S, k, items, seq), then one item (handle, pairStart, pairCount) per distinct expert (or per run of maxSlots of its slots), in id order. */
   work: Buffer;
   /** Rewritten: each item's slots (u = t*k + j) from its pairStart. */
   pairs: Buffer;
@@ -33,6 +39,8 @@ export interface GroupExpertsArgs {
   seq?: number;
   chosenOffset?: number;
   tableOffset?: number;
+  /** An expert of more slots is split into items of at most this many (default 0: one item per expert); the list then holds up to groupedItemsMax items. */
+  maxSlots?: number;
 }
 
 export interface GroupExpertsKernelOptions extends DecoderKernelOptions {
@@ -53,14 +61,15 @@ export class GroupExpertsKernel extends DecoderKernel {
     if (!Number.isInteger(S) || S < 1 || S > MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${MAX_TOKENS}, got ${S}`);
     if (!Number.isInteger(E) || E < 1 || E > MAX_EXPERTS) throw new InvalidArgumentError(`E must be an integer in 1..${MAX_EXPERTS}, got ${E}`);
     if (!Number.isInteger(k) || k < 1 || k > Math.min(MAX_TOP_K, E)) throw new InvalidArgumentError(`k must be an integer in 1..${Math.min(MAX_TOP_K, E)}, got ${k}`);
-    const chosenOffset = a.chosenOffset ?? 0, tableOffset = a.tableOffset ?? 0, seq = a.seq ?? 0;
-    const slots = S * k, items = Math.min(slots, E);
+    const chosenOffset = a.chosenOffset ?? 0, tableOffset = a.tableOffset ?? 0, seq = a.seq ?? 0, maxSlots = a.maxSlots ?? 0;
+    if (!Number.isInteger(maxSlots) || maxSlots < 0) throw new InvalidArgumentError(`maxSlots must be a non-negative integer, got ${maxSlots}`);
+    const slots = S * k, items = groupedItemsMax(S, E, k, maxSlots);
     checkRange("group chosen", a.chosen, chosenOffset, slots);
     checkRange("group table", a.table, 2 * tableOffset, 2 * E);
     checkRange("group work", a.work, 0, 4 * (1 + items));
     checkRange("group pairs", a.pairs, 0, slots);
     checkRange("group slotWeight", a.slotWeight, 0, slots);
     const set = this.setFor([a.chosen, a.table, a.work, a.pairs, a.slotWeight]);
-    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pushWords([S, E, k, chosenOffset, tableOffset, seq])).dispatch(1);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pushWords([S, E, k, chosenOffset, tableOffset, seq, maxSlots])).dispatch(1);
   }
 }

@@ -8,7 +8,7 @@ import { parseArgs } from "node:util";
 import { z } from "zod";
 import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
 import { Model } from "../src/model/model.ts";
-import { args, fail } from "./lib/cli.ts";
+import { args, fail, oneLine } from "./lib/cli.ts";
 
 const SCRIPT = "profile-graph";
 const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N] [--tokens N]";
@@ -23,7 +23,13 @@ try {
   fail(SCRIPT, `${(e as Error).message.split("\n")[0]}; ${USAGE}`);
 }
 
-using model = await Model.load(flags.model, { log: (l) => console.error(l) });
+let loaded: Model;
+try {
+  loaded = await Model.load(flags.model, { log: (l) => console.error(l) });
+} catch (e) {
+  fail(SCRIPT, oneLine(e));
+}
+using model = loaded;
 if (model.device.mode !== "resident") fail(SCRIPT, `the model runs ${model.device.mode} (${model.device.why}); the whole-token profile needs it resident`);
 const V = model.config.vocab;
 const ids = Array.from({ length: flags.context }, (_, i) => (i * 7919 + 13) % V);

@@ -38,41 +38,12 @@ layout(push_constant, std430) uniform PC {
 #define CM_NO_SPLIT
 #include "gemm_coopmat_tile.glsl"
 
-const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
-const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
-const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
-const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to its second
 const uint NO_ROW = 0xffffffffu;
-
-// Threads 0..63 each dequantize row t's slice of a step; every thread loads 4 x vec4s (nextX) of
-// the slots xRow[m] (the first float of each one's input row, NO_ROW past the item's count).
-uint rowAddr;
+// The tile's slots' input rows: vec4 m of this thread reads from xRow[m] (the first float of the
+// slot's row, NO_ROW past the item's count), set per slot tile by main.
 uint xRow[4];
-uvec4 nextQ0, nextQ1;
-vec2 nextD, nextM;
-
-void cmLoad(uint u) {
-    const uint t = gl_LocalInvocationIndex;
-    const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-    if (t < BM) ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0, nextQ1, nextD, nextM);
-    const uint c0 = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
-    // 64 slots x the slice's 32 columns (8 vec4s a slot: 4 of run 0, then 4 of run 1)
-    [[unroll]] for (uint m = 0u; m < 4u; m++) {
-        const uint v = (t + 128u * m) % 8u;
-        const uint col = c0 + (v / 4u) * GAP + (v % 4u) * 4u;
-        nextX[m] = xRow[m] != NO_ROW ? xv[(xRow[m] + col) >> 2u] : vec4(0.0);
-    }
-}
-
-void cmStore() {
-    const uint t = gl_LocalInvocationIndex;
-    if (t < BM) {
-        float w[32];
-        ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
-        [[unroll]] for (uint k = 0u; k < BK; k += 2u) W2(t, k) = packHalf2x16(vec2(w[k], w[k + 1u]));
-    }
-    cmStoreX();
-}
+#define CM_LOAD_X(m, tok, col) nextX[m] = xRow[m] != NO_ROW ? xv[(xRow[m] + col) >> 2u] : vec4(0.0)
+#include "ggml_cm_loader.glsl"
 
 void main() {
     const uint t = gl_LocalInvocationIndex;

@@ -35,10 +35,9 @@ const size = (bytes: number) => (bytes >= GiB ? `${(bytes / GiB).toFixed(1)} GiB
 /** Grouped calls of at most this many tokens keep one work item per slot (as QuantGraphStage). */
 const PER_SLOT_TOKENS = 4;
 /**
- * Prompt chunks' work items hold at most this many slots (dec_group_experts' maxSlots: an expert many
- * tokens chose is split over several workgroups instead of being the dispatch's long tail; the rows
- * kernels take 8 slots a register chunk). H100, 2026-12-06, profile:graph on the Qwen3-30B-like
- * Q4_K_M 8-layer file's 64-token chunk: the experts 314 -> 287 µs a layer, the chunk 5066 -> 4880 µs.
+ * Prompt chunks' work items hold at most this many slots (dec_group_experts' maxSlots): an expert
+ * many tokens chose is split over several workgroups instead of being the dispatch's long tail. 8 is
+ * the rows kernels' register chunk (measured: README, "a prompt chunk's experts").
  */
 const ITEM_SLOTS = 8;
 /** The graph's work header sequence number (the completion word is not polled). */
@@ -75,8 +74,8 @@ export interface GgmlMoeOptions {
   /**
    * Lists grouped by expert (prompt chunks) on the matrix cores, moe_ggml_cm, where cooperative
    * matrices are enabled (VKMOE_COOPMAT) and the self-check passes (ahead of integerDot for those
-   * lists). Default false: at a 64-token chunk's few slots an expert it was 4x slower than the
-   * integer-dot rows kernel on the H100 (README).
+   * lists). Default false: at a prompt chunk's few slots an expert it measured slower than the
+   * integer-dot rows kernel (README).
    */
   matrixCores?: boolean;
   /** After each layer's upload. */

@@ -16,9 +16,9 @@
  * there the slices' reductions, not the reads, were the cost. Where the integer-dot path is on
  * (the caller's decision: idp-policy.ts), those lists run shaders/moe_ggml_rows_idp.comp over x and h
  * quantized by quantize_act (groups of 16) into an ExpertQuantScratch: 4 int8 products an instruction.
- * Where the matrix cores are on (the caller's decision: the graphs' self-checked one), those lists
- * run shaders/moe_ggml_cm.comp instead: 64-row x 64-slot tiles, each expert's weights dequantized
- * once per 64 of its slots and the products on the matrix cores.
+ * Where the caller asks for the matrix cores (an option: at a prompt chunk's few slots an expert it
+ * measured slower than the integer-dot rows kernel, README), those lists run shaders/moe_ggml_cm.comp
+ * instead: 64-row x 64-slot tiles, each expert's weights dequantized once per 64 of its slots.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -223,8 +223,7 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   /**
    * Lists grouped by expert run moe_ggml_cm on the matrix cores (true; the device needs
    * cooperative matrices enabled), or its emulation ("emulated": tests on devices without them).
-   * Default false: the caller passes its matrix-core decision (the self-checked one). Takes
-   * precedence over integerDot for those lists.
+   * Default false. Takes precedence over integerDot for those lists.
    */
   matrixCores?: boolean | "emulated";
 }

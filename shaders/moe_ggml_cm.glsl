@@ -5,7 +5,8 @@
 // the products, as dec_gemm_ggml_cm), the item's slots' input rows gathered through `pairs` and
 // converted to f16. Why: the rows kernels pay every product on the ALUs, so their time grows with the
 // slots (a 64-token chunk's experts took half its time); here an expert's weights are dequantized
-// once per 64 slots and the products are the matrix cores'.
+// once per 64 slots and the products are the matrix cores'. At a 64-token chunk's few slots an
+// expert it measured slower than moe_ggml_rows_idp (README), so it runs only where asked for.
 //
 // Same bindings, work list and outputs as moe_ggml_rows: GATEUP: h[slot][row] = silu(gate x) * (up x),
 // x[token = slot / K]; else ypair[slot][row] = slot weight * (down h[slot]). Workgroup (x, y) = (row

@@ -69,11 +69,8 @@ export function gemvDeviceKind(d: { type: number; vendorId: number }): GemvDevic
  * The graphs' GGML GEMV shape for a call of S tokens of a matrix of `rows` rows (undefined fields:
  * the kernel's defaults, 32 x 4, 1 token a register chunk). Several tokens (a batch's decode step, a
  * short prompt chunk) take chunks of 2 or 4 tokens on a GPU: a slice is then unpacked once a chunk,
- * not once a token. H100, 2026-12-06, `bench:gemv --ggml --idp-alone --only S=`, 4096->14336,
- * integer dot, µs at 64 x 2 x 1 token / 64 x 2 x 2 / 32 x 4 x 4: S = 2 Q4_K 18.9 / 16.0 / 16.6, Q6_K
- * 36.6 / 22.4 / 30.2; S = 4 Q4_K 36.8 / 30.7 / 19.8, Q6_K 72.8 / 41.3 / 32.8; S = 8 Q4_K 73.4 / 60.7
- * / 38.0, Q6_K 144.8 / 82.0 / 56.1 (the float path alike: S = 8 Q4_K 171 -> 107 at 32 x 4 x 4).
- * Other GPUs (not measured) take the chunks of 4 at the default shape.
+ * not once a token (measured with `bench:gemv --ggml --idp-alone --only S=`: README). Other GPUs
+ * (not measured) take the chunks of 4 at the default shape.
  */
 export function ggmlGemvShape(kind: GemvDeviceKind, rows: number, S = 1): GgmlGemvShape {
   if (kind === "cpu") return { workgroupSize: 8, rowsPerWorkgroup: 4, tokensPerChunk: 1 };

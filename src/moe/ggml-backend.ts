@@ -26,7 +26,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import type { MoeStats } from "./backend.ts";
-import { ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
+import { chainControlWords, ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type StageRouting } from "./graph-stage.ts";
 import { checkRouting, MAX_TOKENS, WorkList, type Routing } from "./routing.ts";
 
@@ -81,6 +81,11 @@ export interface GgmlMoeOptions {
   /** After each layer's upload. */
   progress?: (layer: number) => void;
   log?: (line: string) => void;
+}
+
+/** moe_ggml_chain for decode calls: "auto" on a GPU (on a CPU Vulkan device its waits cost threads that run workgroups), "on" everywhere. */
+function chainOn(mode: VkmoeEnv["VKMOE_MOE_CHAIN"], device: Device): boolean {
+  return mode === "on" || (mode === "auto" && device.info.type !== 4);
 }
 
 interface GpuState {
@@ -213,7 +218,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: chainOn(env.VKMOE_MOE_CHAIN, device) });
           made.push(k);
           kernels.set(key, k);
         }
@@ -401,6 +406,8 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly done: Buffer;
+  /** moe_ggml_chain's tickets and counters (decode calls on chained kernels). */
+  private readonly control: Buffer;
   private readonly quantized: ExpertQuantScratch | undefined;
   private readonly group: GroupExpertsKernel;
   private readonly owned = new DisposableStack();
@@ -426,8 +433,9 @@ export class GgmlGraphStage implements MoeGraphStage {
       this.h = buf(4 * slots * I);
       this.ypair = buf(4 * slots * D);
       this.done = buf(16);
-      // Zeroed, so that no kernel ever reads undefined memory.
-      for (const b of [this.work, this.pairs, this.slotWeight, this.slotExpert, this.h, this.ypair, this.done]) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
+      this.control = buf(4 * chainControlWords(PER_SLOT_TOKENS));
+      // Zeroed, so that no kernel ever reads undefined memory (and moe_ggml_chain's counters start at 0).
+      for (const b of [this.work, this.pairs, this.slotWeight, this.slotExpert, this.h, this.ypair, this.done, this.control]) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
       // the matrix cores take lists grouped by expert ahead of the integer-dot kernel: no quantized x or h then
       const idp = [...kernels.values()].some((k) => k.integerDot && !k.matrixCores);
       this.quantized = idp && opts.maxTokens > PER_SLOT_TOKENS ? this.owned.use(new ExpertQuantScratch(device, D, I, opts.maxTokens, K)) : undefined;
@@ -467,6 +475,7 @@ export class GgmlGraphStage implements MoeGraphStage {
       quantized: this.quantized,
       singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot, item u slot u
       itemPerSlot: this.downSums(S),
+      control: this.control,
       mark: routing.mark,
     });
   }
@@ -477,7 +486,7 @@ export class GgmlGraphStage implements MoeGraphStage {
   }
 
   dispatches(S = 1): number {
-    if (this.downSums(S)) return 2;
+    if (this.downSums(S)) return this.kernels.values().next().value?.chained ? 1 : 2;
     if (!this.byExpert(S)) return 3;
     // dec_group_experts, then the call (the integer-dot one also quantizes x and h)
     const k = this.kernels.values().next().value;

@@ -41,6 +41,12 @@ export const MOE_GGML_CM: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_
 export const MOE_GGML_CM_EMU: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm_emu" };
 /** moe_ggml_cm's rows a workgroup (gemm_coopmat_tile.glsl's BM). */
 const CM_TILE_ROWS = 64;
+/** x, work, h, y, slot weights, expert bytes, expert table, control words; push D, I, G, N. */
+export const MOE_GGML_CHAIN: ShaderInterface = { name: "moe_ggml_chain", storageBuffers: 8, pushConstantBytes: 16 };
+/** moe_ggml_chain's defaults: gate+up rows (of I) and down rows (of D) a workgroup, slices a lane loads before computing. */
+const CHAIN_GATE_UP_ROWS = 4;
+const CHAIN_DOWN_ROWS = 1;
+const CHAIN_PREFETCH = 4;
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -187,6 +193,16 @@ export function moeRowsPerWorkgroup(slices: number, wg: number): number {
   return best;
 }
 
+class MoeChainKernel extends DecoderKernel {
+  constructor(device: Device, specialization: Record<number, number>, options: DecoderKernelOptions) {
+    super(device, MOE_GGML_CHAIN, specialization, options);
+  }
+
+  record(cb: CommandBuffer, buffers: Buffer[], push: readonly number[], workgroups: number): void {
+    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, pushWords(push)).dispatch(workgroups);
+  }
+}
+
 class MoeSumKernel extends DecoderKernel {
   constructor(device: Device, options: DecoderKernelOptions) {
     super(device, MOE_SUM, { 0: SUM_WORKGROUP }, options);
@@ -226,6 +242,19 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
    * Default false. Takes precedence over integerDot for those lists.
    */
   matrixCores?: boolean | "emulated";
+  /**
+   * Per-slot lists whose down sums a token's slots (itemPerSlot: the decode graph's) run
+   * moe_ggml_chain: gate+up and down in one dispatch, down's workgroups waiting on their token's
+   * gate+up blocks, not behind a barrier (default false; such calls then need `control`).
+   */
+  chained?: boolean;
+  /** moe_ggml_chain's gate+up rows (of I) and down rows (of D) a workgroup, 1..8 each, and slices a lane loads before it computes, 1..8 (defaults 4, 1, 4). */
+  chainShape?: { gateUpRows: number; downRows: number; prefetch: number };
+}
+
+/** Words of moe_ggml_chain's control buffer for calls of up to `tokens` tokens (zero before the first call; each call leaves them zero). */
+export function chainControlWords(tokens: number): number {
+  return 2 + tokens;
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -266,6 +295,8 @@ export interface GgmlExpertCall {
    * token's slots itself and writes y (two dispatches, no moe_sum; `done` is not written).
    */
   itemPerSlot?: boolean;
+  /** uint [chainControlWords(S)], zero: moe_ggml_chain's tickets and counters (kernels made with `chained`, itemPerSlot calls). */
+  control?: Buffer;
 }
 
 /**
@@ -291,6 +322,9 @@ export class GgmlExpertKernels implements Disposable {
   /** moe_ggml_cm's shader for lists grouped by expert (the KHR or NV build, or the emulation); undefined: matrix cores off. */
   private readonly cmShader: ShaderInterface | undefined;
   private quantizer: GgmlQuantizeKernel | undefined;
+  readonly chained: boolean;
+  readonly chainShape: { gateUpRows: number; downRows: number; prefetch: number };
+  private chain: MoeChainKernel | undefined;
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
@@ -322,6 +356,11 @@ export class GgmlExpertKernels implements Disposable {
     }
     if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
+    this.chained = options.chained ?? false;
+    this.chainShape = options.chainShape ?? { gateUpRows: CHAIN_GATE_UP_ROWS, downRows: CHAIN_DOWN_ROWS, prefetch: CHAIN_PREFETCH };
+    for (const [name, v] of Object.entries(this.chainShape)) {
+      if (!Number.isInteger(v) || v < 1 || v > 8) throw new InvalidArgumentError(`chainShape.${name} must be an integer in 1..8, got ${v}`);
+    }
     this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores).shader : undefined;
     this.sum = new MoeSumKernel(device, options);
   }
@@ -458,6 +497,20 @@ export class GgmlExpertKernels implements Disposable {
       mark("sum");
       return cb;
     }
+    if (c.itemPerSlot && this.chained) {
+      if (c.items !== slots) throw new InvalidArgumentError(`a list of an item per slot has ${slots} items, got ${c.items}`);
+      if (c.slotsPerToken > MOE_GGML_MAX_SLOTS) throw new InvalidArgumentError(`down sums up to ${MOE_GGML_MAX_SLOTS} slots a token, got ${c.slotsPerToken}`);
+      if (!c.control) throw new InvalidArgumentError("a chained call needs its control words (control)");
+      checkRange("moe ggml control", c.control, 0, chainControlWords(c.S));
+      const { gateUpRows: Rcg, downRows: Rcd, prefetch } = this.chainShape;
+      const G = slots * Math.ceil(I / Rcg), N = G + c.S * Math.ceil(D / Rcd);
+      this.chain ??= new MoeChainKernel(this.device, {
+        0: this.workgroupSize, 1: Rcg, 2: FORMAT_ID[this.gateUpType], 3: FORMAT_ID[this.downType], 4: Rcd, 5: this.useSubgroup ? 1 : 0, 6: prefetch,
+      }, this.options);
+      this.chain.record(cb, [c.x, c.work, c.h, c.y, c.slotWeight, L.blocks, L.table, c.control], [D, I, G, N], N);
+      mark("gate+up, down + sum");
+      return cb;
+    }
     const tokens = single ? 1 : this.tokensPerChunk;
     this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
     mark("gate+up");
@@ -483,6 +536,7 @@ export class GgmlExpertKernels implements Disposable {
     for (const k of this.modes.values()) k[Symbol.dispose]();
     this.modes.clear();
     this.quantizer?.[Symbol.dispose]();
+    this.chain?.[Symbol.dispose]();
     this.sum[Symbol.dispose]();
   }
 }

@@ -14,6 +14,11 @@
 // wait always ends, whatever order the driver launches workgroups in or how many fit at once.
 // The last block to finish zeroes the counters for the next call (each call leaves them 0).
 //
+// NORM_TAIL: that last block also does the next layer's input norm, which then needs no dispatch
+// and barrier of its own: per token, h += y (the residual, written back), xn = RMSNorm(h) * w and,
+// with flags bit 0, xn quantized for the integer-dot GEMVs that read it, exactly as
+// dec_rmsnorm_quant's formulas (its sum of squares over another partition: equal to rounding).
+//
 // Work list: dec_route's (moe.glsl): [0] = (S, K, items = S * K, seq), [1 + u] = (expert id, ...)
 // for slot u; slot weights; expert blocks and table as moe_ggml. h: [slots][I] scratch, written
 // and read in this dispatch (coherent: read past L1). Per slice: GGML's weights (ggml_blocks.glsl),
@@ -31,6 +36,7 @@ layout(constant_id = 3) const uint FORMAT_DN = 5u;  // GGML_FMT_* of down
 layout(constant_id = 4) const uint RD = 2u;         // down rows (of D) a block
 layout(constant_id = 5) const bool USE_SUBGROUP = true;
 layout(constant_id = 6) const uint PF = 4u;         // slices a lane loads before it computes any
+layout(constant_id = 7) const bool NORM_TAIL = false;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint MAX_K = 8u;  // slots a token, as dec_route
@@ -39,19 +45,30 @@ layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };  // x [S
 layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
 layout(std430, binding = 2) coherent restrict buffer HB { float hb[]; };  // h [slots][I]
 layout(std430, binding = 2) coherent restrict buffer HV { vec4 hv[]; };
-layout(std430, binding = 3) writeonly restrict buffer YB { float yb[]; }; // y [S][D]
+layout(std430, binding = 3) coherent restrict buffer YB { float yb[]; };  // y [S][D] (read by NORM_TAIL)
+layout(std430, binding = 3) coherent restrict buffer YV { vec4 yv[]; };
 layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
 layout(std430, binding = 5) readonly restrict buffer EB { uint eb[]; };
 layout(std430, binding = 5) readonly restrict buffer EV { uvec4 ev[]; };
 layout(std430, binding = 6) readonly restrict buffer ET { uvec4 expertTable[]; };
 // ticket, finished, then ready[token]: zero between calls
 layout(std430, binding = 7) coherent restrict buffer CT { uint ctl[]; };
+// NORM_TAIL only: the residual h [S][D], the norm's weights, xn [S][D], xn quantized (groups of 16)
+layout(std430, binding = 8) restrict buffer RS { vec4 res[]; };
+layout(std430, binding = 9) readonly restrict buffer NW { vec4 normW[]; };
+layout(std430, binding = 10) writeonly restrict buffer XN { vec4 xn[]; };
+layout(std430, binding = 11) writeonly restrict buffer XQ { uvec4 xq[]; };
+layout(std430, binding = 12) writeonly restrict buffer XS { float xscale[]; };
+layout(std430, binding = 13) writeonly restrict buffer XU { int xsum[]; };
 
 layout(push_constant, std430) uniform PC {
     uint D;
     uint I;
     uint G;  // gate+up blocks: S * K * ceil(I / RG)
     uint N;  // all blocks: G + S * ceil(D / RD)
+    uint wOffset;  // NORM_TAIL: the norm's weights, floats (a multiple of 4)
+    float eps;
+    uint flags;    // NORM_TAIL: bit 0, write xn quantized too
 } pc;
 
 #define GGML_WORD(i) eb[i]
@@ -61,6 +78,7 @@ layout(push_constant, std430) uniform PC {
 const uint NSUM = 2u * (RG > RD ? RG : RD);
 shared float red[WG * NSUM];
 shared uint sharedTicket;
+shared bool sharedLast;
 
 // The R sums of every lane over the workgroup, into red[0 .. R).
 void workgroupSums(inout float acc[NSUM], uint R) {
@@ -243,6 +261,67 @@ void downSum(uint j) {
     if (t < RD && rowBase + t < pc.D) yb[token * pc.D + rowBase + t] = red[t];
 }
 
+// The workgroup's sum of one value a lane (NORM_TAIL).
+float workgroupTotal(float v) {
+    float acc[NSUM];
+    acc[0] = v;
+    [[unroll]] for (uint i = 1u; i < NSUM; ++i) acc[i] = 0.0;
+    workgroupSums(acc, 1u);
+    const float total = red[0];
+    barrier();  // red is reused
+    return total;
+}
+
+// The next layer's input norm of token s (see NORM_TAIL): a lane owns whole groups of 16 columns.
+void normTail(uint s) {
+    const uint t = gl_LocalInvocationIndex;
+    const uint groups = pc.D / 16u, row = s * (pc.D >> 2u), wo = pc.wOffset >> 2u;
+    float ss = 0.0;
+    for (uint g = t; g < groups; g += WG) {
+        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            precise vec4 v = res[row + 4u * g + j] + yv[row + 4u * g + j];
+            res[row + 4u * g + j] = v;
+            ss += v.x * v.x;
+            ss += v.y * v.y;
+            ss += v.z * v.z;
+            ss += v.w * v.w;
+        }
+    }
+    const float inv = 1.0 / sqrt(workgroupTotal(ss) / float(pc.D) + pc.eps);
+    for (uint g = t; g < groups; g += WG) {
+        float o[16];
+        float amax = 0.0;
+        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+            precise vec4 tv = res[row + 4u * g + j] * inv;  // this lane's own writes
+            precise vec4 v = normW[wo + 4u * g + j] * tv;
+            xn[row + 4u * g + j] = v;
+            o[4u * j] = v.x;
+            o[4u * j + 1u] = v.y;
+            o[4u * j + 2u] = v.z;
+            o[4u * j + 3u] = v.w;
+            amax = max(amax, max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w))));
+        }
+        if ((pc.flags & 1u) == 0u) continue;
+        int e = 0;
+        float scale = 0.0;
+        uint words[4] = uint[4](0u, 0u, 0u, 0u);
+        int qsum = 0;
+        if (amax > 0.0) {
+            frexp(amax, e);
+            scale = ldexp(1.0, e - 7);
+            [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+                const int q = int(clamp(roundEven(ldexp(o[j], 7 - e)), -127.0, 127.0));
+                qsum += q;
+                words[j / 4u] |= (uint(q) & 0xFFu) << (8u * (j % 4u));
+            }
+        }
+        const uint at = s * groups + g;
+        xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+        xscale[at] = scale;
+        xsum[at] = qsum;
+    }
+}
+
 void main() {
     const uint t = gl_LocalInvocationIndex;
     if (t == 0u) sharedTicket = atomicAdd(ctl[0], 1u);
@@ -250,10 +329,16 @@ void main() {
     const uint ticket = sharedTicket;
     if (ticket < pc.G) gateUp(ticket);
     else if (ticket < pc.N) downSum(ticket - pc.G);
+    memoryBarrierBuffer();  // y before the count that says this block is done
     barrier();
-    if (t == 0u && atomicAdd(ctl[1], 1u) == pc.N - 1u) {
-        // every other block has finished: no one reads the counters again in this dispatch
-        const uint S = work[0].x;
-        for (uint i = 0u; i < 2u + S; ++i) atomicExchange(ctl[i], 0u);
+    if (t == 0u) sharedLast = atomicAdd(ctl[1], 1u) == pc.N - 1u;
+    barrier();
+    if (!sharedLast) return;  // uniform
+    // every other block has finished: no one reads the counters again in this dispatch
+    const uint S = work[0].x;
+    if (t == 0u) for (uint i = 0u; i < 2u + S; ++i) atomicExchange(ctl[i], 0u);
+    if (NORM_TAIL) {
+        memoryBarrierBuffer();
+        for (uint s = 0u; s < S; ++s) normTail(s);
     }
 }

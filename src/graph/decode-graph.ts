@@ -22,6 +22,7 @@ import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
+import type { ChainNormTail } from "../moe/ggml-experts.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
 import type { Qwen3MoeConfig } from "../model/config.ts";
 import { ropeInverseFrequencies } from "../model/ops.ts";
@@ -34,6 +35,7 @@ import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
+import { RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
@@ -257,12 +259,21 @@ export class DecodeGraph implements Disposable {
     // Ordered after the previous replay (its KV writes, its reads of the scratch) and the copy.
     if (r.start) cb.barrier("computeToTransfer").copyBuffer(s.embed, s.h, BigInt(4 * S * D)).barrier("transferToCompute");
     cb.barrier("computeToCompute");
+    // the layer's input norm where the previous layer's MoE call did it (its quantized rows, or none)
+    let normDone: { xq: GgmlIdpScratch | undefined } | undefined;
     for (let l = r.first; l < r.end; l++) {
       const L = this.layers[l]!;
+      const inputNorm: RmsNormArgs = { x: s.h, add: l > 0 ? ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps };
       // q, k and v read the norm's quantized rows where they take the integer-dot path
-      const xq = this.norm.record(cb, { x: s.h, add: l > 0 ? ffn : undefined, w: this.norms, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps }, [L.q, L.k, L.v]);
-      op("input norm");
-      cb.barrier("computeToCompute");
+      let xq: GgmlIdpScratch | undefined;
+      if (normDone) {
+        xq = normDone.xq;
+        normDone = undefined;
+      } else {
+        xq = this.norm.record(cb, inputNorm, [L.q, L.k, L.v]);
+        op("input norm");
+        cb.barrier("computeToCompute");
+      }
       op("q, k, v", L.q.recordFrom(cb, s.xn, xq, s.q, S) + L.k.recordFrom(cb, s.xn, xq, s.k, S) + L.v.recordFrom(cb, s.xn, xq, s.v, S));
       cb.barrier("computeToCompute");
       const norm = { qOffset: L.qNorm, kOffset: L.kNorm, eps };
@@ -323,7 +334,18 @@ export class DecodeGraph implements Disposable {
       }
       cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
-      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
+      // the next layer's input norm in the call's last workgroup (one dependent step fewer), where it can
+      const next = l + 1 < r.end ? this.layers[l + 1]! : undefined;
+      let normTail: ChainNormTail | undefined;
+      if (next && !r.split && st!.foldsNorm?.(S)) {
+        const a: RmsNormArgs = { x: s.h, add: s.ffn, w: this.norms, wOffset: next.inputNorm, y: s.xn, rows: S, n: D, eps };
+        const quantized = this.norm.quantizedFor(a, [next.q, next.k, next.v]);
+        if (RmsNormQuantKernel.aligned(a) && D % RmsNormQuantKernel.GROUP === 0) {
+          normTail = { residual: s.h, weights: this.norms, wOffset: next.inputNorm, eps, xn: s.xn, ...(quantized && { quantized }) };
+          normDone = { xq: quantized };
+        }
+      }
+      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`), ...(normTail && { normTail }) });
       n += st!.dispatches(S);
       cb.barrier("computeToCompute");
     }

@@ -34,11 +34,16 @@ export class NormFeed implements Disposable {
    * the quantized rows too. Returns what to pass to each reader's recordFrom (undefined: plain x).
    */
   record(cb: CommandBuffer, a: RmsNormArgs, readers: readonly DeviceLinear[]): GgmlIdpScratch | undefined {
-    const fits = this.scratch && a.n === this.cols && a.rows <= this.scratch.maxTokens && RmsNormQuantKernel.aligned(a);
-    const quantized = fits && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
+    const quantized = this.quantizedFor(a, readers);
     if (quantized) this.quantKernel!.record(cb, a, quantized);
     else this.rmsnorm.record(cb, a);
     return quantized;
+  }
+
+  /** Where record() would write the quantized rows of this norm (undefined: it writes plain rows only); another kernel that does the norm writes the same. */
+  quantizedFor(a: RmsNormArgs, readers: readonly DeviceLinear[]): GgmlIdpScratch | undefined {
+    const fits = this.scratch && a.n === this.cols && a.rows <= this.scratch.maxTokens && RmsNormQuantKernel.aligned(a);
+    return fits && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
   }
 
   [Symbol.dispose](): void {

@@ -476,8 +476,14 @@ export class GgmlGraphStage implements MoeGraphStage {
       singleSlotItems: !this.byExpert(S), // dec_route's list: one item a slot, item u slot u
       itemPerSlot: this.downSums(S),
       control: this.control,
+      ...(routing.normTail && this.foldsNorm(S) && { normTail: routing.normTail }),
       mark: routing.mark,
     });
+  }
+
+  /** Decode calls on chained kernels do the next layer's input norm in their last workgroup. */
+  foldsNorm(S: number): boolean {
+    return this.downSums(S) && this.kernels.values().next().value?.chained === true;
   }
 
   /** dec_route's list (item u = slot u) with at most MOE_GGML_MAX_SLOTS slots a token: down sums them itself. */

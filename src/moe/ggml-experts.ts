@@ -41,8 +41,8 @@ export const MOE_GGML_CM: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_
 export const MOE_GGML_CM_EMU: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm_emu" };
 /** moe_ggml_cm's rows a workgroup (gemm_coopmat_tile.glsl's BM). */
 const CM_TILE_ROWS = 64;
-/** x, work, h, y, slot weights, expert bytes, expert table, control words; push D, I, G, N. */
-export const MOE_GGML_CHAIN: ShaderInterface = { name: "moe_ggml_chain", storageBuffers: 8, pushConstantBytes: 16 };
+/** x, work, h, y, slot weights, expert bytes, expert table, control words, then the norm tail's residual, weights, xn, xq, xscale, xsum; push D, I, G, N, wOffset, eps, flags. */
+export const MOE_GGML_CHAIN: ShaderInterface = { name: "moe_ggml_chain", storageBuffers: 14, pushConstantBytes: 28 };
 /** moe_ggml_chain's defaults: gate+up rows (of I) and down rows (of D) a workgroup, slices a lane loads before computing. */
 const CHAIN_GATE_UP_ROWS = 4;
 const CHAIN_DOWN_ROWS = 1;
@@ -198,8 +198,8 @@ class MoeChainKernel extends DecoderKernel {
     super(device, MOE_GGML_CHAIN, specialization, options);
   }
 
-  record(cb: CommandBuffer, buffers: Buffer[], push: readonly number[], workgroups: number): void {
-    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, pushWords(push)).dispatch(workgroups);
+  record(cb: CommandBuffer, buffers: Buffer[], push: Uint8Array, workgroups: number): void {
+    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, push).dispatch(workgroups);
   }
 }
 
@@ -297,6 +297,23 @@ export interface GgmlExpertCall {
   itemPerSlot?: boolean;
   /** uint [chainControlWords(S)], zero: moe_ggml_chain's tickets and counters (kernels made with `chained`, itemPerSlot calls). */
   control?: Buffer;
+  /** A chained call also does the next layer's input norm in its last workgroup (see ChainNormTail). */
+  normTail?: ChainNormTail;
+}
+
+/**
+ * The next layer's input norm done by a chained call's last workgroup: per token, residual += y,
+ * xn = RMSNorm(residual) * weights[wOffset ..], and xn quantized in groups of 16 where `quantized`
+ * is given (the integer-dot GEMVs' input, as dec_rmsnorm_quant writes it).
+ */
+export interface ChainNormTail {
+  residual: Buffer;
+  weights: Buffer;
+  /** Floats; a multiple of 4. */
+  wOffset: number;
+  eps: number;
+  xn: Buffer;
+  quantized?: { xq: Buffer; xscale: Buffer; xsum: Buffer };
 }
 
 /**
@@ -324,7 +341,7 @@ export class GgmlExpertKernels implements Disposable {
   private quantizer: GgmlQuantizeKernel | undefined;
   readonly chained: boolean;
   readonly chainShape: { gateUpRows: number; downRows: number; prefetch: number };
-  private chain: MoeChainKernel | undefined;
+  private readonly chains = new Map<boolean, MoeChainKernel>();
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
@@ -504,11 +521,31 @@ export class GgmlExpertKernels implements Disposable {
       checkRange("moe ggml control", c.control, 0, chainControlWords(c.S));
       const { gateUpRows: Rcg, downRows: Rcd, prefetch } = this.chainShape;
       const G = slots * Math.ceil(I / Rcg), N = G + c.S * Math.ceil(D / Rcd);
-      this.chain ??= new MoeChainKernel(this.device, {
-        0: this.workgroupSize, 1: Rcg, 2: FORMAT_ID[this.gateUpType], 3: FORMAT_ID[this.downType], 4: Rcd, 5: this.useSubgroup ? 1 : 0, 6: prefetch,
-      }, this.options);
-      this.chain.record(cb, [c.x, c.work, c.h, c.y, c.slotWeight, L.blocks, L.table, c.control], [D, I, G, N], N);
-      mark("gate+up, down + sum");
+      const tail = c.normTail;
+      if (tail) {
+        if (tail.wOffset % 4 !== 0 || D % 16 !== 0) throw new InvalidArgumentError(`the norm tail reads vec4s and groups of 16: wOffset ${tail.wOffset}, D ${D}`);
+        checkRange("moe ggml norm residual", tail.residual, 0, c.S * D);
+        checkRange("moe ggml norm weights", tail.weights, tail.wOffset, D);
+        checkRange("moe ggml norm xn", tail.xn, 0, c.S * D);
+        if (tail.quantized) {
+          checkRange("moe ggml norm xq", tail.quantized.xq, 0, (c.S * D) / 4);
+          checkRange("moe ggml norm xscale", tail.quantized.xscale, 0, (c.S * D) / 16);
+          checkRange("moe ggml norm xsum", tail.quantized.xsum, 0, (c.S * D) / 16);
+        }
+      }
+      let chain = this.chains.get(tail !== undefined);
+      if (!chain) {
+        chain = new MoeChainKernel(this.device, {
+          0: this.workgroupSize, 1: Rcg, 2: FORMAT_ID[this.gateUpType], 3: FORMAT_ID[this.downType], 4: Rcd, 5: this.useSubgroup ? 1 : 0, 6: prefetch, 7: tail ? 1 : 0,
+        }, this.options);
+        this.chains.set(tail !== undefined, chain);
+      }
+      const q = tail?.quantized;
+      // without a tail, bindings 8..13 are never read: any buffer fills them
+      const tailBuffers = tail ? [tail.residual, tail.weights, tail.xn, q?.xq ?? c.control, q?.xscale ?? c.control, q?.xsum ?? c.control] : new Array<Buffer>(6).fill(c.control);
+      const push = pushWords([D, I, G, N, tail?.wOffset ?? 0, tail?.eps ?? 0, q ? 1 : 0], [5]);
+      chain.record(cb, [c.x, c.work, c.h, c.y, c.slotWeight, L.blocks, L.table, c.control, ...tailBuffers], push, N);
+      mark(tail ? "gate+up, down + sum, next norm" : "gate+up, down + sum");
       return cb;
     }
     const tokens = single ? 1 : this.tokensPerChunk;
@@ -536,7 +573,8 @@ export class GgmlExpertKernels implements Disposable {
     for (const k of this.modes.values()) k[Symbol.dispose]();
     this.modes.clear();
     this.quantizer?.[Symbol.dispose]();
-    this.chain?.[Symbol.dispose]();
+    for (const k of this.chains.values()) k[Symbol.dispose]();
+    this.chains.clear();
     this.sum[Symbol.dispose]();
   }
 }

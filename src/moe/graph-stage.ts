@@ -20,6 +20,7 @@ import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
+import type { ChainNormTail } from "./ggml-experts.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
 import { QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
 
@@ -42,6 +43,8 @@ export interface StageRouting {
   layer: number;
   /** Called after each of the call's steps with its name (a profiler's timestamp; the graph counts the dispatches). */
   mark?: (step: string) => void;
+  /** The next layer's input norm, done by the call itself (only where the stage's foldsNorm(S) says it can). */
+  normTail?: ChainNormTail;
 }
 
 export interface MoeGraphStageOptions {
@@ -84,6 +87,8 @@ export interface MoeGraphStage extends Disposable {
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S?: number, routing?: StageRouting): void;
   /** Dispatches a call of S tokens records. */
   dispatches(S?: number): number;
+  /** Whether a call of S tokens can do the next layer's input norm itself (StageRouting.normTail). */
+  foldsNorm?(S: number): boolean;
 }
 
 /** What openDeviceDecoder / openHybridDecoder need of a GPU expert backend (MoeBackend, GgmlMoeBackend). */

@@ -37,6 +37,14 @@
 // (USE_SUBGROUP), or the shared tree over the slice, so the bits are dec_rope_kv's (64 threads) on
 // a device whose two pipelines get the same subgroup size.  One extra barrier before the chunks
 // (plus the norm's, with flags bit 0 of foldFlags).
+//
+// COMBINE_TAIL: dec_attention_combine's work in the last workgroup of each (KV head, token) to
+// finish (an arrival counter, zeroed again by that workgroup for the next call), so the combine needs
+// no dispatch and barrier of its own: for each of its ROWS rows, M = max m_c, L = sum l_c exp(m_c -
+// M), out = sum acc_c exp(m_c - M) / L, merged online over the records (equal to the combine's to
+// rounding, not its bits), then the output gate (tailFlags bit 0) and the quantized rows for o_proj
+// (bit 1), as the combine writes them. The records are written and read coherent (other
+// workgroups' writes of this dispatch), published by a fence before each workgroup's arrival.
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -50,6 +58,7 @@ layout(constant_id = 4) const bool UNROLL = false;    // unrolled loops, value l
 layout(constant_id = 5) const uint LANES = 4u;        // threads per position (a power of two dividing HEAD_DIM / 8)
 layout(constant_id = 6) const bool ROPE_FOLD = false; // q/k head norms, RoPE and the KV append folded in (see above)
 layout(constant_id = 7) const bool USE_SUBGROUP = true; // ROPE_FOLD's head norm: as dec_rope_kv's (subgroups of at most ROPE_WG)
+layout(constant_id = 8) const bool COMBINE_TAIL = false; // the combine in each row group's last workgroup (see above)
 
 const uint WG = gl_WorkGroupSize.x;
 const uint HD4 = HEAD_DIM / 4u;
@@ -67,7 +76,7 @@ const uint FOLD_HEADS = ROWS + NEW_ROWS; // heads a workgroup normalises at most
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q4[]; };
 layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
 layout(set = 0, binding = 2) readonly buffer V { uvec4 v8[]; };
-layout(set = 0, binding = 3) writeonly buffer P { vec4 part4[]; };
+layout(set = 0, binding = 3) coherent buffer P { vec4 part4[]; };  // written; read by COMBINE_TAIL
 layout(set = 0, binding = 4) readonly buffer Pos { uint positions[]; };
 // ROPE_FOLD only
 layout(set = 0, binding = 5) readonly buffer KR { float kRaw[]; };
@@ -76,6 +85,13 @@ layout(set = 0, binding = 7) readonly buffer Inv { float invFreq[]; };
 layout(set = 0, binding = 8) readonly buffer Norm { float normW[]; };
 layout(set = 0, binding = 9) writeonly buffer KC { uint kCache[]; };
 layout(set = 0, binding = 10) writeonly buffer VC { uint vCache[]; };
+// COMBINE_TAIL only: arrivals per (token, KV head), out, the output gate, out quantized (as the combine's)
+layout(set = 0, binding = 11) coherent buffer Arr { uint arrivals[]; };
+layout(set = 0, binding = 12) writeonly buffer O { float o[]; };
+layout(set = 0, binding = 13) readonly buffer Gate { float gate[]; };
+layout(set = 0, binding = 14) writeonly buffer XQ { uvec4 xq[]; };
+layout(set = 0, binding = 15) writeonly buffer XS { float xscale[]; };
+layout(set = 0, binding = 16) writeonly buffer XU { int xsum[]; };
 
 layout(push_constant) uniform Params {
   uint n;
@@ -101,6 +117,10 @@ layout(push_constant) uniform Params {
   float eps;           // (foldFlags bit 0)
   uint rotaryDim;      // dims of each head that rotate (multiple of 4, <= HEAD_DIM); 0: HEAD_DIM
   uint foldFlags;      // bit 0: head norm
+  // COMBINE_TAIL only
+  uint outOffset;      // floats
+  uint gateOffset;     // floats
+  uint tailFlags;      // bit 0: the output gate; bit 1: out quantized too
 } p;
 
 // the lane partials of each (row, position) score
@@ -112,6 +132,9 @@ shared uvec4 newK8[ROPE_FOLD ? NEW_ROWS * HD8 : 1u];
 shared uvec4 newV8[ROPE_FOLD ? NEW_ROWS * HD8 : 1u];
 shared float partial[ROPE_FOLD ? FOLD_HEADS * ROPE_WG : 1u];
 uint newStart = 0xFFFFFFFFu;  // ROPE_FOLD: token 0's position (the new rows are newStart + u)
+// COMBINE_TAIL: the rows as written (for their quantization); whether this workgroup arrived last
+shared vec4 tailRows[COMBINE_TAIL ? ROWS * HD4 : 1u];
+shared bool arrivedLast;
 
 #include "rope.glsl"
 
@@ -234,6 +257,81 @@ void foldRope(uint kh, uint t) {
   barrier();
 }
 
+// COMBINE_TAIL: arrive; the last of the (KV head kh, token t) workgroups merges their rows' records.
+void combineTail(uint kh, uint t, uint seen) {
+  const uint tid = gl_LocalInvocationIndex;
+  memoryBarrierBuffer();  // this workgroup's records before its arrival
+  barrier();
+  const uint counter = t * p.kvHeads + kh;
+  if (tid == 0u) arrivedLast = atomicAdd(arrivals[counter], 1u) == gl_NumWorkGroups.x - 1u;
+  barrier();
+  if (!arrivedLast) return;  // uniform
+  if (tid == 0u) atomicExchange(arrivals[counter], 0u);  // every other workgroup of the row group has arrived
+  memoryBarrierBuffer();
+  const uint vr = tid / HD8, vu = tid % HD8;  // row, 8-dim column: the value loop's threads
+  const uint records = min((seen + CHUNK - 1u) / CHUNK, p.numChunks);
+  const uint row = t * p.heads + kh * ROWS + vr;
+  if (vr < ROWS) {
+    const uint base = row * p.numChunks * REC4;
+    float m = -3.0e38, l = 0.0;
+    vec4 a0 = vec4(0.0), a1 = vec4(0.0);
+    for (uint c = 0u; c < records; c++) {
+      const vec4 ml = part4[base + c * REC4 + HD4];
+      const vec4 r0 = part4[base + c * REC4 + 2u * vu], r1 = part4[base + c * REC4 + 2u * vu + 1u];
+      const float mn = max(m, ml.x), so = exp(m - mn), sn = exp(ml.x - mn);
+      l = l * so + ml.y * sn;
+      a0 = a0 * so + r0 * sn;
+      a1 = a1 * so + r1 * sn;
+      m = mn;
+    }
+    const float inv = 1.0 / l;
+    vec4 y0 = a0 * inv, y1 = a1 * inv;
+    const uint oi = p.outOffset + row * HEAD_DIM + 8u * vu;
+    if ((p.tailFlags & 1u) != 0u) {
+      const uint gi = p.gateOffset + row * HEAD_DIM + 8u * vu;
+      y0 *= 1.0 / (1.0 + exp(-vec4(gate[gi], gate[gi + 1u], gate[gi + 2u], gate[gi + 3u])));
+      y1 *= 1.0 / (1.0 + exp(-vec4(gate[gi + 4u], gate[gi + 5u], gate[gi + 6u], gate[gi + 7u])));
+    }
+    [[unroll]] for (uint k = 0u; k < 4u; k++) {
+      o[oi + k] = y0[k];
+      o[oi + 4u + k] = y1[k];
+    }
+    tailRows[vr * HD4 + 2u * vu] = y0;
+    tailRows[vr * HD4 + 2u * vu + 1u] = y1;
+  }
+  if ((p.tailFlags & 2u) == 0u) return;  // uniform
+  barrier();
+  // one thread a group of 16 (4 vec4s), quantize_act's rule, as dec_attention_combine
+  for (uint q = tid; q < ROWS * (HEAD_DIM / 16u); q += WG) {
+    const uint r = q / (HEAD_DIM / 16u), gq = q % (HEAD_DIM / 16u);
+    float amax = 0.0;
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+      const vec4 v = abs(tailRows[r * HD4 + 4u * gq + j]);
+      amax = max(amax, max(max(v.x, v.y), max(v.z, v.w)));
+    }
+    int e = 0;
+    float scale = 0.0;
+    uint words[4] = uint[4](0u, 0u, 0u, 0u);
+    int qsum = 0;
+    if (amax > 0.0) {
+      frexp(amax, e);
+      scale = ldexp(1.0, e - 7);
+      [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        const vec4 v = tailRows[r * HD4 + 4u * gq + j];
+        [[unroll]] for (uint c = 0u; c < 4u; c++) {
+          const int b = int(clamp(roundEven(ldexp(v[c], 7 - e)), -127.0, 127.0));
+          qsum += b;
+          words[j] |= (uint(b) & 0xFFu) << (8u * c);
+        }
+      }
+    }
+    const uint at = (t * p.heads + kh * ROWS + r) * (HEAD_DIM / 16u) + gq;
+    xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+    xscale[at] = scale;
+    xsum[at] = qsum;
+  }
+}
+
 void main() {
   const uint tid = gl_LocalInvocationIndex;
   const uint kh = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -245,13 +343,15 @@ void main() {
   const uint vr = tid / HD8, vu = tid % HD8;               // value loop: row, column
   const bool valueThread = vr < ROWS;
   const uint q0 = p.qOffset + (t * p.heads + kh * ROWS) * HD4;
-  if (ROPE_FOLD) {
-    if (gl_WorkGroupID.x * CHUNK >= seen) return;  // uniform: no chunk here (so none with a new row)
+  // uniform: no chunk here (so none with a new row); with COMBINE_TAIL it still arrives
+  const bool idle = gl_WorkGroupID.x * CHUNK >= seen;
+  if (ROPE_FOLD && idle && !COMBINE_TAIL) return;
+  if (ROPE_FOLD && !idle) {
     newStart = contextN() - 1u;
     foldRope(kh, t);
   }
 
-  for (uint c = gl_WorkGroupID.x; c < p.numChunks; c += gl_NumWorkGroups.x) {
+  for (uint c = gl_WorkGroupID.x; c < p.numChunks && !idle; c += gl_NumWorkGroups.x) {
     const uint start = c * CHUNK;
     if (start >= seen) break;  // uniform: past the token's context (a surplus workgroup at once)
     const uint len = min(CHUNK, seen - start);
@@ -327,4 +427,5 @@ void main() {
     }
     if (c + gl_NumWorkGroups.x < p.numChunks) barrier();  // uniform: sp is rewritten by the next chunk
   }
+  if (COMBINE_TAIL) combineTail(kh, t, seen);
 }

@@ -27,6 +27,8 @@ const envSchema = z.strictObject({
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */
   VKMOE_ROPE_FOLD: z.enum(["auto", "off"]).default("auto"),
+  /** Decode attention merges its partial records in the last workgroup of each KV head ("auto"), or in a dispatch of its own ("off"). */
+  VKMOE_COMBINE_TAIL: z.enum(["auto", "off"]).default("auto"),
   /** Decode's Gated DeltaNet delta rule runs the conv1d itself ("auto"), or after the conv's own dispatch ("off"). */
   VKMOE_CONV_FOLD: z.enum(["auto", "off"]).default("auto"),
   /**

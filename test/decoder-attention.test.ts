@@ -228,7 +228,7 @@ interface ReplayCase {
   posIndex?: number;
   chunk?: number;
   /** Kernel options beyond the shape (threads, unroll, the decode kernel and its grid). */
-  kernel?: Pick<DecoderAttentionOptions, "workgroupSize" | "unroll" | "decodeKernel" | "maxDecodeGroups">;
+  kernel?: Pick<DecoderAttentionOptions, "workgroupSize" | "unroll" | "decodeKernel" | "maxDecodeGroups" | "combineTail">;
 }
 
 interface Replay {
@@ -521,6 +521,19 @@ describe("dec_attention_decode (decode's pass 1) vs attendCpu (NMSE <= 1e-10)", 
     expect(() => new DecoderAttention(device, { heads: 8, kvHeads: 1, headDim: 128, maxDecodeGroups: 0 })).toThrow(/maxDecodeGroups/);
   }, 60_000);
 
+  test("COMBINE_TAIL (the records merged by each row group's last workgroup, no combine dispatch): head_dim 64/128/256, GQA 1 and 8, a capped grid with idle workgroups, S = 4, unrolled; each recording replayed (its arrival counters back at zero after every call)", () => {
+    const tail = { ...gpuShape, combineTail: true } as const;
+    using op = new DecoderAttention(device, { heads: 16, kvHeads: 2, headDim: 128, chunk: 32, ...tail });
+    expect(op.combineTail).toBe(true);
+    expect([op.dispatches(1), op.dispatches(4), op.dispatches(5)]).toEqual([1, 1, 2]);
+    for (const headDim of [64, 128, 256]) {
+      for (const group of [1, 8]) expectReplays({ headDim, kvHeads: 2, group, ctx: 700, chunk: 32, kernel: tail, words: [31, 0, 576, 30, 699, 32, 640, 576] });
+    }
+    expectReplays({ headDim: 128, kvHeads: 2, group: 8, ctx: 700, chunk: 32, kernel: { ...tail, maxDecodeGroups: 3 }, words: [576, 95, 96, 699, 0, 20] });
+    expectReplays({ headDim: 128, kvHeads: 2, group: 8, ctx: 200, S: 4, n: 2, chunk: 32, kernel: tail, words: [0, 30, 194] });
+    expectReplays({ headDim: 128, kvHeads: 2, group: 8, ctx: 150, chunk: 16, kernel: { ...tail, unroll: true }, words: [0, 15, 16, 149] });
+  }, 300_000);
+
   test("worst NMSE of the replays (decode kernel included)", () => {
     console.log(`dec_attention_decode: worst replay NMSE ${replayWorst.toExponential(2)} (bound ${BOUND})`);
     expect(replayWorst).toBeLessThanOrEqual(BOUND);
@@ -536,10 +549,10 @@ describe("dec_attention_decode (decode's pass 1) vs attendCpu (NMSE <= 1e-10)", 
  * ungated reference fails the bound.
  */
 describe("dec_attention with the output gate folded into the combine", () => {
-  function gateCase(c: { headDim: number; kvHeads: number; group: number; ctx: number; S: number; word: number; gateOffset?: number; batched?: boolean }): { fold: number; cpu: number; ungated: number } {
+  function gateCase(c: { headDim: number; kvHeads: number; group: number; ctx: number; S: number; word: number; gateOffset?: number; batched?: boolean; combineTail?: boolean }): { fold: number; cpu: number; ungated: number } {
     const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen, S } = c;
     const H = KV * G, gateOffset = c.gateOffset ?? 0, floats = S * H * hd;
-    using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: 2 });
+    using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: 2, combineTail: c.combineTail ?? false });
     using gating = new GatingKernel(device, { maxSets: 2 });
     const k = halves(ctxLen * KV * hd, seed++), v = halves(ctxLen * KV * hd, seed++);
     const q = randomGaussianF32(floats, seed++, 2), gate = randomGaussianF32(floats, seed++, 2);
@@ -600,6 +613,9 @@ describe("dec_attention with the output gate folded into the combine", () => {
       { headDim: 64, kvHeads: 2, group: 4, ctx: 200, S: 3, word: 100 },
       { headDim: 128, kvHeads: 1, group: 2, ctx: 200, S: 17, word: 150 },
       { headDim: 128, kvHeads: 2, group: 8, ctx: 200, S: 2, word: 99, batched: true },
+      // the gate applied by the decode kernel's combine tail (COMBINE_TAIL)
+      { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 1, word: 200, gateOffset: 4, combineTail: true },
+      { headDim: 128, kvHeads: 2, group: 8, ctx: 200, S: 2, word: 99, batched: true, combineTail: true },
     ]) {
       const r = gateCase(c);
       worstFold = Math.max(worstFold, r.fold);
@@ -636,17 +652,20 @@ describe("dec_attention's combine writing its rows quantized for the integer-dot
     return { words, scale, sum };
   }
 
-  test("decode S 1 and 3, prompt chunks S 9 and 40, head_dim 128 and 256, with and without the gate: the rows as quantize_act's rule from out; bad calls refused", () => {
+  test("decode S 1 and 3 (the combine, and the decode kernel's COMBINE_TAIL), prompt chunks S 9 and 40, head_dim 128 and 256, with and without the gate: the rows as quantize_act's rule from out; bad calls refused", () => {
     for (const c of [
       { headDim: 128, kvHeads: 4, group: 8, ctx: 700, S: 1, word: 576, gated: false },
       { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 3, word: 40, gated: true },
+      { headDim: 128, kvHeads: 4, group: 8, ctx: 700, S: 1, word: 576, gated: false, combineTail: true },
+      { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 3, word: 40, gated: true, combineTail: true },
       // prompt chunks (the graphs' o_proj reads these rows up to 64 tokens): pass 1 is dec_attention_prefill
       { headDim: 128, kvHeads: 4, group: 8, ctx: 700, S: 40, word: 100, gated: false },
       { headDim: 256, kvHeads: 2, group: 8, ctx: 300, S: 9, word: 7, gated: true },
     ]) {
       const { headDim: hd, kvHeads: KV, group: G, ctx: ctxLen, S } = c;
       const H = KV * G, floats = S * H * hd;
-      using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: 2 });
+      using op = new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: 2, combineTail: c.combineTail ?? false });
+      expect(op.dispatches(S)).toBe(c.combineTail && S <= 4 ? 1 : 2);
       const k = halves(ctxLen * KV * hd, seed++), v = halves(ctxLen * KV * hd, seed++);
       using qBuf = new Buffer(device, { size: BigInt(4 * floats), memory: "upload" });
       new Float32Array(qBuf.host()).set(randomGaussianF32(floats, seed++, 2));

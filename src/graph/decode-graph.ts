@@ -293,7 +293,7 @@ export class DecodeGraph implements Disposable {
       // o reads the combine's quantized rows where it takes the integer-dot path
       const oq = this.attnQuant && L.o.takesQuantized(S) ? this.attnQuant : undefined;
       kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined, ...(fold && { rope: { norm } }) });
-      op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", 2);
+      op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", kv.attention.dispatches(S));
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
@@ -419,7 +419,7 @@ export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: nu
   // ropeFold: decode calls of one sequence fold the RoPE step into the attention (RopeKvKernel's
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
-  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", ...shape }));
+  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", combineTail: readConfig().VKMOE_COMBINE_TAIL !== "off", ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
   const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.norms } } : {};

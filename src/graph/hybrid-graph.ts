@@ -461,7 +461,7 @@ export class HybridGraph implements Disposable {
         state.attention.record(cb, state.bindings[m.slot]!, {
           n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined, ...(fold && { rope: { norm, rotaryDim: cfg.rotaryDim } }),
         });
-        op(fold ? "attention + output gate (+ q/k norms, partial rope, kv append)" : "attention + output gate", 2);
+        op(fold ? "attention + output gate (+ q/k norms, partial rope, kv append)" : "attention + output gate", state.attention.dispatches(S));
         cb.barrier("computeToCompute");
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
@@ -594,7 +594,7 @@ export function openSequenceState(graph: HybridGraph, ctx: number, owned: Dispos
   // ropeFold: decode calls of one sequence fold the RoPE step into the attention (RopeKvKernel's
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
-  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", ...shape }));
+  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", combineTail: readConfig().VKMOE_COMBINE_TAIL !== "off", ...shape }));
   const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
   const s = graph.s;
   const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.params } } : {};

@@ -36,10 +36,11 @@
  * gateOffset) has the combine write out * sigmoid(gate), as GatingKernel's "sigmoid-gate" computes
  * it, so the gate needs no dispatch and barrier of its own.
  *
- * The combine is a second dispatch (not a last-workgroup-with-atomic-counter tail): it needs no
- * counter to zero between calls, no coherent/volatile reads of other workgroups' partials and no
- * memory-model fences, is deterministic, and costs one barrier plus a dispatch of S x heads small
- * workgroups.
+ * The combine is a second dispatch: deterministic, no counter to zero between calls, no coherent
+ * reads of other workgroups' partials. With `combineTail` the decode kernel's calls do it instead
+ * in the last pass-1 workgroup of each (KV head, token) to finish (an arrival counter it zeroes
+ * again; the records written and read coherent, behind fences): one dispatch and one dependent
+ * step fewer a decode call, its sums merged online (equal to the combine's to rounding).
  *
  * Layouts: q [S][heads][headDim] f32 (qOffset floats, a multiple of 4); keys and values
  * [ctx][kvHeads][headDim] IEEE halves per layer, one buffer each, the layer's first element at
@@ -59,7 +60,8 @@ import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
 import { DescriptorPool } from "../../vk/descriptors.ts";
 import type { Device } from "../../vk/device.ts";
-import type { Buffer } from "../../vk/memory.ts";
+import { Buffer } from "../../vk/memory.ts";
+import { uploadBytes } from "../../vk/transfer.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
 import type { QuantizedRows } from "./rmsnorm.ts";
@@ -77,9 +79,11 @@ export const DEC_ATTENTION = { name: "dec_attention", storageBuffers: 5, pushCon
  * kNormOffset (floats), eps (f32), rotaryDim, foldFlags (bit 0 head norm): 88 B. Bindings 5..10 (read
  * with ROPE_FOLD only, any buffer otherwise; declared in both variants' layout, which the validation
  * layer checks against the shader's declarations): raw k, raw v, inverse frequencies, norm weights,
- * and the key / value caches again (written).
+ * and the key / value caches again (written). Then (COMBINE_TAIL; any buffer and zeros otherwise)
+ * bindings 11..16: the arrival counters, out, the gate, out quantized (xq, xscale, xsum); push
+ * outOffset, gateOffset (floats), tailFlags (bit 0 the output gate, bit 1 quantized): 100 B.
  */
-export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffers: 11, pushConstantBytes: 88 } as const;
+export const DEC_ATTENTION_DECODE = { name: "dec_attention_decode", storageBuffers: 17, pushConstantBytes: 100 } as const;
 /** Prompt chunks' pass 1 (tiled, a block of tokens per workgroup): pass 1's buffers and push constants. */
 export const DEC_ATTENTION_PREFILL = { name: "dec_attention_prefill", storageBuffers: 5, pushConstantBytes: 56 } as const;
 /**
@@ -167,6 +171,12 @@ export interface DecoderAttentionOptions {
   prefillShape?: PrefillShapeOptions;
   /** Build dec_attention_decode's ROPE_FOLD variant where the decode kernel runs (default false; see `ropeFold`). */
   ropeFold?: boolean;
+  /**
+   * Decode calls merge the partial records in the last pass-1 workgroup of each (KV head, token)
+   * (dec_attention_decode's COMBINE_TAIL: one dispatch and one barrier fewer a call) where the
+   * decode kernel runs and its shared memory allows (default false; see `combineTail`).
+   */
+  combineTail?: boolean;
   /**
    * The fold's head norm sums with subgroupAdd first, as a RopeKvKernel made with the same
    * `useSubgroup` (default: where the device has subgroup arithmetic and subgroups of at most 64).
@@ -306,6 +316,8 @@ export class DecoderAttention implements Disposable {
   private readonly prefillPipelines = new Map<number, { shape: PrefillShape; pipeline: ComputePipeline }>();
   private readonly splitPipelines = new Map<number, ComputePipeline>();
   private readonly combinePipeline: ComputePipeline;
+  /** COMBINE_TAIL's arrival counters, a word per (token, KV head), zero between calls (undefined: no tail). */
+  private readonly arrivals: Buffer | undefined;
   private readonly pool: DescriptorPool;
   private readonly pc = new DataView(new ArrayBuffer(DEC_ATTENTION_DECODE.pushConstantBytes));
 
@@ -351,9 +363,17 @@ export class DecoderAttention implements Disposable {
       this.prefill = undefined;
     }
     if (this.decode) {
+      const tailBytes = options.combineTail ? 16 * group * (headDim / 4) : 0;
+      const maxShared = device.info.limits.maxComputeSharedMemorySize;
+      const tail = options.combineTail === true && this.sharedBytes(group, headDim, chunk) + tailBytes <= maxShared
+        && (!options.ropeFold || this.foldSharedBytes() + tailBytes <= maxShared);
+      if (tail) {
+        this.arrivals = new Buffer(device, { size: BigInt(4 * DECODE_ATTENTION_TOKENS * kvHeads), memory: "device" });
+        uploadBytes(device, this.arrivals, 0n, new Uint8Array(4 * DECODE_ATTENTION_TOKENS * kvHeads));
+      }
       this.decodePipeline = new ComputePipeline(device, {
         spirv: shaderFile(DEC_ATTENTION_DECODE.name), storageBuffers: DEC_ATTENTION_DECODE.storageBuffers, pushConstantBytes: DEC_ATTENTION_DECODE.pushConstantBytes,
-        specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes },
+        specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes, 8: tail ? 1 : 0 },
       });
       if (options.ropeFold && this.foldSharedBytes() <= device.info.limits.maxComputeSharedMemorySize) {
         // the head norm's sums as dec_rope_kv's (subgroupAdd where subgroups fit its 64-thread heads)
@@ -362,7 +382,7 @@ export class DecoderAttention implements Disposable {
         const sub = options.ropeFoldSubgroup ?? fits;
         this.foldPipeline = new ComputePipeline(device, {
           spirv: shaderFile(DEC_ATTENTION_DECODE.name), storageBuffers: DEC_ATTENTION_DECODE.storageBuffers, pushConstantBytes: DEC_ATTENTION_DECODE.pushConstantBytes,
-          specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes, 6: 1, 7: sub ? 1 : 0 },
+          specialization: { 0: this.decode.workgroupSize, 1: headDim, 2: chunk, 3: group, 4: this.unroll ? 1 : 0, 5: this.decode.lanes, 6: 1, 7: sub ? 1 : 0, 8: tail ? 1 : 0 },
         });
       }
     }
@@ -540,6 +560,9 @@ export class DecoderAttention implements Disposable {
         { buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos },
         { buffer: f?.k ?? b.q }, { buffer: f?.v ?? b.q }, { buffer: f?.invFreq ?? b.q }, { buffer: f?.normWeights ?? f?.invFreq ?? b.q },
         { buffer: f ? b.keys : b.q }, { buffer: f ? b.values : b.q },
+        // COMBINE_TAIL's (any buffer without it: never read)
+        { buffer: this.arrivals ?? b.partials }, { buffer: b.out }, { buffer: b.gate ?? b.partials },
+        { buffer: qr?.xq ?? b.partials }, { buffer: qr?.xscale ?? b.partials }, { buffer: qr?.xsum ?? b.partials },
       ])
       : 0n;
     return {
@@ -629,7 +652,10 @@ export class DecoderAttention implements Disposable {
     [rope ? rope.rotaryDim ?? this.headDim : 0, norm ? 1 : 0].forEach((w, i) => pc.setUint32(80 + 4 * i, w, true));
     const gridX = decode ? Math.min(numChunks, this.maxDecodeGroups) : numChunks;
     const pushBytes = decode ? DEC_ATTENTION_DECODE.pushConstantBytes : DEC_ATTENTION.pushConstantBytes;
+    const tail = decode && this.arrivals !== undefined;
+    [outOffset, gateOffset, (binding.gate ? 1 : 0) | (call.quantize ? 2 : 0)].forEach((w, i) => pc.setUint32(88 + 4 * i, tail ? w : 0, true));
     cb.bind(split, decode ? binding.decode : binding.split).pushConstants(split, new Uint8Array(pc.buffer, 0, pushBytes)).dispatch(gridX, this.kvHeads, Math.ceil(S / T));
+    if (tail) return;  // the last workgroup of each row group merged its records
     cb.barrier("computeToCompute");
     const combineFlags = flags | (binding.gate ? 4 : 0) | (call.quantize ? 8 : 0);
     [n, S, this.heads, numChunks, outOffset, posIndex, combineFlags, positions, this.chunk * iters, gateOffset].forEach((w, i) => pc.setUint32(4 * i, w, true));
@@ -645,5 +671,16 @@ export class DecoderAttention implements Disposable {
     this.prefillPipelines.clear();
     this.splitPipelines.clear();
     this.combinePipeline[Symbol.dispose]();
+    this.arrivals?.[Symbol.dispose]();
+  }
+
+  /** Whether decode calls (S <= DECODE_ATTENTION_TOKENS tokens a call) merge their records in pass 1 (`combineTail`, where it fits). */
+  get combineTail(): boolean {
+    return this.arrivals !== undefined;
+  }
+
+  /** Dispatches a call of S tokens records. */
+  dispatches(S: number): number {
+    return this.combineTail && this.decodePipeline !== undefined && S <= DECODE_ATTENTION_TOKENS ? 1 : 2;
   }
 }

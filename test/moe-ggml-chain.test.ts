@@ -16,7 +16,7 @@ import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { CommandBuffer } from "../src/vk/commands.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer, SENTINEL, u32 } from "./support/host-buffers.ts";
-import { cpuMoe, randomExperts, randomRouting } from "./support/moe-ggml-cases.ts";
+import { cpuMoe, randomExperts, randomRouting, writeSlotList } from "./support/moe-ggml-cases.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -43,14 +43,7 @@ function chainedCalls(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, calls:
     const pairs = owned.use(hostBuffer(device, slots, "upload"));
     const sw = owned.use(hostBuffer(device, slots, "upload"));
     const y = owned.use(hostBuffer(device, r.S * D));
-    f32(xb, r.S * D).set(x);
-    const w = u32(work, 4 * (1 + slots));
-    w.set([r.S, r.k, slots, 9]);
-    for (let u = 0; u < slots; u++) {
-      w.set([none.includes(u) ? 0xffffffff : r.ids[u]!, u, u, 1], 4 * (1 + u));
-      u32(pairs, slots)[u] = u;
-      f32(sw, slots)[u] = r.weights[u]!;
-    }
+    writeSlotList(x, r, { x: xb, work, pairs, slotWeight: sw }, none);
     return { S: r.S, slots, xb, work, pairs, sw, y, k: r.k };
   });
   try {

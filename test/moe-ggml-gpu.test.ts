@@ -18,7 +18,7 @@ import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer, SENTINEL, u32 } from "./support/host-buffers.ts";
-import { cpuMoe, gpuMoe, randomExperts, randomRouting, randomTensor } from "./support/moe-ggml-cases.ts";
+import { cpuMoe, gpuMoe, randomExperts, randomRouting, randomTensor, writeSlotList } from "./support/moe-ggml-cases.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
@@ -194,14 +194,7 @@ function gpuMoeItemPerSlot(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x
   using ypair = hostBuffer(device, slots * D);
   using y = hostBuffer(device, r.S * D);
   using done = hostBuffer(device, 1);
-  f32(xb, r.S * D).set(x);
-  const w = u32(work, 4 * (1 + slots));
-  w.set([r.S, r.k, slots, 9]);
-  for (let u = 0; u < slots; u++) {
-    w.set([none.includes(u) ? 0xffffffff : r.ids[u]!, u, u, 1], 4 * (1 + u));
-    u32(pairs, slots)[u] = u;
-    f32(sw, slots)[u] = r.weights[u]!;
-  }
+  writeSlotList(x, r, { x: xb, work, pairs, slotWeight: sw }, none);
   submitAndWait(device, (cb) => kernels.record(cb, { layer, S: r.S, items: slots, slotsPerToken: r.k, x: xb, work, pairs, slotWeight: sw, h, ypair, y, done, singleSlotItems: true, itemPerSlot: true }));
   expectTail(y, r.S * D, "y");
   // down wrote y itself: ypair and the done word untouched

@@ -10,6 +10,7 @@ import { ggmlBlockTensor, type GgmlBlockTensor, type GgmlBlockType } from "../..
 import { gemvGgmlBlocks } from "../../src/quant/ggml-gemv.ts";
 import { mulberry32 } from "../../src/quant/random.ts";
 import type { Device } from "../../src/vk/device.ts";
+import type { Buffer } from "../../src/vk/memory.ts";
 import { expectTail, f32, hostBuffer, u32 } from "./host-buffers.ts";
 import { randomGgmlBlocks as randomBlocks } from "./ggml-blocks.ts";
 
@@ -89,3 +90,19 @@ export function gpuMoe(device: Device, kernels: GgmlExpertKernels, layer: GgmlEx
   return f32(y, r.S * D).slice();
 }
 
+
+/**
+ * dec_route's list in host-visible buffers (item u = slot u, one slot each; `none`: slots given no
+ * expert), and x: the decode graph's per-slot call (itemPerSlot).
+ */
+export function writeSlotList(x: Float32Array, r: Routing, b: { x: Buffer; work: Buffer; pairs: Buffer; slotWeight: Buffer }, none: readonly number[] = []): void {
+  const slots = r.S * r.k;
+  f32(b.x, x.length).set(x);
+  const w = u32(b.work, 4 * (1 + slots));
+  w.set([r.S, r.k, slots, 9]);
+  for (let u = 0; u < slots; u++) {
+    w.set([none.includes(u) ? 0xffffffff : r.ids[u]!, u, u, 1], 4 * (1 + u));
+    u32(b.pairs, slots)[u] = u;
+    f32(b.slotWeight, slots)[u] = r.weights[u]!;
+  }
+}

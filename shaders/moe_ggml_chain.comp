@@ -1,9 +1,11 @@
 #version 450
 // moe_ggml_chain: the decode graph's GGML experts call (moe_ggml's per-slot gate+up, then its down
-// summing a token's slots) as ONE dispatch. Why: two dispatches have a compute barrier between
-// them, and on a GPU every dependent dispatch costs a drain and a ramp however little it reads;
-// here down's workgroups load their first weights while gate+up is still running and then wait
-// for just their token's h, not for the whole dispatch.
+// summing a token's slots) as ONE dispatch, an option (VKMOE_MOE_CHAIN=on): measured 2x slower
+// than the two dispatches on an H100 (README), so not the default. The idea: two dispatches have a
+// compute barrier between them, and every dependent dispatch costs a drain and a ramp however
+// little it reads; here down's workgroups load their first weights while gate+up still runs and
+// then wait for just their token's h. The waits poll with atomics (a plain volatile load failed the
+// race test on Lavapipe: no acquire without the Vulkan memory model), one address per token.
 //
 // Roles by ticket, not by workgroup id: each workgroup takes the next ticket (an atomic counter)
 // when it starts. Tickets [0, G) are gate+up blocks (item u = slot u of the work list, RG rows of

@@ -38,10 +38,11 @@ const envSchema = z.strictObject({
   VKMOE_ROUTE_FOLD: z.enum(["auto", "route", "off"]).default("auto"),
   /**
    * Decode calls of GGML-block experts (K-quant files) run gate+up and down in one dispatch, down's
-   * workgroups waiting on their token's h ("auto": on a GPU, not a CPU Vulkan device; "on": on
-   * any device), or as two dispatches with a barrier ("off").
+   * workgroups waiting on their token's h, and the next layer's input norm in its last workgroup
+   * ("on": measured 2x slower than the default on an H100, README), or as two dispatches with a
+   * barrier ("off", the default).
    */
-  VKMOE_MOE_CHAIN: mode3.default("auto"),
+  VKMOE_MOE_CHAIN: z.enum(["on", "off"]).default("off"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
   VKMOE_VALIDATION: z.stringbool().default(false),

@@ -146,8 +146,8 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
       console.log(`${mix} GPU per-layer: ${model.device.why}; argmax equal at ${compared.join(" and ")} of 32 steps; logits within ${logitDistance.toFixed(3)} of llama.cpp's; NMSE vs CPU ${worstNmse.toExponential(2)}`);
     }, 90_000);
 
-    // Q4_K_M with the decode experts chained in one dispatch (moe_ggml_chain; "auto" leaves it off on
-    // a CPU device such as Lavapipe), Q5_K_M as two dispatches
+    // Q4_K_M with the decode experts chained in one dispatch (moe_ggml_chain, an option: slower on
+    // the H100, README), Q5_K_M as two dispatches (the default)
     const chain = mix === "Q4_K_M" ? "on" : "off";
     test(`${mix}, GPU resident (VKMOE_GRAPH=on, VKMOE_MOE_CHAIN=${chain}): the whole token in one submit; logits NMSE <= 1e-6 of the CPU path (f16 KV cache), greedy ids llama.cpp's`, async () => {
       using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_MOE_CHAIN: chain }), log: () => {} });

@@ -83,11 +83,6 @@ export interface GgmlMoeOptions {
   log?: (line: string) => void;
 }
 
-/** moe_ggml_chain for decode calls: "auto" on a GPU (on a CPU Vulkan device its waits cost threads that run workgroups), "on" everywhere. */
-function chainOn(mode: VkmoeEnv["VKMOE_MOE_CHAIN"], device: Device): boolean {
-  return mode === "on" || (mode === "auto" && device.info.type !== 4);
-}
-
 interface GpuState {
   ctx: VulkanContext;
   /** Per model layer, undefined where the layer's experts are not here. */
@@ -218,7 +213,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: chainOn(env.VKMOE_MOE_CHAIN, device) });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: env.VKMOE_MOE_CHAIN === "on" });
           made.push(k);
           kernels.set(key, k);
         }

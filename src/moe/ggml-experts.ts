@@ -245,7 +245,8 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   /**
    * Per-slot lists whose down sums a token's slots (itemPerSlot: the decode graph's) run
    * moe_ggml_chain: gate+up and down in one dispatch, down's workgroups waiting on their token's
-   * gate+up blocks, not behind a barrier (default false; such calls then need `control`).
+   * gate+up blocks, not behind a barrier (default false: measured 2x slower on an H100, README;
+   * such calls need `control`).
    */
   chained?: boolean;
   /** moe_ggml_chain's gate+up rows (of I) and down rows (of D) a workgroup, 1..8 each, and slices a lane loads before it computes, 1..8 (defaults 4, 1, 4). */

@@ -544,17 +544,18 @@ export class DecoderAttention implements Disposable {
     // every split pipeline shares one set layout (5 storage buffers), so any of them allocates it;
     // without a positions buffer q stands in for it (never read: the flag is clear)
     const pos = b.positions ?? b.q;
-    const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos }]);
-    // without a gate the partials stand in for it (never read: the flag is clear)
+    // checked before any set is allocated (a refused binding takes nothing from the pool)
     const qr = b.quantized;
     if (qr && qr.cols !== this.heads * this.headDim) throw new InvalidArgumentError(`quantized rows of ${qr.cols} columns for an output of ${this.heads * this.headDim}`);
+    const f = b.fold;
+    if (f && !this.foldPipeline) throw new InvalidArgumentError("fold buffers need a DecoderAttention made with ropeFold (where its decode kernel runs)");
+    const split = this.pool.allocate(this.splitPipeline(this.group), [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos }]);
+    // without a gate the partials stand in for it (never read: the flag is clear)
     const combine = this.pool.allocate(this.combinePipeline, [
       { buffer: b.partials }, { buffer: b.out }, { buffer: pos }, { buffer: b.gate ?? b.partials },
       { buffer: qr?.xq ?? b.partials }, { buffer: qr?.xscale ?? b.partials }, { buffer: qr?.xsum ?? b.partials },
     ]);
     // dec_attention_decode's set: pass 1's buffers, then the fold's (q stands in for them without)
-    const f = b.fold;
-    if (f && !this.foldPipeline) throw new InvalidArgumentError("fold buffers need a DecoderAttention made with ropeFold (where its decode kernel runs)");
     const decode = this.decodePipeline
       ? this.pool.allocate(this.decodePipeline, [
         { buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.partials }, { buffer: pos },

@@ -16,6 +16,7 @@
 // (L1 hits after its own loads: no barrier for them); with more, each thread merges its share
 // online and the WG pairs meet in shared memory (one barrier more).
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HEAD_DIM = 128u;
@@ -55,6 +56,8 @@ layout(push_constant) uniform Params {
 shared vec2 pairs[WG];   // (m, l) of each thread's records (more than DIRECT)
 shared vec4 sums[WG];    // each group's weighted sum of its column
 shared vec4 outRow[HD4]; // flags bit 3: the row as written, for its quantization
+
+#include "quantize_group16.glsl"
 
 uint contextN() {
   const uint extra = (p.flags & 1u) != 0u ? positions[p.posIndex] : 0u;
@@ -154,30 +157,14 @@ void main() {
   barrier();
   // one thread a group of 16 (4 vec4s), quantize_act's rule
   for (uint q = tid; q < HEAD_DIM / 16u; q += WG) {
-    float amax = 0.0;
-    [[unroll]] for (uint j = 0u; j < 4u; j++) {
-      const vec4 v = abs(outRow[4u * q + j]);
-      amax = max(amax, max(max(v.x, v.y), max(v.z, v.w)));
-    }
-    int e = 0;
-    float scale = 0.0;
-    uint words[4] = uint[4](0u, 0u, 0u, 0u);
-    int qsum = 0;
-    if (amax > 0.0) {
-      frexp(amax, e);
-      scale = ldexp(1.0, e - 7);
-      [[unroll]] for (uint j = 0u; j < 4u; j++) {
-        const vec4 v = outRow[4u * q + j];
-        [[unroll]] for (uint c = 0u; c < 4u; c++) {
-          // ldexp(v, 7-e) == v * 2^(7-e) exactly, without forming 2^(7-e) (which can overflow)
-          const int b = int(clamp(roundEven(ldexp(v[c], 7 - e)), -127.0, 127.0));
-          qsum += b;
-          words[j] |= (uint(b) & 0xFFu) << (8u * c);
-        }
-      }
-    }
+    float v[16];
+    [[unroll]] for (uint j = 0u; j < 16u; j++) v[j] = outRow[4u * q + j / 4u][j % 4u];
+    uvec4 words;
+    float scale;
+    int qsum;
+    quantizeGroup16(v, words, scale, qsum);
     const uint at = row * (HEAD_DIM / 16u) + q;
-    xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+    xq[at] = words;
     xscale[at] = scale;
     xsum[at] = qsum;
   }

@@ -137,6 +137,7 @@ shared vec4 tailRows[COMBINE_TAIL ? ROWS * HD4 : 1u];
 shared bool arrivedLast;
 
 #include "rope.glsl"
+#include "quantize_group16.glsl"
 
 uint contextN() {
   const uint extra = (p.flags & 1u) != 0u ? positions[p.posIndex] : 0u;
@@ -304,29 +305,14 @@ void combineTail(uint kh, uint t, uint seen) {
   // one thread a group of 16 (4 vec4s), quantize_act's rule, as dec_attention_combine
   for (uint q = tid; q < ROWS * (HEAD_DIM / 16u); q += WG) {
     const uint r = q / (HEAD_DIM / 16u), gq = q % (HEAD_DIM / 16u);
-    float amax = 0.0;
-    [[unroll]] for (uint j = 0u; j < 4u; j++) {
-      const vec4 v = abs(tailRows[r * HD4 + 4u * gq + j]);
-      amax = max(amax, max(max(v.x, v.y), max(v.z, v.w)));
-    }
-    int e = 0;
-    float scale = 0.0;
-    uint words[4] = uint[4](0u, 0u, 0u, 0u);
-    int qsum = 0;
-    if (amax > 0.0) {
-      frexp(amax, e);
-      scale = ldexp(1.0, e - 7);
-      [[unroll]] for (uint j = 0u; j < 4u; j++) {
-        const vec4 v = tailRows[r * HD4 + 4u * gq + j];
-        [[unroll]] for (uint c = 0u; c < 4u; c++) {
-          const int b = int(clamp(roundEven(ldexp(v[c], 7 - e)), -127.0, 127.0));
-          qsum += b;
-          words[j] |= (uint(b) & 0xFFu) << (8u * c);
-        }
-      }
-    }
+    float v[16];
+    [[unroll]] for (uint j = 0u; j < 16u; j++) v[j] = tailRows[r * HD4 + 4u * gq + j / 4u][j % 4u];
+    uvec4 words;
+    float scale;
+    int qsum;
+    quantizeGroup16(v, words, scale, qsum);
     const uint at = (t * p.heads + kh * ROWS + r) * (HEAD_DIM / 16u) + gq;
-    xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+    xq[at] = words;
     xscale[at] = scale;
     xsum[at] = qsum;
   }

@@ -12,6 +12,8 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
+#include "quantize_group16.glsl"
 
 layout(local_size_x = 128, local_size_x_id = 0) in;
 layout(constant_id = 2) const bool USE_SUBGROUP = true;
@@ -112,7 +114,6 @@ void main() {
     const float inv = 1.0 / sqrt(total / float(pc.n) + pc.eps);
     for (uint g = gl_LocalInvocationIndex; g < groups; g += WG) {
         float o[GROUP];
-        float amax = 0.0;
         [[unroll]] for (uint j = 0u; j < 4u; ++j) {
             precise vec4 t = (g == first ? keptX[j] : x[xo + 4u * g + j]) * inv;
             precise vec4 v = (g == first ? keptW[j] : w[wo + 4u * g + j]) * t;
@@ -121,24 +122,13 @@ void main() {
             o[4u * j + 1u] = v.y;
             o[4u * j + 2u] = v.z;
             o[4u * j + 3u] = v.w;
-            amax = max(amax, max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w))));
         }
-        int e = 0;
-        float scale = 0.0;
-        uint words[4] = uint[4](0u, 0u, 0u, 0u);
-        int qsum = 0;
-        if (amax > 0.0) {
-            frexp(amax, e);
-            scale = ldexp(1.0, e - 7);
-            [[unroll]] for (uint j = 0u; j < GROUP; ++j) {
-                // ldexp(v, 7-e) == v * 2^(7-e) exactly, without forming 2^(7-e) (which can overflow)
-                const int q = int(clamp(roundEven(ldexp(o[j], 7 - e)), -127.0, 127.0));
-                qsum += q;
-                words[j / 4u] |= (uint(q) & 0xFFu) << (8u * (j % 4u));
-            }
-        }
+        uvec4 words;
+        float scale;
+        int qsum;
+        quantizeGroup16(o, words, scale, qsum);
         const uint at = r * groups + g;
-        xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+        xq[at] = words;
         xscale[at] = scale;
         xsum[at] = qsum;
     }

@@ -76,6 +76,7 @@ layout(push_constant, std430) uniform PC {
 #define GGML_WORD(i) eb[i]
 #define GGML_VEC4(i) ev[i]
 #include "ggml_blocks.glsl"
+#include "quantize_group16.glsl"
 
 const uint NSUM = 2u * (RG > RD ? RG : RD);
 shared float red[WG * NSUM];
@@ -292,7 +293,6 @@ void normTail(uint s) {
     const float inv = 1.0 / sqrt(workgroupTotal(ss) / float(pc.D) + pc.eps);
     for (uint g = t; g < groups; g += WG) {
         float o[16];
-        float amax = 0.0;
         [[unroll]] for (uint j = 0u; j < 4u; ++j) {
             precise vec4 tv = res[row + 4u * g + j] * inv;  // this lane's own writes
             precise vec4 v = normW[wo + 4u * g + j] * tv;
@@ -301,24 +301,14 @@ void normTail(uint s) {
             o[4u * j + 1u] = v.y;
             o[4u * j + 2u] = v.z;
             o[4u * j + 3u] = v.w;
-            amax = max(amax, max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w))));
         }
         if ((pc.flags & 1u) == 0u) continue;
-        int e = 0;
-        float scale = 0.0;
-        uint words[4] = uint[4](0u, 0u, 0u, 0u);
-        int qsum = 0;
-        if (amax > 0.0) {
-            frexp(amax, e);
-            scale = ldexp(1.0, e - 7);
-            [[unroll]] for (uint j = 0u; j < 16u; ++j) {
-                const int q = int(clamp(roundEven(ldexp(o[j], 7 - e)), -127.0, 127.0));
-                qsum += q;
-                words[j / 4u] |= (uint(q) & 0xFFu) << (8u * (j % 4u));
-            }
-        }
+        uvec4 words;
+        float scale;
+        int qsum;
+        quantizeGroup16(o, words, scale, qsum);
         const uint at = s * groups + g;
-        xq[at] = uvec4(words[0], words[1], words[2], words[3]);
+        xq[at] = words;
         xscale[at] = scale;
         xsum[at] = qsum;
     }

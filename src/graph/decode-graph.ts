@@ -3,7 +3,8 @@
  * buffer and replayed, one submit and one wait per token. The host writes the token's embedding
  * row and its position into mapped memory; the GPU runs per layer
  *   RMSNorm (+ the residual) → q, k, v → q/k head norms, RoPE and the f16 KV-cache append →
- *   split attention (+ combine) (decode tokens: the two in one step, the attention's ROPE_FOLD) →
+ *   split attention (+ combine) (decode tokens: the two in one step, the attention's ROPE_FOLD;
+ *   the combine in the attention's last workgroups, COMBINE_TAIL) →
  *   o → RMSNorm (+ residual) → router → dec_route (softmax, top-k,
  *   the MoE tables from the resident experts' handles; decode tokens of a float router: the two in
  *   one step, dec_router_route, ROUTE_FOLD) → the MoE call,

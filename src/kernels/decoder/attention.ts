@@ -682,6 +682,6 @@ export class DecoderAttention implements Disposable {
 
   /** Dispatches a call of S tokens records. */
   dispatches(S: number): number {
-    return this.combineTail && this.decodePipeline !== undefined && S <= DECODE_ATTENTION_TOKENS ? 1 : 2;
+    return this.combineTail && S <= DECODE_ATTENTION_TOKENS ? 1 : 2;
   }
 }

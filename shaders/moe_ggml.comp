@@ -45,6 +45,12 @@ layout(constant_id = 5) const bool USE_SUBGROUP = true;
 // token's K slots and weigh each slice's sum by its slot's weight, so y[token] is written here
 // whole: no ypair, no moe_sum dispatch, no barrier before it (the done word is not written).
 layout(constant_id = 6) const bool DOWN_SUM = false;
+// DOWN_SUM only: the next layer's input norm in the last workgroup to finish (moe_norm_tail.glsl;
+// flags bit 0: quantized too), so that norm needs no dispatch and barrier of its own. Each
+// workgroup writes its rows of y (coherent), publishes them with a fence and counts itself in the
+// arrival word (binding 7); the one that counts the whole grid zeroes the word for the next call
+// (calls on one word are separated by a barrier) and normalises the S tokens' rows.
+layout(constant_id = 7) const bool NORM_TAIL = false;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
@@ -58,15 +64,32 @@ layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
 layout(std430, binding = 5) readonly restrict buffer EB { uint eb[]; };
 layout(std430, binding = 5) readonly restrict buffer EV { uvec4 ev[]; };
 layout(std430, binding = 6) readonly restrict buffer ET { uvec4 expertTable[]; };
+// NORM_TAIL only (else any buffers, never read): y as the tail writes and reads it (binding 3 again,
+// coherent), the arrival word (0 between calls), the residual h [S][D], the norm's weights, xn
+// [S][D] and xn quantized (groups of 16)
+layout(std430, binding = 3) coherent buffer YC { float tailYb[]; };
+layout(std430, binding = 3) coherent buffer YCV { vec4 tailY[]; };
+layout(std430, binding = 7) coherent restrict buffer AR { uint arrived[]; };
+layout(std430, binding = 8) restrict buffer RS { vec4 tailRes[]; };
+layout(std430, binding = 9) readonly restrict buffer NW { vec4 tailW[]; };
+layout(std430, binding = 10) writeonly restrict buffer XN { vec4 tailXn[]; };
+layout(std430, binding = 11) writeonly restrict buffer XQ { uvec4 tailXq[]; };
+layout(std430, binding = 12) writeonly restrict buffer XS { float tailXscale[]; };
+layout(std430, binding = 13) writeonly restrict buffer XU { int tailXsum[]; };
 
 layout(push_constant, std430) uniform PC {
     uint O;     // rows: I (gate+up) or D (down)
     uint cols;  // D (gate+up) or I (down); a multiple of the block's elements
+    uint wOffset;  // NORM_TAIL: the norm's weights, floats (a multiple of 4)
+    float eps;     // NORM_TAIL
+    uint flags;    // NORM_TAIL: bit 0, write xn quantized too
 } pc;
 
 #define GGML_WORD(i) eb[i]
 #define GGML_VEC4(i) ev[i]
 #include "ggml_blocks.glsl"
+#include "quantize_group16.glsl"
+#include "moe_norm_tail.glsl"
 
 const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
 const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
@@ -79,7 +102,12 @@ float acc[NMAT][R][TOKENS];
 
 const uint MAX_K = 8u;  // slots a token, as dec_route
 
-void mainDownSum() {
+void storeY(uint i, float v) {
+    if (NORM_TAIL) tailYb[i] = v;  // read by the last workgroup
+    else yb[i] = v;
+}
+
+void downSumRows() {
     const uint rowBase = gl_WorkGroupID.x * R;
     if (rowBase >= pc.O) return;  // uniform
     const uint t = gl_LocalInvocationIndex;
@@ -144,7 +172,7 @@ void mainDownSum() {
         for (uint i = t; i < R; i += WG) {
             float v = red[i];
             for (uint g = 1u; g < gl_NumSubgroups; ++g) v += red[g * R + i];
-            if (rowBase + i < pc.O) yb[token * pc.O + rowBase + i] = v;
+            if (rowBase + i < pc.O) storeY(token * pc.O + rowBase + i, v);
         }
     } else {
         [[unroll]] for (uint rr = 0u; rr < R; ++rr) red[t * R + rr] = acc[0][rr][0];
@@ -155,8 +183,25 @@ void mainDownSum() {
             }
             barrier();
         }
-        for (uint i = t; i < R; i += WG) if (rowBase + i < pc.O) yb[token * pc.O + rowBase + i] = red[i];
+        for (uint i = t; i < R; i += WG) if (rowBase + i < pc.O) storeY(token * pc.O + rowBase + i, red[i]);
     }
+}
+
+shared bool tailLast;
+
+void mainDownSum() {
+    downSumRows();
+    if (!NORM_TAIL) return;
+    // every workgroup counts itself, those past the rows or the tokens too
+    memoryBarrierBuffer();  // y before the count that publishes it
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) tailLast = atomicAdd(arrived[0], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+    barrier();
+    if (!tailLast) return;  // uniform
+    if (gl_LocalInvocationIndex == 0u) atomicExchange(arrived[0], 0u);
+    memoryBarrierBuffer();
+    const uint S = work[0].x;
+    for (uint s = 0u; s < S; ++s) normTail(s, pc.O, pc.wOffset, pc.eps, (pc.flags & 1u) != 0u);
 }
 
 void main() {

@@ -16,10 +16,8 @@
 // wait always ends, whatever order the driver launches workgroups in or how many fit at once.
 // The last block to finish zeroes the counters for the next call (each call leaves them 0).
 //
-// NORM_TAIL: that last block also does the next layer's input norm, which then needs no dispatch
-// and barrier of its own: per token, h += y (the residual, written back), xn = RMSNorm(h) * w and,
-// with flags bit 0, xn quantized for the integer-dot GEMVs that read it, exactly as
-// dec_rmsnorm_quant's formulas (its sum of squares over another partition: equal to rounding).
+// NORM_TAIL: that last block also does the next layer's input norm (moe_norm_tail.glsl; flags bit 0:
+// quantized too), which then needs no dispatch and barrier of its own.
 //
 // Work list: dec_route's (moe.glsl): [0] = (S, K, items = S * K, seq), [1 + u] = (expert id, ...)
 // for slot u; slot weights; expert blocks and table as moe_ggml. h: [slots][I] scratch, written
@@ -48,7 +46,7 @@ layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
 layout(std430, binding = 2) coherent restrict buffer HB { float hb[]; };  // h [slots][I]
 layout(std430, binding = 2) coherent restrict buffer HV { vec4 hv[]; };
 layout(std430, binding = 3) coherent restrict buffer YB { float yb[]; };  // y [S][D] (read by NORM_TAIL)
-layout(std430, binding = 3) coherent restrict buffer YV { vec4 yv[]; };
+layout(std430, binding = 3) coherent restrict buffer YV { vec4 tailY[]; };
 layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
 layout(std430, binding = 5) readonly restrict buffer EB { uint eb[]; };
 layout(std430, binding = 5) readonly restrict buffer EV { uvec4 ev[]; };
@@ -56,12 +54,12 @@ layout(std430, binding = 6) readonly restrict buffer ET { uvec4 expertTable[]; }
 // ticket, finished, then ready[token]: zero between calls
 layout(std430, binding = 7) coherent restrict buffer CT { uint ctl[]; };
 // NORM_TAIL only: the residual h [S][D], the norm's weights, xn [S][D], xn quantized (groups of 16)
-layout(std430, binding = 8) restrict buffer RS { vec4 res[]; };
-layout(std430, binding = 9) readonly restrict buffer NW { vec4 normW[]; };
-layout(std430, binding = 10) writeonly restrict buffer XN { vec4 xn[]; };
-layout(std430, binding = 11) writeonly restrict buffer XQ { uvec4 xq[]; };
-layout(std430, binding = 12) writeonly restrict buffer XS { float xscale[]; };
-layout(std430, binding = 13) writeonly restrict buffer XU { int xsum[]; };
+layout(std430, binding = 8) restrict buffer RS { vec4 tailRes[]; };
+layout(std430, binding = 9) readonly restrict buffer NW { vec4 tailW[]; };
+layout(std430, binding = 10) writeonly restrict buffer XN { vec4 tailXn[]; };
+layout(std430, binding = 11) writeonly restrict buffer XQ { uvec4 tailXq[]; };
+layout(std430, binding = 12) writeonly restrict buffer XS { float tailXscale[]; };
+layout(std430, binding = 13) writeonly restrict buffer XU { int tailXsum[]; };
 
 layout(push_constant, std430) uniform PC {
     uint D;
@@ -77,6 +75,7 @@ layout(push_constant, std430) uniform PC {
 #define GGML_VEC4(i) ev[i]
 #include "ggml_blocks.glsl"
 #include "quantize_group16.glsl"
+#include "moe_norm_tail.glsl"
 
 const uint NSUM = 2u * (RG > RD ? RG : RD);
 shared float red[WG * NSUM];
@@ -264,56 +263,6 @@ void downSum(uint j) {
     if (t < RD && rowBase + t < pc.D) yb[token * pc.D + rowBase + t] = red[t];
 }
 
-// The workgroup's sum of one value a lane (NORM_TAIL).
-float workgroupTotal(float v) {
-    float acc[NSUM];
-    acc[0] = v;
-    [[unroll]] for (uint i = 1u; i < NSUM; ++i) acc[i] = 0.0;
-    workgroupSums(acc, 1u);
-    const float total = red[0];
-    barrier();  // red is reused
-    return total;
-}
-
-// The next layer's input norm of token s (see NORM_TAIL): a lane owns whole groups of 16 columns.
-void normTail(uint s) {
-    const uint t = gl_LocalInvocationIndex;
-    const uint groups = pc.D / 16u, row = s * (pc.D >> 2u), wo = pc.wOffset >> 2u;
-    float ss = 0.0;
-    for (uint g = t; g < groups; g += WG) {
-        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-            precise vec4 v = res[row + 4u * g + j] + yv[row + 4u * g + j];
-            res[row + 4u * g + j] = v;
-            ss += v.x * v.x;
-            ss += v.y * v.y;
-            ss += v.z * v.z;
-            ss += v.w * v.w;
-        }
-    }
-    const float inv = 1.0 / sqrt(workgroupTotal(ss) / float(pc.D) + pc.eps);
-    for (uint g = t; g < groups; g += WG) {
-        float o[16];
-        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-            precise vec4 tv = res[row + 4u * g + j] * inv;  // this lane's own writes
-            precise vec4 v = normW[wo + 4u * g + j] * tv;
-            xn[row + 4u * g + j] = v;
-            o[4u * j] = v.x;
-            o[4u * j + 1u] = v.y;
-            o[4u * j + 2u] = v.z;
-            o[4u * j + 3u] = v.w;
-        }
-        if ((pc.flags & 1u) == 0u) continue;
-        uvec4 words;
-        float scale;
-        int qsum;
-        quantizeGroup16(o, words, scale, qsum);
-        const uint at = s * groups + g;
-        xq[at] = words;
-        xscale[at] = scale;
-        xsum[at] = qsum;
-    }
-}
-
 void main() {
     const uint t = gl_LocalInvocationIndex;
     if (t == 0u) sharedTicket = atomicAdd(ctl[0], 1u);
@@ -331,6 +280,6 @@ void main() {
     if (t == 0u) for (uint i = 0u; i < 2u + S; ++i) atomicExchange(ctl[i], 0u);
     if (NORM_TAIL) {
         memoryBarrierBuffer();
-        for (uint s = 0u; s < S; ++s) normTail(s);
+        for (uint s = 0u; s < S; ++s) normTail(s, pc.D, pc.wOffset, pc.eps, (pc.flags & 1u) != 0u);
     }
 }

@@ -161,11 +161,12 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
 
     // The integer-dot path (what GPUs with fast 8-bit dots take at decode): the dense GGML matrices
     // read an 8-bit x, q, k, v (and lm_head) the input norm's quantized rows (NormFeed)
-    if (mix === "Q4_K_M") test(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on, VKMOE_MOE_CHAIN=on): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
+    if (mix === "Q4_K_M") test(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on; the norm tail writes q, k, v's and lm_head's quantized rows): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
       // the graph's matrices take the integer-dot decision from the process env (device-linear.ts)
       using restore = processEnv("VKMOE_IDP", "on");
-      // chained: the next layer's norm, quantized for q, k and v, done by the MoE call's last workgroup
-      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "on", VKMOE_MOE_CHAIN: "on" }), log: () => {} });
+      // the next layer's norm (and after the last, the final norm), quantized for q, k and v (lm_head),
+      // done by the MoE call's last workgroup (VKMOE_NORM_TAIL=auto)
+      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "on" }), log: () => {} });
       using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
       expect(model.device.mode, model.device.why).toBe("resident");
       const { compared, logitDistance, worstNmse } = checkAgainstLlamaCpp(model, ref, { model: cpu, bound: 5e-3, cache: "f16" });

@@ -14,6 +14,8 @@ import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { GgmlExpertKernels, GgmlExpertLayer, moeRowsPerWorkgroup, writeWorkList } from "../src/moe/ggml-experts.ts";
 import { WorkList, type Routing } from "../src/moe/routing.ts";
 import type { GgmlBlockType } from "../src/quant/ggml-blocks.ts";
+import { quantizeGroup } from "../src/quant/intdot.ts";
+import { rmsNorm } from "../src/model/ops.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/random.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
@@ -236,6 +238,109 @@ describe("down with the slots' sum (the decode graph: dec_route's list, item u =
     const call = { layer, x: b, work: b, pairs: b, slotWeight: b, h: b, ypair: b, y: b, done: b, itemPerSlot: true };
     expect(() => submitAndWait(device, (cb) => kernels.record(cb, { ...call, S: 1, items: 9, slotsPerToken: 9 }))).toThrow(/up to 8 slots a token/);
     expect(() => submitAndWait(device, (cb) => kernels.record(cb, { ...call, S: 2, items: 3, slotsPerToken: 2 }))).toThrow(/an item per slot has 4 items, got 3/);
+  }, 60_000);
+});
+
+/**
+ * Calls of down with the slots' sum and the norm tail (NORM_TAIL) in one command buffer on one
+ * arrival word (a barrier between them, as the graph has); each call's y, and its residual, xn and
+ * quantized xn after it.
+ */
+function normTailCalls(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, calls: { x: Float32Array; r: Routing; res: Float32Array; w: Float32Array; wOffset: number; quantize: boolean }[]) {
+  const { D, I } = layer;
+  const owned = new DisposableStack();
+  try {
+    using control = hostBuffer(device, 1);
+    u32(control, 1)[0] = 0;
+    const made = calls.map((c) => {
+      const slots = c.r.S * c.r.k, S = c.r.S;
+      const b = (words: number, memory?: "upload") => owned.use(hostBuffer(device, words, memory));
+      const xb = b(S * D, "upload"), work = b(4 * (1 + slots), "upload"), pairs = b(slots, "upload"), sw = b(slots, "upload");
+      const h = b(slots * I), ypair = b(slots * D), y = b(S * D), done = b(1);
+      const residual = b(S * D), weights = b(c.wOffset + D, "upload"), xn = b(S * D);
+      const xq = b((S * D) / 4), xscale = b(S * D / 16), xsum = b(S * D / 16);
+      writeSlotList(c.x, c.r, { x: xb, work, pairs, slotWeight: sw });
+      f32(residual, S * D).set(c.res);
+      f32(weights, c.wOffset + D).set(c.w, c.wOffset);
+      return { c, S, slots, xb, work, pairs, sw, h, ypair, y, done, residual, weights, xn, xq, xscale, xsum };
+    });
+    submitAndWait(device, (cb) => {
+      for (const m of made) {
+        const normTail = { residual: m.residual, weights: m.weights, wOffset: m.c.wOffset, eps: 1e-6, xn: m.xn, ...(m.c.quantize && { quantized: { xq: m.xq, xscale: m.xscale, xsum: m.xsum } }) };
+        kernels.record(cb, { layer, S: m.S, items: m.slots, slotsPerToken: m.c.r.k, x: m.xb, work: m.work, pairs: m.pairs, slotWeight: m.sw, h: m.h, ypair: m.ypair, y: m.y, done: m.done, control, singleSlotItems: true, itemPerSlot: true, normTail });
+        cb.barrier("computeToCompute");
+      }
+    });
+    // every call left the arrival word at zero
+    expect(u32(control, 1)[0]).toBe(0);
+    return made.map((m) => {
+      const n = m.S * D;
+      for (const [b, words, what] of [[m.y, n, "y"], [m.residual, n, "residual"], [m.xn, n, "xn"], [m.xq, n / 4, "xq"], [m.xscale, n / 16, "xscale"], [m.xsum, n / 16, "xsum"]] as const) expectTail(b, words, what);
+      return {
+        y: f32(m.y, n).slice(), residual: f32(m.residual, n).slice(), xn: f32(m.xn, n).slice(),
+        xq: new Int8Array(u32(m.xq, n / 4).slice().buffer), xscale: f32(m.xscale, n / 16).slice(), xsum: new Int32Array(u32(m.xsum, n / 16).slice().buffer),
+      };
+    });
+  } finally {
+    owned.dispose();
+  }
+}
+
+describe("down with the slots' sum and the next layer's input norm in its last workgroup (NORM_TAIL)", () => {
+  const ulps = (ref: number, got: number) => Math.abs(ref - got) / 2 ** (Math.floor(Math.log2(Math.max(Math.abs(ref), 2 ** -126))) - 23);
+  const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: ConstructorParameters<typeof GgmlExpertKernels>[2] }[] = [
+    { what: "Q4_K/Q6_K D 256, I 512, default lanes", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: {} },
+    { what: "Q5_0 D 96, I 224, 16 lanes, 3 rows a workgroup (a partial last block), no subgroup arithmetic", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { workgroupSize: 16, rowsPerWorkgroup: 3, useSubgroup: false } },
+    { what: "Q4_K/Q6_K D 2048, I 256, 64 lanes: 2048 workgroups count themselves", gu: "Q4_K", dn: "Q6_K", D: 2048, I: 256, options: { workgroupSize: 64 } },
+  ];
+  for (const c of cases) {
+    test(`${c.what}: S 1, 4, 1 (k 8, 3, 1), quantized and not, on one arrival word: y NMSE <= 1e-9 of the CPU GEMVs; residual + y exact; xn within 8 ulps of rmsNorm; xq as quantize_act from xn`, () => {
+      using kernels = new GgmlExpertKernels(device, { gateUp: c.gu, down: c.dn }, { ...c.options, normTail: true });
+      let seed = 2700 + cases.indexOf(c) * 10;
+      const experts = randomExperts(E, c.D, c.I, c.gu, c.dn, seed++);
+      using layer = new GgmlExpertLayer(device, experts);
+      const calls = ([[1, 8, true], [4, 3, false], [1, 1, true]] as const).map(([S, k, quantize]) => ({
+        r: randomRouting(S, k, E, seed++), x: randomGaussianF32(S * c.D, seed++), res: randomGaussianF32(S * c.D, seed++), w: randomGaussianF32(c.D, seed++), wOffset: 4 * (seed % 3), quantize,
+      }));
+      const outs = normTailCalls(kernels, layer, calls);
+      calls.forEach((call, i) => {
+        const o = outs[i]!, S = call.r.S, n = S * c.D;
+        const e = nmse(cpuMoe(experts, call.x, call.r, c.D), o.y);
+        if (!(e <= 1e-9)) throw new Error(`${c.what}: call ${i}: y NMSE ${e}`);
+        const res = new Float32Array(n);
+        for (let j = 0; j < n; j++) res[j] = call.res[j]! + o.y[j]!;
+        expect(o.residual).toEqual(res);
+        const xn = new Float32Array(n);
+        rmsNorm(res, call.w, c.D, S, 1e-6, xn);
+        let worst = 0;
+        for (let j = 0; j < n; j++) worst = Math.max(worst, ulps(xn[j]!, o.xn[j]!));
+        if (!(worst <= 8)) throw new Error(`${c.what}: call ${i}: xn ${worst} ulps from rmsNorm`);
+        if (!call.quantize) {
+          expect([...new Uint32Array(o.xscale.buffer)].every((v) => v === SENTINEL)).toBe(true);
+          return;
+        }
+        // quantize_act's rule (groups of 16) from the xn the GPU wrote
+        const q = new Int8Array(n), scale: number[] = [], sum: number[] = [];
+        for (let g = 0; g < n / 16; g++) {
+          const r = quantizeGroup(o.xn, 16 * g, 16 * g + 16, q, 16 * g);
+          scale.push(r.scale);
+          sum.push(r.sum);
+        }
+        expect([...o.xq]).toEqual([...q]);
+        expect([...o.xscale]).toEqual(scale);
+        expect([...o.xsum]).toEqual(sum);
+      });
+    }, 120_000);
+  }
+
+  test("a call with the tail but no arrival word: one clear error", () => {
+    using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { normTail: true });
+    const experts = randomExperts(E, 256, 512, "Q4_K", "Q6_K", 2800);
+    using layer = new GgmlExpertLayer(device, experts);
+    using b = hostBuffer(device, 64 * 1024, "upload");
+    const call = { layer, x: b, work: b, pairs: b, slotWeight: b, h: b, ypair: b, y: b, done: b, itemPerSlot: true, S: 1, items: 2, slotsPerToken: 2, normTail: { residual: b, weights: b, wOffset: 0, eps: 1e-6, xn: b } };
+    expect(() => submitAndWait(device, (cb) => kernels.record(cb, call))).toThrow(/needs its arrival word/);
+    expect(() => submitAndWait(device, (cb) => kernels.record(cb, { ...call, control: b, normTail: { ...call.normTail, wOffset: 2 } }))).toThrow(/wOffset 2/);
   }, 60_000);
 });
 

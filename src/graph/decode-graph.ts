@@ -23,7 +23,7 @@ import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
-import type { ChainNormTail } from "../moe/ggml-experts.ts";
+import type { MoeNormTail } from "../moe/ggml-experts.ts";
 import type { MoeGraphStage } from "../moe/graph-stage.ts";
 import type { Qwen3MoeConfig } from "../model/config.ts";
 import { ropeInverseFrequencies } from "../model/ops.ts";
@@ -335,14 +335,19 @@ export class DecodeGraph implements Disposable {
       }
       cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
-      // the next layer's input norm in the call's last workgroup (one dependent step fewer), where it can
+      // the norm after the layer in the call's last workgroup (one dependent step fewer), where it
+      // can: the next layer's input norm, or after the last layer the final norm of every row where
+      // the head reads them all (a batch's, or a one-token replay's)
       const next = l + 1 < r.end ? this.layers[l + 1]! : undefined;
-      let normTail: ChainNormTail | undefined;
-      if (next && !r.split && st!.foldsNorm?.(S)) {
-        const a: RmsNormArgs = { x: s.h, add: s.ffn, w: this.norms, wOffset: next.inputNorm, y: s.xn, rows: S, n: D, eps };
-        const quantized = this.norm.quantizedFor(a, [next.q, next.k, next.v]);
+      const headReadsAll = r.batch !== undefined || ((r.output ?? "none") !== "none" && S === 1);
+      const after = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v] }
+        : l + 1 === cfg.layers && headReadsAll ? { wOffset: this.finalNorm, readers: [this.lmHead] } : undefined;
+      let normTail: MoeNormTail | undefined;
+      if (after && !r.split && st!.foldsNorm?.(S)) {
+        const a: RmsNormArgs = { x: s.h, add: s.ffn, w: this.norms, wOffset: after.wOffset, y: s.xn, rows: S, n: D, eps };
+        const quantized = this.norm.quantizedFor(a, after.readers);
         if (RmsNormQuantKernel.aligned(a) && D % RmsNormQuantKernel.GROUP === 0) {
-          normTail = { residual: s.h, weights: this.norms, wOffset: next.inputNorm, eps, xn: s.xn, ...(quantized && { quantized }) };
+          normTail = { residual: s.h, weights: this.norms, wOffset: after.wOffset, eps, xn: s.xn, ...(quantized && { quantized }) };
           normDone = { xq: quantized };
         }
       }
@@ -350,11 +355,17 @@ export class DecodeGraph implements Disposable {
       n += st!.dispatches(S);
       cb.barrier("computeToCompute");
     }
-    if (r.batch) {
-      // every token's logits: each row is another sequence's next token
-      const xq = this.norm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps }, [this.lmHead]);
+    // the last layer's MoE call did the final norm (normDone), or it runs here
+    const finalNorm = (a: RmsNormArgs): GgmlIdpScratch | undefined => {
+      if (normDone) return normDone.xq;
+      const xq = this.norm.record(cb, a, [this.lmHead]);
       op("final norm");
       cb.barrier("computeToCompute");
+      return xq;
+    };
+    if (r.batch) {
+      // every token's logits: each row is another sequence's next token
+      const xq = finalNorm({ x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: S, n: D, eps });
       op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, r.batch.logits, S));
       cb.barrier("computeToTransfer").copyBuffer(r.batch.logits, r.batch.logitsHost, BigInt(4 * S * cfg.vocab)).barrier("transferToHost");
       cb.barrier("computeToHost");
@@ -363,9 +374,7 @@ export class DecodeGraph implements Disposable {
     const output = r.output ?? "none";
     if (output !== "none") {
       // the last token's row only: its logits are all a replay returns
-      const xq = this.norm.record(cb, { x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D }, [this.lmHead]);
-      op("final norm");
-      cb.barrier("computeToCompute");
+      const xq = finalNorm({ x: s.h, add: ffn, w: this.norms, wOffset: this.finalNorm, y: s.xn, rows: 1, n: D, eps, xOffset: (S - 1) * D, addOffset: (S - 1) * D });
       op("lm_head", this.lmHead.recordFrom(cb, s.xn, xq, s.logits));
       if (output === "logits") {
         cb.barrier("computeToTransfer").copyBuffer(s.logits, s.logitsHost, BigInt(4 * cfg.vocab)).barrier("transferToHost");

@@ -213,7 +213,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: env.VKMOE_MOE_CHAIN === "on" });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: env.VKMOE_MOE_CHAIN === "on", normTail: env.VKMOE_NORM_TAIL === "auto" });
           made.push(k);
           kernels.set(key, k);
         }
@@ -476,9 +476,9 @@ export class GgmlGraphStage implements MoeGraphStage {
     });
   }
 
-  /** Decode calls on chained kernels do the next layer's input norm in their last workgroup. */
+  /** Decode calls do the next layer's input norm in their last workgroup (VKMOE_NORM_TAIL, or chained kernels). */
   foldsNorm(S: number): boolean {
-    return this.downSums(S) && this.kernels.values().next().value?.chained === true;
+    return this.downSums(S) && [...this.kernels.values()].every((k) => k.normTail);
   }
 
   /** dec_route's list (item u = slot u) with at most MOE_GGML_MAX_SLOTS slots a token: down sums them itself. */

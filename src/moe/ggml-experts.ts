@@ -32,8 +32,12 @@ import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import type { WorkList } from "./routing.ts";
 
-/** x/h, work, pairs, out, slot weights, expert bytes, expert table; push O, cols. */
-export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 7, pushConstantBytes: 8 };
+/**
+ * x/h, work, pairs, out, slot weights, expert bytes, expert table, then (down with the slots' sum and
+ * the norm tail only) the arrival word and the tail's residual, weights, xn, xq, xscale, xsum; push
+ * O, cols, wOffset, eps, flags.
+ */
+export const MOE_GGML: ShaderInterface = { name: "moe_ggml", storageBuffers: 14, pushConstantBytes: 20 };
 /** moe_ggml's bindings and push constants; a row per lane (prompt chunks' lists grouped by expert). */
 export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBuffers: 7, pushConstantBytes: 8 };
 /** moe_ggml_rows' bindings and push constants on the matrix cores (shaders/moe_ggml_cm.comp), and its test variant (CM_EMULATE). */
@@ -170,13 +174,39 @@ export class ExpertQuantScratch extends QuantizedRowsBuffers {
 }
 
 class MoeGgmlKernel extends DecoderKernel {
-  constructor(device: Device, shader: ShaderInterface, specialization: Record<number, number>, options: DecoderKernelOptions) {
+  constructor(device: Device, private readonly shader: ShaderInterface, specialization: Record<number, number>, options: DecoderKernelOptions) {
     super(device, shader, specialization, options);
   }
 
-  record(cb: CommandBuffer, buffers: Buffer[], O: number, cols: number, rowBlocks: number, items: number): void {
-    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, pushWords([O, cols])).dispatch(rowBlocks, items);
+  /**
+   * `buffers`: the first 7 bindings; moe_ggml's down with the norm tail takes all 14 (elsewhere its
+   * last 7 are never read: the first buffer fills them), and moe_ggml its tail's push words.
+   */
+  record(cb: CommandBuffer, buffers: Buffer[], O: number, cols: number, rowBlocks: number, items: number, tail?: MoeNormTail): void {
+    const n = this.shader.storageBuffers;
+    const all = buffers.length < n ? [...buffers, ...new Array<Buffer>(n - buffers.length).fill(buffers[0]!)] : buffers;
+    const push = this.shader === MOE_GGML ? pushWords([O, cols, tail?.wOffset ?? 0, tail?.eps ?? 0, tail?.quantized ? 1 : 0], [3]) : pushWords([O, cols]);
+    cb.bind(this.pipeline, this.setFor(all)).pushConstants(this.pipeline, push).dispatch(rowBlocks, items);
   }
+}
+
+/** Checks a norm tail's buffers for a call of S tokens of D columns. */
+function checkNormTail(tail: MoeNormTail, S: number, D: number): void {
+  if (tail.wOffset % 4 !== 0 || D % 16 !== 0) throw new InvalidArgumentError(`the norm tail reads vec4s and groups of 16: wOffset ${tail.wOffset}, D ${D}`);
+  checkRange("moe ggml norm residual", tail.residual, 0, S * D);
+  checkRange("moe ggml norm weights", tail.weights, tail.wOffset, D);
+  checkRange("moe ggml norm xn", tail.xn, 0, S * D);
+  if (tail.quantized) {
+    checkRange("moe ggml norm xq", tail.quantized.xq, 0, (S * D) / 4);
+    checkRange("moe ggml norm xscale", tail.quantized.xscale, 0, (S * D) / 16);
+    checkRange("moe ggml norm xsum", tail.quantized.xsum, 0, (S * D) / 16);
+  }
+}
+
+/** The tail's bindings after the arrival (or control) word: residual, weights, xn, xq, xscale, xsum (`fill` where not quantized). */
+function tailBindings(tail: MoeNormTail, fill: Buffer): Buffer[] {
+  const q = tail.quantized;
+  return [tail.residual, tail.weights, tail.xn, q?.xq ?? fill, q?.xscale ?? fill, q?.xsum ?? fill];
 }
 
 /**
@@ -251,6 +281,12 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   chained?: boolean;
   /** moe_ggml_chain's gate+up rows (of I) and down rows (of D) a workgroup, 1..8 each, and slices a lane loads before it computes, 1..8 (defaults 4, 1, 4). */
   chainShape?: { gateUpRows: number; downRows: number; prefetch: number };
+  /**
+   * Decode calls on the two dispatches may do the next layer's input norm in down's last workgroup
+   * (calls that pass `normTail`; the graph stage's foldsNorm says so): the caller's decision, kept here
+   * with the kernels it applies to (default false).
+   */
+  normTail?: boolean;
 }
 
 /** Words of moe_ggml_chain's control buffer for calls of up to `tokens` tokens (zero before the first call; each call leaves them zero). */
@@ -296,18 +332,23 @@ export interface GgmlExpertCall {
    * token's slots itself and writes y (two dispatches, no moe_sum; `done` is not written).
    */
   itemPerSlot?: boolean;
-  /** uint [chainControlWords(S)], zero: moe_ggml_chain's tickets and counters (kernels made with `chained`, itemPerSlot calls). */
+  /**
+   * uint [chainControlWords(S)], zero: moe_ggml_chain's tickets and counters (kernels made with
+   * `chained`, itemPerSlot calls); with a norm tail on the two dispatches, its first word is the
+   * arrival word.
+   */
   control?: Buffer;
-  /** A chained call also does the next layer's input norm in its last workgroup (see ChainNormTail). */
-  normTail?: ChainNormTail;
+  /** An itemPerSlot call also does the next layer's input norm in its last workgroup (see MoeNormTail). */
+  normTail?: MoeNormTail;
 }
 
 /**
- * The next layer's input norm done by a chained call's last workgroup: per token, residual += y,
- * xn = RMSNorm(residual) * weights[wOffset ..], and xn quantized in groups of 16 where `quantized`
- * is given (the integer-dot GEMVs' input, as dec_rmsnorm_quant writes it).
+ * The next layer's input norm done by a decode call's last workgroup (down with the slots' sum, or
+ * the chained call; shaders/moe_norm_tail.glsl): per token, residual += y, xn = RMSNorm(residual) *
+ * weights[wOffset ..], and xn quantized in groups of 16 where `quantized` is given (the integer-dot
+ * GEMVs' input, as dec_rmsnorm_quant writes it).
  */
-export interface ChainNormTail {
+export interface MoeNormTail {
   residual: Buffer;
   weights: Buffer;
   /** Floats; a multiple of 4. */
@@ -341,6 +382,8 @@ export class GgmlExpertKernels implements Disposable {
   private readonly cmShader: ShaderInterface | undefined;
   private quantizer: GgmlQuantizeKernel | undefined;
   readonly chained: boolean;
+  /** Decode calls may carry the next layer's input norm (GgmlExpertKernelOptions.normTail, or chained). */
+  readonly normTail: boolean;
   readonly chainShape: { gateUpRows: number; downRows: number; prefetch: number };
   private readonly chains = new Map<boolean, MoeChainKernel>();
 
@@ -375,6 +418,7 @@ export class GgmlExpertKernels implements Disposable {
     if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
     this.chained = options.chained ?? false;
+    this.normTail = this.chained || (options.normTail ?? false);
     this.chainShape = options.chainShape ?? { gateUpRows: CHAIN_GATE_UP_ROWS, downRows: CHAIN_DOWN_ROWS, prefetch: CHAIN_PREFETCH };
     for (const [name, v] of Object.entries(this.chainShape)) {
       if (!Number.isInteger(v) || v < 1 || v > 8) throw new InvalidArgumentError(`chainShape.${name} must be an integer in 1..8, got ${v}`);
@@ -437,13 +481,13 @@ export class GgmlExpertKernels implements Disposable {
     return this.rowsOption ?? moeRowsPerWorkgroup(cols / 32, this.workgroupSize);
   }
 
-  private mode(gateUp: boolean, rows: number, tokens: number, downSum = false): MoeGgmlKernel {
-    const key = `${gateUp ? "gu" : downSum ? "down-sum" : "down"}:${rows}:${tokens}`;
+  private mode(gateUp: boolean, rows: number, tokens: number, downSum = false, normTail = false): MoeGgmlKernel {
+    const key = `${gateUp ? "gu" : downSum ? (normTail ? "down-sum-norm" : "down-sum") : "down"}:${rows}:${tokens}`;
     let k = this.modes.get(key);
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
       const spec = { 0: this.workgroupSize, 1: rows, 2: format, 3: tokens, 4: gateUp ? 1 : 0 };
-      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0, 6: downSum ? 1 : 0 }, this.options);
+      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0, 6: downSum ? 1 : 0, 7: normTail ? 1 : 0 }, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -523,17 +567,7 @@ export class GgmlExpertKernels implements Disposable {
       const { gateUpRows: Rcg, downRows: Rcd, prefetch } = this.chainShape;
       const G = slots * Math.ceil(I / Rcg), N = G + c.S * Math.ceil(D / Rcd);
       const tail = c.normTail;
-      if (tail) {
-        if (tail.wOffset % 4 !== 0 || D % 16 !== 0) throw new InvalidArgumentError(`the norm tail reads vec4s and groups of 16: wOffset ${tail.wOffset}, D ${D}`);
-        checkRange("moe ggml norm residual", tail.residual, 0, c.S * D);
-        checkRange("moe ggml norm weights", tail.weights, tail.wOffset, D);
-        checkRange("moe ggml norm xn", tail.xn, 0, c.S * D);
-        if (tail.quantized) {
-          checkRange("moe ggml norm xq", tail.quantized.xq, 0, (c.S * D) / 4);
-          checkRange("moe ggml norm xscale", tail.quantized.xscale, 0, (c.S * D) / 16);
-          checkRange("moe ggml norm xsum", tail.quantized.xsum, 0, (c.S * D) / 16);
-        }
-      }
+      if (tail) checkNormTail(tail, c.S, D);
       let chain = this.chains.get(tail !== undefined);
       if (!chain) {
         chain = new MoeChainKernel(this.device, {
@@ -541,10 +575,9 @@ export class GgmlExpertKernels implements Disposable {
         }, this.options);
         this.chains.set(tail !== undefined, chain);
       }
-      const q = tail?.quantized;
       // without a tail, bindings 8..13 are never read: any buffer fills them
-      const tailBuffers = tail ? [tail.residual, tail.weights, tail.xn, q?.xq ?? c.control, q?.xscale ?? c.control, q?.xsum ?? c.control] : new Array<Buffer>(6).fill(c.control);
-      const push = pushWords([D, I, G, N, tail?.wOffset ?? 0, tail?.eps ?? 0, q ? 1 : 0], [5]);
+      const tailBuffers = tail ? tailBindings(tail, c.control) : new Array<Buffer>(6).fill(c.control);
+      const push = pushWords([D, I, G, N, tail?.wOffset ?? 0, tail?.eps ?? 0, tail?.quantized ? 1 : 0], [5]);
       chain.record(cb, [c.x, c.work, c.h, c.y, c.slotWeight, L.blocks, L.table, c.control, ...tailBuffers], push, N);
       mark(tail ? "gate+up, down + sum, next norm" : "gate+up, down + sum");
       return cb;
@@ -558,8 +591,16 @@ export class GgmlExpertKernels implements Disposable {
       if (c.slotsPerToken > MOE_GGML_MAX_SLOTS) throw new InvalidArgumentError(`down sums up to ${MOE_GGML_MAX_SLOTS} slots a token, got ${c.slotsPerToken}`);
       // the token's K slots x I / 32 slices a row shared out over the lanes
       const Rs = this.rowsOption ?? moeRowsPerWorkgroup((c.slotsPerToken * I) / 32, this.workgroupSize);
-      this.mode(false, Rs, 1, true).record(cb, [c.h, ...common, c.y, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rs), c.S);
-      mark("down + sum");
+      const tail = c.normTail;
+      const buffers = [c.h, ...common, c.y, c.slotWeight, L.blocks, L.table];
+      if (tail) {
+        checkNormTail(tail, c.S, D);
+        if (!c.control) throw new InvalidArgumentError("a call with the norm tail needs its arrival word (control)");
+        checkRange("moe ggml control", c.control, 0, 1);
+        buffers.push(c.control, ...tailBindings(tail, c.control));
+      }
+      this.mode(false, Rs, 1, true, tail !== undefined).record(cb, buffers, D, I, Math.ceil(D / Rs), c.S, tail);
+      mark(tail ? "down + sum, next norm" : "down + sum");
       return cb;
     }
     this.mode(false, Rd, tokens).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / Rd), c.items);

@@ -20,7 +20,7 @@ import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
-import type { ChainNormTail } from "./ggml-experts.ts";
+import type { MoeNormTail } from "./ggml-experts.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
 import { QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
 
@@ -44,7 +44,7 @@ export interface StageRouting {
   /** Called after each of the call's steps with its name (a profiler's timestamp; the graph counts the dispatches). */
   mark?: (step: string) => void;
   /** The next layer's input norm, done by the call itself (only where the stage's foldsNorm(S) says it can). */
-  normTail?: ChainNormTail;
+  normTail?: MoeNormTail;
 }
 
 export interface MoeGraphStageOptions {

@@ -72,6 +72,7 @@ const uint BATCH_WORDS = 64u;
 const uint ROPE_WG = 64u;                // dec_rope_kv's threads a head (its default workgroup)
 const uint NEW_ROWS = 4u;                // new positions a call at most (DECODE_ATTENTION_TOKENS)
 const uint FOLD_HEADS = ROWS + NEW_ROWS; // heads a workgroup normalises at most
+const uint MERGE_AHEAD = 4u;             // COMBINE_TAIL: records loaded before any is merged
 
 layout(set = 0, binding = 0) readonly buffer Q { vec4 q4[]; };
 layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
@@ -276,14 +277,25 @@ void combineTail(uint kh, uint t, uint seen) {
     const uint base = row * p.numChunks * REC4;
     float m = -3.0e38, l = 0.0;
     vec4 a0 = vec4(0.0), a1 = vec4(0.0);
-    for (uint c = 0u; c < records; c++) {
-      const vec4 ml = part4[base + c * REC4 + HD4];
-      const vec4 r0 = part4[base + c * REC4 + 2u * vu], r1 = part4[base + c * REC4 + 2u * vu + 1u];
-      const float mn = max(m, ml.x), so = exp(m - mn), sn = exp(ml.x - mn);
-      l = l * so + ml.y * sn;
-      a0 = a0 * so + r0 * sn;
-      a1 = a1 * so + r1 * sn;
-      m = mn;
+    // MERGE_AHEAD records' loads in flight at once (a record at a time was one L2 round trip each,
+    // in a row: the tail's latency grew with the context), merged in order as before
+    for (uint c0 = 0u; c0 < records; c0 += MERGE_AHEAD) {
+      vec4 ml[MERGE_AHEAD], r0[MERGE_AHEAD], r1[MERGE_AHEAD];
+      [[unroll]] for (uint j = 0u; j < MERGE_AHEAD; j++) {
+        const uint c = min(c0 + j, records - 1u);
+        ml[j] = part4[base + c * REC4 + HD4];
+        r0[j] = part4[base + c * REC4 + 2u * vu];
+        r1[j] = part4[base + c * REC4 + 2u * vu + 1u];
+      }
+      [[unroll]] for (uint j = 0u; j < MERGE_AHEAD; j++) {
+        if (c0 + j < records) {
+          const float mn = max(m, ml[j].x), so = exp(m - mn), sn = exp(ml[j].x - mn);
+          l = l * so + ml[j].y * sn;
+          a0 = a0 * so + r0[j] * sn;
+          a1 = a1 * so + r1[j] * sn;
+          m = mn;
+        }
+      }
     }
     const float inv = 1.0 / l;
     vec4 y0 = a0 * inv, y1 = a1 * inv;

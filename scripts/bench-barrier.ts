@@ -2,12 +2,16 @@
 // follows it (every step of the decode graph), against the same dispatches with no barrier
 // between them, in one command buffer timed by GPU timestamps, after the clocks are warmed.
 // The decode graph makes ~10 dependent steps a layer; this says how much of a token that floor is.
+// Then the same dependent steps as the graph's input norm makes them: the residual added first, and
+// with the rows also quantized for the integer-dot GEMVs (dec_rmsnorm_quant): what a norm step costs
+// beyond the floor.
 //   bun scripts/bench-barrier.ts [--steps 480]
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { readConfig } from "../src/config.ts";
-import { RmsNormKernel } from "../src/kernels/decoder/rmsnorm.ts";
-import { Buffer, CommandPool, Fence, QueryPool, Submission, VulkanContext } from "../src/vk/index.ts";
+import { GgmlIdpScratch } from "../src/kernels/decoder/ggml-gemv.ts";
+import { RmsNormKernel, RmsNormQuantKernel } from "../src/kernels/decoder/rmsnorm.ts";
+import { Buffer, CommandPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext } from "../src/vk/index.ts";
 import { readBandwidth } from "./lib/gpu-time.ts";
 import { args, fail } from "./lib/cli.ts";
 
@@ -26,19 +30,28 @@ using ctx = new VulkanContext({}, readConfig());
 const device = ctx.device;
 const D = 2048;
 using norm = new RmsNormKernel(device);
+using normQuant = new RmsNormQuantKernel(device);
+using quantized = new GgmlIdpScratch(device, D, 1);
 using x = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
 using w = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
 using y = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
+using add = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
+// finite values: x grows by add each residual step
+for (const [b, v] of [[x, 0.5], [w, 1], [add, 1e-3]] as const) uploadBytes(device, b, 0n, new Uint8Array(new Float32Array(D).fill(v).buffer));
 using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
+type Step = "plain" | "residual" | "residual+quantize";
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
-function run(barriers: boolean): number {
+function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
   for (let i = 0; i < steps; i++) {
     // in place with a barrier: each step reads what the last wrote, as the graph's steps do
-    norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
+    if (step === "plain") norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
+    // x += add (written back), y = RMSNorm(x): each step reads the x the last one wrote
+    else if (step === "residual") norm.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 });
+    else normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     if (barriers) cb.barrier("computeToCompute");
   }
   cb.timestamp(queries, 1).end();
@@ -59,9 +72,15 @@ if (!cpu) readBandwidth(device, 1 << 30, 150); // clocks up
 const dependent = run(true);
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const independent = run(false);
+if (!cpu) readBandwidth(device, 1 << 30, 150);
+const residual = run(true, "residual");
+if (!cpu) readBandwidth(device, 1 << 30, 150);
+const residualQuant = run(true, "residual+quantize");
 console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}: ${steps} one-row RMSNorms of ${D} (median of 7 command buffers)`);
 console.log(`| steps | GPU µs | µs a step |`);
 console.log(`|---|---:|---:|`);
 console.log(`| dependent (a compute barrier after each) | ${dependent.toFixed(0)} | ${(dependent / steps).toFixed(2)} |`);
 console.log(`| independent (no barrier) | ${independent.toFixed(0)} | ${(independent / steps).toFixed(2)} |`);
+console.log(`| dependent, the residual added first (the input norm's dec_rmsnorm) | ${residual.toFixed(0)} | ${(residual / steps).toFixed(2)} |`);
+console.log(`| dependent, the residual added and the rows quantized (dec_rmsnorm_quant) | ${residualQuant.toFixed(0)} | ${(residualQuant / steps).toFixed(2)} |`);
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);

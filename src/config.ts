@@ -45,9 +45,10 @@ const envSchema = z.strictObject({
   VKMOE_MOE_CHAIN: z.enum(["on", "off"]).default("off"),
   /**
    * Decode calls of GGML-block experts do the next layer's input norm in the last workgroup of their
-   * down dispatch ("auto"), or the norm is a dispatch of its own ("off").
+   * down dispatch ("on": measured 2.6% slower a token than the default on an H100, README), or the
+   * norm is a dispatch of its own ("off", the default).
    */
-  VKMOE_NORM_TAIL: z.enum(["auto", "off"]).default("auto"),
+  VKMOE_NORM_TAIL: z.enum(["on", "off"]).default("off"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
   VKMOE_VALIDATION: z.stringbool().default(false),

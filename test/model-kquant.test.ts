@@ -147,10 +147,12 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
     }, 90_000);
 
     // Q4_K_M with the decode experts chained in one dispatch (moe_ggml_chain, an option: slower on
-    // the H100, README), Q5_K_M as two dispatches (the default)
-    const chain = mix === "Q4_K_M" ? "on" : "off";
-    test(`${mix}, GPU resident (VKMOE_GRAPH=on, VKMOE_MOE_CHAIN=${chain}): the whole token in one submit; logits NMSE <= 1e-6 of the CPU path (f16 KV cache), greedy ids llama.cpp's`, async () => {
-      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_MOE_CHAIN: chain }), log: () => {} });
+    // the H100, README), Q5_K_M as two dispatches with the next layer's norm (and the final norm) in
+    // down's last workgroup (VKMOE_NORM_TAIL=on, an option: slower on the H100 too); the integer-dot
+    // test below runs the default (two dispatches, the norm a dispatch of its own)
+    const options = mix === "Q4_K_M" ? { VKMOE_MOE_CHAIN: "on" as const } : { VKMOE_NORM_TAIL: "on" as const };
+    test(`${mix}, GPU resident (VKMOE_GRAPH=on, ${Object.entries(options).map(([k, v]) => `${k}=${v}`).join(", ")}): the whole token in one submit; logits NMSE <= 1e-6 of the CPU path (f16 KV cache), greedy ids llama.cpp's`, async () => {
+      using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", ...options }), log: () => {} });
       using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
       expect(model.device.mode, model.device.why).toBe("resident");
       expect(model.device.experts).toBe("gpu");
@@ -161,11 +163,9 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
 
     // The integer-dot path (what GPUs with fast 8-bit dots take at decode): the dense GGML matrices
     // read an 8-bit x, q, k, v (and lm_head) the input norm's quantized rows (NormFeed)
-    if (mix === "Q4_K_M") test(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on; the norm tail writes q, k, v's and lm_head's quantized rows): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
+    if (mix === "Q4_K_M") test(`${mix}, GPU resident on the integer-dot path (VKMOE_IDP=on; the input norms write q, k and v's quantized rows): logits NMSE <= 5e-3 of the CPU path, greedy ids llama.cpp's`, async () => {
       // the graph's matrices take the integer-dot decision from the process env (device-linear.ts)
       using restore = processEnv("VKMOE_IDP", "on");
-      // the next layer's norm (and after the last, the final norm), quantized for q, k and v (lm_head),
-      // done by the MoE call's last workgroup (VKMOE_NORM_TAIL=auto)
       using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "on" }), log: () => {} });
       using cpu = await Model.load(file, { env: env({ VKMOE_GPU: false }), log: () => {} });
       expect(model.device.mode, model.device.why).toBe("resident");

@@ -213,7 +213,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: env.VKMOE_MOE_CHAIN === "on", normTail: env.VKMOE_NORM_TAIL === "auto" });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: env.VKMOE_MOE_CHAIN === "on", normTail: env.VKMOE_NORM_TAIL === "on" });
           made.push(k);
           kernels.set(key, k);
         }

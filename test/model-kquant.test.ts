@@ -176,6 +176,38 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
     }, 90_000);
   }
 
+  // The norm tail's final norm over a batch step's rows (one row a sequence) and over a one-token
+  // replay's: a batch stepped together equals each sequence's own session (the graph's bound)
+  test("Q5_K_M, GPU resident with VKMOE_NORM_TAIL=on: 3 sequences stepped together (Model.batch) give each one's own session's logits (NMSE <= 1e-6)", async () => {
+    const ref = reference("Q5_K_M");
+    using model = await Model.load(`${DIR}/${ref.file}`, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_NORM_TAIL: "on" }), log: () => {} });
+    expect(model.device.mode, model.device.why).toBe("resident");
+    const prompts = [0, 1, 2].map((i) => ref.prompts[i % ref.prompts.length]!.prompt_ids.slice(0, 4 + 3 * i));
+    const ctx = 64;
+    using batch = model.batch({ slots: 3, ctx });
+    expect(batch.path).toBe("device-batch");
+    const sessions = prompts.map(() => model.session({ ctx }));
+    try {
+      let worst = 0;
+      const next = prompts.map((p, slot) => {
+        const got = batch.prefill(slot, p), own = sessions[slot]!.prefill(p);
+        worst = Math.max(worst, nmse(own, got));
+        return top(got).id;
+      });
+      for (let step = 0; step < 4; step++) {
+        const rows = batch.step(next.map((id, slot) => ({ slot, id })));
+        rows.forEach((row, slot) => {
+          worst = Math.max(worst, nmse(sessions[slot]!.step(next[slot]!), row));
+          next[slot] = top(row).id;
+        });
+      }
+      expect(worst).toBeLessThanOrEqual(1e-6);
+      expect(model.takeValidationMessages()).toEqual([]);
+    } finally {
+      for (const s of sessions) s[Symbol.dispose]();
+    }
+  }, 120_000);
+
   test("Q4_K_M, GPU enabled, a budget the experts do not fit: the CPU path, one line saying how much did not fit", async () => {
     const ref = reference("Q4_K_M");
     const lines: string[] = [];

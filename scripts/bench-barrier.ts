@@ -106,4 +106,6 @@ console.log(`| dependent, the two kernels above alternated (another pipeline bou
 console.log(`| dependent, a dispatch of ${WIDE} workgroups (one-row norms of ${WIDE_N}) | ${wide.toFixed(0)} | ${(wide / steps).toFixed(2)} |`);
 console.log(`| dependent, that dispatch then the quantizing norm reading its output | ${wideNorm.toFixed(0)} | ${(wideNorm / steps).toFixed(2)} |`);
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${((2 * alternating) / steps - residual / steps).toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch`);
+// the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
+const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch`);

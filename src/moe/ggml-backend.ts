@@ -401,7 +401,7 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly done: Buffer;
-  /** moe_ggml_chain's tickets and counters (decode calls on chained kernels). */
+  /** moe_ggml_chain's tickets and counters (decode calls on chained kernels); the norm tail's arrival word (its first). */
   private readonly control: Buffer;
   private readonly quantized: ExpertQuantScratch | undefined;
   private readonly group: GroupExpertsKernel;

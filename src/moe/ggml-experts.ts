@@ -180,12 +180,13 @@ class MoeGgmlKernel extends DecoderKernel {
 
   /**
    * `buffers`: the first 7 bindings; moe_ggml's down with the norm tail takes all 14 (elsewhere its
-   * last 7 are never read: the first buffer fills them), and moe_ggml its tail's push words.
+   * last 7 are never read: the first buffer fills them). Push words O, cols, then the tail's
+   * (moe_ggml's 20 bytes; the rows kernels' 8 take the first two).
    */
   record(cb: CommandBuffer, buffers: Buffer[], O: number, cols: number, rowBlocks: number, items: number, tail?: MoeNormTail): void {
     const n = this.shader.storageBuffers;
     const all = buffers.length < n ? [...buffers, ...new Array<Buffer>(n - buffers.length).fill(buffers[0]!)] : buffers;
-    const push = this.shader === MOE_GGML ? pushWords([O, cols, tail?.wOffset ?? 0, tail?.eps ?? 0, tail?.quantized ? 1 : 0], [3]) : pushWords([O, cols]);
+    const push = pushWords([O, cols, tail?.wOffset ?? 0, tail?.eps ?? 0, tail?.quantized ? 1 : 0], [3]).subarray(0, this.shader.pushConstantBytes);
     cb.bind(this.pipeline, this.setFor(all)).pushConstants(this.pipeline, push).dispatch(rowBlocks, items);
   }
 }

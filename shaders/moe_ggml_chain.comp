@@ -1,7 +1,8 @@
 #version 450
 // moe_ggml_chain: the decode graph's GGML experts call (moe_ggml's per-slot gate+up, then its down
 // summing a token's slots) as ONE dispatch, an option (VKMOE_MOE_CHAIN=on): measured 2x slower
-// than the two dispatches on an H100 (README), so not the default. The idea: two dispatches have a
+// than the two dispatches on an H100 (README), so not the default; and in the whole-token graph
+// on Lavapipe its logits varied from run to run, a race not yet found (README). The idea: two dispatches have a
 // compute barrier between them, and every dependent dispatch costs a drain and a ramp however
 // little it reads; here down's workgroups load their first weights while gate+up still runs and
 // then wait for just their token's h. The waits poll with atomics (a plain volatile load failed the
@@ -43,10 +44,10 @@ const uint MAX_K = 8u;  // slots a token, as dec_route
 
 layout(std430, binding = 0) readonly restrict buffer XV { vec4 xv[]; };  // x [S][D]
 layout(std430, binding = 1) readonly restrict buffer WK { uvec4 work[]; };
-layout(std430, binding = 2) coherent restrict buffer HB { float hb[]; };  // h [slots][I]
-layout(std430, binding = 2) coherent restrict buffer HV { vec4 hv[]; };
-layout(std430, binding = 3) coherent restrict buffer YB { float yb[]; };  // y [S][D] (read by NORM_TAIL)
-layout(std430, binding = 3) coherent restrict buffer YV { vec4 tailY[]; };
+layout(std430, binding = 2) coherent buffer HB { float hb[]; };  // h [slots][I]
+layout(std430, binding = 2) coherent buffer HV { vec4 hv[]; };
+layout(std430, binding = 3) coherent buffer YB { float yb[]; };  // y [S][D] (read by NORM_TAIL)
+layout(std430, binding = 3) coherent buffer YV { vec4 tailY[]; };
 layout(std430, binding = 4) readonly restrict buffer SW { float slotWeight[]; };
 layout(std430, binding = 5) readonly restrict buffer EB { uint eb[]; };
 layout(std430, binding = 5) readonly restrict buffer EV { uvec4 ev[]; };

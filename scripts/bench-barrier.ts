@@ -6,14 +6,17 @@
 // with the rows also quantized for the integer-dot GEMVs (dec_rmsnorm_quant): what a norm step costs
 // beyond the floor: alone, with a second pipeline alternated (the graph binds another kernel every
 // step), and right after a dispatch of 2048 workgroups that writes what it reads (as the experts'
-// down dispatch writes the input norm's residual add).
+// down dispatch writes the input norm's residual add), and after a streaming read that fits in the
+// last-level cache or evicts it (a decode layer streams tens of MB of weights between two norms, so
+// the graph's small steps may find their code, descriptors and data gone to DRAM).
 //   bun scripts/bench-barrier.ts [--steps 480]
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { readConfig } from "../src/config.ts";
 import { GgmlIdpScratch } from "../src/kernels/decoder/ggml-gemv.ts";
 import { RmsNormKernel, RmsNormQuantKernel } from "../src/kernels/decoder/rmsnorm.ts";
-import { Buffer, CommandPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext } from "../src/vk/index.ts";
+import { shaderFile } from "../src/kernels/shaders.ts";
+import { Buffer, CommandPool, ComputePipeline, DescriptorPool, Fence, QueryPool, Submission, uploadBytes, VulkanContext } from "../src/vk/index.ts";
 import { readBandwidth } from "./lib/gpu-time.ts";
 import { args, fail } from "./lib/cli.ts";
 
@@ -44,24 +47,45 @@ using wideX = new Buffer(device, { size: BigInt(4 * WIDE * WIDE_N), memory: "dev
 using wideY = new Buffer(device, { size: BigInt(4 * WIDE * WIDE_N), memory: "device" });
 // finite values: x grows by add each residual step
 for (const [b, v] of [[x, 0.5], [w, 1], [add, 1e-3], [wideX, 1e-3]] as const) uploadBytes(device, b, 0n, new Uint8Array(new Float32Array(Number(b.size) / 4).fill(v).buffer));
+// the streaming reads: one that stays in the last-level cache (4 MiB) and one that evicts it
+const MiB = 2 ** 20;
+const cpu = device.info.type === 4;
+const streamLimit = Math.min(Number(device.info.limits.maxMemoryAllocationSize), device.info.limits.maxStorageBufferRange);
+const SMALL_STREAM = 4 * MiB, LARGE_STREAM = Math.min(cpu ? 16 * MiB : 192 * MiB, streamLimit - (streamLimit % MiB));
+using streamSrc = new Buffer(device, { size: BigInt(LARGE_STREAM), memory: "device" });
+using streamSink = new Buffer(device, { size: 1n << 20n, memory: "device" });
+using stream = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256 } });
+// the same read with its loads marked Nontemporal (a hint to keep the data out of the caches)
+using streamNontemporal = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256, 1: 1 } });
+using streamDescriptors = new DescriptorPool(device, 2, 4);
+const streamSet = streamDescriptors.allocate(stream, [{ buffer: streamSrc, range: BigInt(LARGE_STREAM) }, { buffer: streamSink }]);
+const streamNontemporalSet = streamDescriptors.allocate(streamNontemporal, [{ buffer: streamSrc, range: BigInt(LARGE_STREAM) }, { buffer: streamSink }]);
 using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-const cpu = device.info.type === 4;
-type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm";
+type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm";
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
   // a CPU device takes tens of ms a wide dispatch: fewer of those steps there (µs a step stays comparable)
-  const n = cpu && step.startsWith("wide") ? Math.min(steps, 8) : steps;
+  const n = cpu && !["plain", "residual", "residual+quantize", "alternating"].includes(step) ? Math.min(steps, 8) : steps;
+  const streaming = step.startsWith("small") || step.startsWith("large") || step.startsWith("nontemporal");
+  if (streaming) cb.fillBuffer(streamSrc, 0).barrier("transferToCompute");
   for (let i = 0; i < n; i++) {
     // in place with a barrier: each step reads what the last wrote, as the graph's steps do
     if (step === "plain") norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
     // x += add (written back), y = RMSNorm(x): each step reads the x the last one wrote
     else if (step === "residual" || (step === "alternating" && i % 2 === 0)) norm.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 });
     else if (step === "residual+quantize" || step === "alternating") normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
-    else {
+    else if (streaming) {
+      const bytes = step.startsWith("small") ? SMALL_STREAM : LARGE_STREAM;
+      if (step.startsWith("nontemporal")) cb.bind(streamNontemporal, streamNontemporalSet);
+      else cb.bind(stream, streamSet);
+      cb.pushConstants(stream, new Uint32Array([0, bytes / 16])).dispatch(cpu ? 64 : 4096);
+      cb.barrier("computeToCompute");
+      if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
+    } else {
       norm.record(cb, { x: wideX, w, y: wideY, rows: WIDE, n: WIDE_N, eps: 1e-6 });
       cb.barrier("computeToCompute");
       if (step === "wide+norm") normQuant.record(cb, { x, add: wideY, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
@@ -95,6 +119,11 @@ if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wide = run(true, "wide");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wideNorm = run(true, "wide+norm");
+const streams = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0 };
+for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"]] as const) {
+  if (!cpu) readBandwidth(device, 1 << 30, 150);
+  streams[key] = run(true, step);
+}
 console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}: ${steps} one-row RMSNorms of ${D} (median of 7 command buffers)`);
 console.log(`| steps | GPU µs | µs a step |`);
 console.log(`|---|---:|---:|`);
@@ -105,7 +134,13 @@ console.log(`| dependent, the residual added and the rows quantized (dec_rmsnorm
 console.log(`| dependent, the two kernels above alternated (another pipeline bound every step) | ${alternating.toFixed(0)} | ${(alternating / steps).toFixed(2)} |`);
 console.log(`| dependent, a dispatch of ${WIDE} workgroups (one-row norms of ${WIDE_N}) | ${wide.toFixed(0)} | ${(wide / steps).toFixed(2)} |`);
 console.log(`| dependent, that dispatch then the quantizing norm reading its output | ${wideNorm.toFixed(0)} | ${(wideNorm / steps).toFixed(2)} |`);
+console.log(`| dependent, a streaming read of ${SMALL_STREAM / MiB} MiB (stays in the last-level cache) | ${streams.small.toFixed(0)} | ${(streams.small / steps).toFixed(2)} |`);
+console.log(`| dependent, that read then the quantizing norm | ${streams.smallNorm.toFixed(0)} | ${(streams.smallNorm / steps).toFixed(2)} |`);
+console.log(`| dependent, a streaming read of ${LARGE_STREAM / MiB} MiB (evicts the last-level cache) | ${streams.large.toFixed(0)} | ${(streams.large / steps).toFixed(2)} |`);
+console.log(`| dependent, that read then the quantizing norm | ${streams.largeNorm.toFixed(0)} | ${(streams.largeNorm / steps).toFixed(2)} |`);
+console.log(`| dependent, the same read with Nontemporal loads | ${streams.nontemporal.toFixed(0)} | ${(streams.nontemporal / steps).toFixed(2)} |`);
+console.log(`| dependent, that read then the quantizing norm | ${streams.nontemporalNorm.toFixed(0)} | ${(streams.nontemporalNorm / steps).toFixed(2)} |`);
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
 // the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
 const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch`);
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((streams.smallNorm - streams.small) / steps).toFixed(2)} after a cached streaming read, ${((streams.largeNorm - streams.large) / steps).toFixed(2)} after one that evicts the cache, ${((streams.nontemporalNorm - streams.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads`);

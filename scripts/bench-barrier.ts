@@ -45,8 +45,12 @@ using add = new Buffer(device, { size: BigInt(4 * D), memory: "device" });
 const WIDE = 2048, WIDE_N = 16;
 using wideX = new Buffer(device, { size: BigInt(4 * WIDE * WIDE_N), memory: "device" });
 using wideY = new Buffer(device, { size: BigInt(4 * WIDE * WIDE_N), memory: "device" });
+// the graph binds another descriptor set every step: 16 rows, each step adding the last one's row to its own
+const ROTATE = 16;
+const rotating = Array.from({ length: ROTATE }, () => new Buffer(device, { size: BigInt(4 * D), memory: "device" }));
+using _rotating = { [Symbol.dispose]: () => rotating.forEach((b) => b[Symbol.dispose]()) };
 // finite values: x grows by add each residual step
-for (const [b, v] of [[x, 0.5], [w, 1], [add, 1e-3], [wideX, 1e-3]] as const) uploadBytes(device, b, 0n, new Uint8Array(new Float32Array(Number(b.size) / 4).fill(v).buffer));
+for (const [b, v] of [[x, 0.5], [w, 1], [add, 1e-3], [wideX, 1e-3], ...rotating.map((r) => [r, 1e-3] as const)] as const) uploadBytes(device, b, 0n, new Uint8Array(new Float32Array(Number(b.size) / 4).fill(v).buffer));
 // the streaming reads: one that stays in the last-level cache (4 MiB) and one that evicts it
 const MiB = 2 ** 20;
 const cpu = device.info.type === 4;
@@ -64,7 +68,7 @@ using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm";
+type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating";
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
@@ -77,6 +81,7 @@ function run(barriers: boolean, step: Step = "plain"): number {
     if (step === "plain") norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
     // x += add (written back), y = RMSNorm(x): each step reads the x the last one wrote
     else if (step === "residual" || (step === "alternating" && i % 2 === 0)) norm.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 });
+    else if (step === "rotating") normQuant.record(cb, { x: rotating[i % ROTATE]!, add: rotating[(i + ROTATE - 1) % ROTATE]!, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     else if (step === "residual+quantize" || step === "alternating") normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     else if (streaming) {
       const bytes = step.startsWith("small") ? SMALL_STREAM : LARGE_STREAM;
@@ -116,6 +121,8 @@ const residualQuant = run(true, "residual+quantize");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const alternating = run(true, "alternating");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
+const rotatingSets = run(true, "rotating");
+if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wide = run(true, "wide");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wideNorm = run(true, "wide+norm");
@@ -132,6 +139,7 @@ console.log(`| independent (no barrier) | ${independent.toFixed(0)} | ${(indepen
 console.log(`| dependent, the residual added first (the input norm's dec_rmsnorm) | ${residual.toFixed(0)} | ${(residual / steps).toFixed(2)} |`);
 console.log(`| dependent, the residual added and the rows quantized (dec_rmsnorm_quant) | ${residualQuant.toFixed(0)} | ${(residualQuant / steps).toFixed(2)} |`);
 console.log(`| dependent, the two kernels above alternated (another pipeline bound every step) | ${alternating.toFixed(0)} | ${(alternating / steps).toFixed(2)} |`);
+console.log(`| dependent, the quantizing norm with another descriptor set every step (${ROTATE} rotating) | ${rotatingSets.toFixed(0)} | ${(rotatingSets / steps).toFixed(2)} |`);
 console.log(`| dependent, a dispatch of ${WIDE} workgroups (one-row norms of ${WIDE_N}) | ${wide.toFixed(0)} | ${(wide / steps).toFixed(2)} |`);
 console.log(`| dependent, that dispatch then the quantizing norm reading its output | ${wideNorm.toFixed(0)} | ${(wideNorm / steps).toFixed(2)} |`);
 console.log(`| dependent, a streaming read of ${SMALL_STREAM / MiB} MiB (stays in the last-level cache) | ${streams.small.toFixed(0)} | ${(streams.small / steps).toFixed(2)} |`);

@@ -24,15 +24,12 @@
 //                rowsPrefetch (a lane's next slice read before the current one is computed): "idp pf µs"
 //     --cm       grouped lists (S > 4) also on the matrix cores (moe_ggml_cm), in the same run: "cm µs",
 //                "float/cm" and, with --idp, "idp/cm" (needs cooperative matrices: VKMOE_COOPMAT)
-//     --chain    S <= 4 also as one chained dispatch (moe_ggml_chain: down waits on its token's gate+up
-//                blocks, no barrier between them), in the same run: "chain µs" and "graph/chain" columns;
-//                --chain-rows-gu N, --chain-rows-down N, --chain-prefetch N its shape (default 4, 1, 4)
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
 import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
-import { chainControlWords, ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
+import { ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
 import { WorkList, type Routing } from "../src/moe/routing.ts";
 import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { f32ToF16Bits } from "../src/quant/half.ts";
@@ -46,7 +43,7 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm", "--chain"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes", "--chain-rows-gu", "--chain-rows-down", "--chain-prefetch"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
@@ -58,8 +55,6 @@ const slices = opts.flag("--slices");
 const rowsLanesArg = opts.int("--rows-lanes", 1, 4);
 const withIdp = opts.flag("--idp");
 const withCm = opts.flag("--cm");
-const withChain = opts.flag("--chain");
-const chainShape = { gateUpRows: opts.int("--chain-rows-gu", 1, 8) ?? 4, downRows: opts.int("--chain-rows-down", 1, 8) ?? 1, prefetch: opts.int("--chain-prefetch", 1, 8) ?? 4 };
 
 const env = readConfig();
 using ctx = new VulkanContext(withIdp ? { integerDotProduct: "on" } : {}, env);
@@ -105,10 +100,9 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
   const owned = new DisposableStack();
   const buf = (bytes: number) => owned.use(new Buffer(dev, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
   const upload = (b: Buffer, a: ArrayBufferView) => uploadBytes(dev, b, 0n, new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
-  const x = buf(4 * S * D), h = buf(4 * slots * I), ypair = buf(4 * slots * D), y = buf(4 * S * D), done = buf(16), control = buf(4 * chainControlWords(S));
+  const x = buf(4 * S * D), h = buf(4 * slots * I), ypair = buf(4 * slots * D), y = buf(4 * S * D), done = buf(16);
   const quantized = withIdp ? owned.use(new ExpertQuantScratch(dev, D, I, S, k)) : undefined;
   upload(x, randomActivations(S, D, 7 + S));
-  upload(control, new Uint32Array(chainControlWords(S)));
   const router = new RoutingGenerator(model, 0x6e11 + S);
   const lists: { work: Buffer; pairs: Buffer; slotWeight: Buffer; items: number; r: Routing }[] = [];
   for (let i = 0; i < ROUTINGS; i++) {
@@ -138,7 +132,7 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
     bytes: (lists.reduce((n, l) => n + distinctExperts(l.r, false), 0) / lists.length) * per,
     record(kernels, cb, i) {
       const l = lists[i % lists.length]!;
-      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done, quantized, ...(slotOrder && { singleSlotItems: true, itemPerSlot: true, control }) });
+      kernels.record(cb, { layer, S, items: l.items, slotsPerToken: k, x, work: l.work, pairs: l.pairs, slotWeight: l.slotWeight, h, ypair, y, done, quantized, ...(slotOrder && { singleSlotItems: true, itemPerSlot: true }) });
     },
     [Symbol.dispose]: () => owned.dispose(),
   };
@@ -184,7 +178,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withChain ? ["chain µs", "graph/chain"] : []), ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? ["cm µs", "float/cm", ...(withIdp ? ["idp/cm"] : [])] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? ["cm µs", "float/cm", ...(withIdp ? ["idp/cm"] : [])] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -196,9 +190,7 @@ for (const full of SHAPES) {
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
     using idpKernels = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true }) : undefined;
     using idpPrefetch = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true, rowsPrefetch: true }) : undefined;
-    using chainKernels = withChain ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, chained: true, chainShape }) : undefined;
     using cmKernels = withCm ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, matrixCores: true }) : undefined;
-    if (chainKernels) console.log(`chain: ${chainShape.gateUpRows} gate+up rows, ${chainShape.downRows} down rows a workgroup, ${chainShape.prefetch} slices a lane ahead`);
     shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (lanes a row gate+up ${kernels.rowsLanesFor(model.hidden)}, down ${kernels.rowsLanesFor(model.intermediate)}; ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
@@ -206,14 +198,12 @@ for (const full of SHAPES) {
       const us = timeCalls(kernels, set);
       const gbs = set.bytes / us / 1e3;
       // the decode graph's call (S <= 4: dec_route's list, down summing each token's slots)
-      let graphUs: number | undefined, chainUs: number | undefined;
+      let graphUs = "-";
       if (S <= 4) {
         using bySlot = callSet(device, layer, model, S, true);
-        graphUs = timeCalls(kernels, bySlot);
-        if (chainKernels) chainUs = timeCalls(chainKernels, bySlot);
+        graphUs = fmt(timeCalls(kernels, bySlot));
       }
-      const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`, graphUs === undefined ? "-" : fmt(graphUs)];
-      if (chainKernels) row.push(chainUs === undefined ? "-" : fmt(chainUs), chainUs === undefined || graphUs === undefined ? "-" : `${(graphUs / chainUs).toFixed(2)}x`);
+      const row = [`${model.name} D${model.hidden} I${model.intermediate} E${model.experts}`, `${gu}, ${dn}`, String(S), fmt(median(set.items)), fmt(set.bytes / 1e6), fmt(us), fmt(gbs), `${((100 * gbs) / bw.gbs).toFixed(0)}%`, graphUs];
       // the per-slot lists of S <= 4 stay on the float kernels: only grouped lists take the idp and cm ones
       const idpUs = idpKernels && S > 4 ? timeCalls(idpKernels, set) : undefined;
       if (idpKernels) {

@@ -1,7 +1,7 @@
 // moe_norm_tail.glsl: the next layer's input norm done by the last workgroup of a decode MoE call
-// (moe_ggml's down-with-sum mode and moe_ggml_chain, each with NORM_TAIL), so that norm needs no
-// dispatch and barrier of its own. For token s: h += y (the residual, written back), xn = RMSNorm(h)
-// * w and, with `quantize`, xn quantized for the integer-dot GEMVs that read it (quantize_group16.glsl):
+// (moe_ggml's down-with-sum mode with NORM_TAIL), so that norm needs no dispatch and barrier of its
+// own. For token s: h += y (the residual, written back), xn = RMSNorm(h) * w and, with `quantize`,
+// xn quantized for the integer-dot GEMVs that read it (quantize_group16.glsl):
 // dec_rmsnorm_quant's formulas, its sum of squares over this workgroup's lanes (equal to rounding).
 // A lane owns whole groups of 16 columns, so it reads back only what it wrote itself.
 //

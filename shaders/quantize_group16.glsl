@@ -1,6 +1,6 @@
 // quantize_group16.glsl: quantize_act's rule for one group of 16 values a thread holds (the kernels
 // that write the integer-dot GEMVs' input themselves: dec_rmsnorm_quant, dec_attention_combine,
-// dec_attention_decode's COMBINE_TAIL, moe_ggml_chain's norm tail):
+// dec_attention_decode's COMBINE_TAIL, moe_ggml's norm tail):
 //   amax = max |v|;  amax == 0 -> scale 0, q 0;  else amax = m * 2^e (frexp), scale = 2^(e-7),
 //   q = clamp(roundEven(v * 2^(7-e)), -127, 127);  byte j of word k is q[4k + j];  qsum = sum of q.
 void quantizeGroup16(float v[16], out uvec4 words, out float scale, out int qsum) {

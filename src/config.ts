@@ -37,14 +37,6 @@ const envSchema = z.strictObject({
    */
   VKMOE_ROUTE_FOLD: z.enum(["auto", "route", "off"]).default("auto"),
   /**
-   * Decode calls of GGML-block experts (K-quant files) run gate+up and down in one dispatch, down's
-   * workgroups waiting on their token's h, and the next layer's input norm in its last workgroup
-   * ("on": measured 2x slower than the default on an H100, and its logits in the whole-token graph
-   * varied from run to run on Lavapipe, a race not yet found: README), or as two dispatches with a
-   * barrier ("off", the default).
-   */
-  VKMOE_MOE_CHAIN: z.enum(["on", "off"]).default("off"),
-  /**
    * Decode calls of GGML-block experts do the next layer's input norm in the last workgroup of their
    * down dispatch ("on": measured 2.6% slower a token than the default on an H100, README), or the
    * norm is a dispatch of its own ("off", the default).

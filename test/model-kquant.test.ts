@@ -148,8 +148,7 @@ describe("K-quant GGUF files from llama-quantize: vkmoe's greedy ids are llama.c
 
     // Q4_K_M on the defaults (two dispatches, the norm a dispatch of its own), Q5_K_M with the next
     // layer's norm (and the final norm) in down's last workgroup (VKMOE_NORM_TAIL=on, an option:
-    // slower on the H100). Not the chained call (VKMOE_MOE_CHAIN=on): in this graph its logits varied
-    // from run to run (README), a race not yet found; its own tests are test/moe-ggml-chain.test.ts.
+    // slower on the H100).
     const options = mix === "Q4_K_M" ? {} : { VKMOE_NORM_TAIL: "on" as const };
     test(`${mix}, GPU resident (${["VKMOE_GRAPH=on", ...Object.entries(options).map(([k, v]) => `${k}=${v}`)].join(", ")}): the whole token in one submit; logits NMSE <= 1e-6 of the CPU path (f16 KV cache), greedy ids llama.cpp's`, async () => {
       using model = await Model.load(file, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", ...options }), log: () => {} });

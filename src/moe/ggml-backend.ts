@@ -26,7 +26,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import type { MoeStats } from "./backend.ts";
-import { chainControlWords, ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
+import { ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type StageRouting } from "./graph-stage.ts";
 import { checkRouting, MAX_TOKENS, WorkList, type Routing } from "./routing.ts";
 
@@ -213,7 +213,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, chained: env.VKMOE_MOE_CHAIN === "on", normTail: env.VKMOE_NORM_TAIL === "on" });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, normTail: env.VKMOE_NORM_TAIL === "on" });
           made.push(k);
           kernels.set(key, k);
         }
@@ -401,7 +401,7 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly done: Buffer;
-  /** moe_ggml_chain's tickets and counters (decode calls on chained kernels); the norm tail's arrival word (its first). */
+  /** The norm tail's arrival word (decode calls with the next layer's input norm). */
   private readonly control: Buffer;
   private readonly quantized: ExpertQuantScratch | undefined;
   private readonly group: GroupExpertsKernel;
@@ -428,8 +428,8 @@ export class GgmlGraphStage implements MoeGraphStage {
       this.h = buf(4 * slots * I);
       this.ypair = buf(4 * slots * D);
       this.done = buf(16);
-      this.control = buf(4 * chainControlWords(PER_SLOT_TOKENS));
-      // Zeroed, so that no kernel ever reads undefined memory (and moe_ggml_chain's counters start at 0).
+      this.control = buf(4);
+      // Zeroed, so that no kernel ever reads undefined memory (and the arrival word starts at 0).
       for (const b of [this.work, this.pairs, this.slotWeight, this.slotExpert, this.h, this.ypair, this.done, this.control]) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
       // the matrix cores take lists grouped by expert ahead of the integer-dot kernel: no quantized x or h then
       const idp = [...kernels.values()].some((k) => k.integerDot && !k.matrixCores);
@@ -476,7 +476,7 @@ export class GgmlGraphStage implements MoeGraphStage {
     });
   }
 
-  /** Decode calls do the next layer's input norm in their last workgroup (VKMOE_NORM_TAIL, or chained kernels). */
+  /** Decode calls do the next layer's input norm in their last workgroup (VKMOE_NORM_TAIL). */
   foldsNorm(S: number): boolean {
     return this.downSums(S) && [...this.kernels.values()].every((k) => k.normTail);
   }
@@ -487,7 +487,7 @@ export class GgmlGraphStage implements MoeGraphStage {
   }
 
   dispatches(S = 1): number {
-    if (this.downSums(S)) return this.kernels.values().next().value?.chained ? 1 : 2;
+    if (this.downSums(S)) return 2;
     if (!this.byExpert(S)) return 3;
     // dec_group_experts, then the call (the integer-dot one also quantizes x and h)
     const k = this.kernels.values().next().value;

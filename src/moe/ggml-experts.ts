@@ -45,12 +45,6 @@ export const MOE_GGML_CM: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_
 export const MOE_GGML_CM_EMU: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm_emu" };
 /** moe_ggml_cm's rows a workgroup (gemm_coopmat_tile.glsl's BM). */
 const CM_TILE_ROWS = 64;
-/** x, work, h, y, slot weights, expert bytes, expert table, control words, then the norm tail's residual, weights, xn, xq, xscale, xsum; push D, I, G, N, wOffset, eps, flags. */
-export const MOE_GGML_CHAIN: ShaderInterface = { name: "moe_ggml_chain", storageBuffers: 14, pushConstantBytes: 28 };
-/** moe_ggml_chain's defaults: gate+up rows (of I) and down rows (of D) a workgroup, slices a lane loads before computing. */
-const CHAIN_GATE_UP_ROWS = 4;
-const CHAIN_DOWN_ROWS = 1;
-const CHAIN_PREFETCH = 4;
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -204,7 +198,7 @@ function checkNormTail(tail: MoeNormTail, S: number, D: number): void {
   }
 }
 
-/** The tail's bindings after the arrival (or control) word: residual, weights, xn, xq, xscale, xsum (`fill` where not quantized). */
+/** The tail's bindings after the arrival word: residual, weights, xn, xq, xscale, xsum (`fill` where not quantized). */
 function tailBindings(tail: MoeNormTail, fill: Buffer): Buffer[] {
   const q = tail.quantized;
   return [tail.residual, tail.weights, tail.xn, q?.xq ?? fill, q?.xscale ?? fill, q?.xsum ?? fill];
@@ -222,16 +216,6 @@ export function moeRowsPerWorkgroup(slices: number, wg: number): number {
     if (cost < bestCost - 1e-12) { best = R; bestCost = cost; }
   }
   return best;
-}
-
-class MoeChainKernel extends DecoderKernel {
-  constructor(device: Device, specialization: Record<number, number>, options: DecoderKernelOptions) {
-    super(device, MOE_GGML_CHAIN, specialization, options);
-  }
-
-  record(cb: CommandBuffer, buffers: Buffer[], push: Uint8Array, workgroups: number): void {
-    cb.bind(this.pipeline, this.setFor(buffers)).pushConstants(this.pipeline, push).dispatch(workgroups);
-  }
 }
 
 class MoeSumKernel extends DecoderKernel {
@@ -274,25 +258,11 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
    */
   matrixCores?: boolean | "emulated";
   /**
-   * Per-slot lists whose down sums a token's slots (itemPerSlot: the decode graph's) run
-   * moe_ggml_chain: gate+up and down in one dispatch, down's workgroups waiting on their token's
-   * gate+up blocks, not behind a barrier (default false: measured 2x slower on an H100, README;
-   * such calls need `control`).
-   */
-  chained?: boolean;
-  /** moe_ggml_chain's gate+up rows (of I) and down rows (of D) a workgroup, 1..8 each, and slices a lane loads before it computes, 1..8 (defaults 4, 1, 4). */
-  chainShape?: { gateUpRows: number; downRows: number; prefetch: number };
-  /**
-   * Decode calls on the two dispatches may do the next layer's input norm in down's last workgroup
-   * (calls that pass `normTail`; the graph stage's foldsNorm says so): the caller's decision, kept here
-   * with the kernels it applies to (default false).
+   * Decode calls (itemPerSlot) may do the next layer's input norm in down's last workgroup (calls
+   * that pass `normTail`; the graph stage's foldsNorm says so): the caller's decision, kept here with
+   * the kernels it applies to (default false).
    */
   normTail?: boolean;
-}
-
-/** Words of moe_ggml_chain's control buffer for calls of up to `tokens` tokens (zero before the first call; each call leaves them zero). */
-export function chainControlWords(tokens: number): number {
-  return 2 + tokens;
 }
 
 /** The buffers of one call (the caller owns them; offsets are 0). */
@@ -333,21 +303,17 @@ export interface GgmlExpertCall {
    * token's slots itself and writes y (two dispatches, no moe_sum; `done` is not written).
    */
   itemPerSlot?: boolean;
-  /**
-   * uint [chainControlWords(S)], zero: moe_ggml_chain's tickets and counters (kernels made with
-   * `chained`, itemPerSlot calls); with a norm tail on the two dispatches, its first word is the
-   * arrival word.
-   */
+  /** uint [1], zero: the norm tail's arrival word (calls with normTail; each call leaves it zero). */
   control?: Buffer;
   /** An itemPerSlot call also does the next layer's input norm in its last workgroup (see MoeNormTail). */
   normTail?: MoeNormTail;
 }
 
 /**
- * The next layer's input norm done by a decode call's last workgroup (down with the slots' sum, or
- * the chained call; shaders/moe_norm_tail.glsl): per token, residual += y, xn = RMSNorm(residual) *
- * weights[wOffset ..], and xn quantized in groups of 16 where `quantized` is given (the integer-dot
- * GEMVs' input, as dec_rmsnorm_quant writes it).
+ * The next layer's input norm done by a decode call's last workgroup (down with the slots' sum;
+ * shaders/moe_norm_tail.glsl): per token, residual += y, xn = RMSNorm(residual) * weights[wOffset ..],
+ * and xn quantized in groups of 16 where `quantized` is given (the integer-dot GEMVs' input, as
+ * dec_rmsnorm_quant writes it).
  */
 export interface MoeNormTail {
   residual: Buffer;
@@ -382,11 +348,8 @@ export class GgmlExpertKernels implements Disposable {
   /** moe_ggml_cm's shader for lists grouped by expert (the KHR or NV build, or the emulation); undefined: matrix cores off. */
   private readonly cmShader: ShaderInterface | undefined;
   private quantizer: GgmlQuantizeKernel | undefined;
-  readonly chained: boolean;
-  /** Decode calls may carry the next layer's input norm (GgmlExpertKernelOptions.normTail, or chained). */
+  /** Decode calls may carry the next layer's input norm (GgmlExpertKernelOptions.normTail). */
   readonly normTail: boolean;
-  readonly chainShape: { gateUpRows: number; downRows: number; prefetch: number };
-  private readonly chains = new Map<boolean, MoeChainKernel>();
 
   constructor(readonly device: Device, types: { gateUp: GgmlBlockType; down: GgmlBlockType }, options: GgmlExpertKernelOptions = {}) {
     for (const t of [types.gateUp, types.down]) {
@@ -418,12 +381,7 @@ export class GgmlExpertKernels implements Disposable {
     }
     if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
-    this.chained = options.chained ?? false;
-    this.normTail = this.chained || (options.normTail ?? false);
-    this.chainShape = options.chainShape ?? { gateUpRows: CHAIN_GATE_UP_ROWS, downRows: CHAIN_DOWN_ROWS, prefetch: CHAIN_PREFETCH };
-    for (const [name, v] of Object.entries(this.chainShape)) {
-      if (!Number.isInteger(v) || v < 1 || v > 8) throw new InvalidArgumentError(`chainShape.${name} must be an integer in 1..8, got ${v}`);
-    }
+    this.normTail = options.normTail ?? false;
     this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores).shader : undefined;
     this.sum = new MoeSumKernel(device, options);
   }
@@ -560,29 +518,6 @@ export class GgmlExpertKernels implements Disposable {
       mark("sum");
       return cb;
     }
-    if (c.itemPerSlot && this.chained) {
-      if (c.items !== slots) throw new InvalidArgumentError(`a list of an item per slot has ${slots} items, got ${c.items}`);
-      if (c.slotsPerToken > MOE_GGML_MAX_SLOTS) throw new InvalidArgumentError(`down sums up to ${MOE_GGML_MAX_SLOTS} slots a token, got ${c.slotsPerToken}`);
-      if (!c.control) throw new InvalidArgumentError("a chained call needs its control words (control)");
-      checkRange("moe ggml control", c.control, 0, chainControlWords(c.S));
-      const { gateUpRows: Rcg, downRows: Rcd, prefetch } = this.chainShape;
-      const G = slots * Math.ceil(I / Rcg), N = G + c.S * Math.ceil(D / Rcd);
-      const tail = c.normTail;
-      if (tail) checkNormTail(tail, c.S, D);
-      let chain = this.chains.get(tail !== undefined);
-      if (!chain) {
-        chain = new MoeChainKernel(this.device, {
-          0: this.workgroupSize, 1: Rcg, 2: FORMAT_ID[this.gateUpType], 3: FORMAT_ID[this.downType], 4: Rcd, 5: this.useSubgroup ? 1 : 0, 6: prefetch, 7: tail ? 1 : 0,
-        }, this.options);
-        this.chains.set(tail !== undefined, chain);
-      }
-      // without a tail, bindings 8..13 are never read: any buffer fills them
-      const tailBuffers = tail ? tailBindings(tail, c.control) : new Array<Buffer>(6).fill(c.control);
-      const push = pushWords([D, I, G, N, tail?.wOffset ?? 0, tail?.eps ?? 0, tail?.quantized ? 1 : 0], [5]);
-      chain.record(cb, [c.x, c.work, c.h, c.y, c.slotWeight, L.blocks, L.table, c.control, ...tailBuffers], push, N);
-      mark(tail ? "gate+up, down + sum, next norm" : "gate+up, down + sum");
-      return cb;
-    }
     const tokens = single ? 1 : this.tokensPerChunk;
     this.mode(true, Rg, tokens).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / Rg), c.items);
     mark("gate+up");
@@ -616,8 +551,6 @@ export class GgmlExpertKernels implements Disposable {
     for (const k of this.modes.values()) k[Symbol.dispose]();
     this.modes.clear();
     this.quantizer?.[Symbol.dispose]();
-    for (const k of this.chains.values()) k[Symbol.dispose]();
-    this.chains.clear();
     this.sum[Symbol.dispose]();
   }
 }

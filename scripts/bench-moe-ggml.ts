@@ -17,7 +17,8 @@
 //   bun scripts/bench-moe-ggml.ts [--quick] [--no-q4] [--calls N] [--wg N] [--tokens N] [--rows N]
 //     --quick    S=1 and 4, the first pair and shape (a CPU Vulkan device: also a small E)
 //     --slices   grouped lists (S > 4) on moe_ggml's slice kernel instead of moe_ggml_rows
-//     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8); --rows-lanes N its lanes a row (1, 2, 4)
+//     --rows-tokens N  moe_ggml_rows' slots per register chunk (default 8); --rows-lanes N its lanes a row (1, 2, 4);
+//     --rows-per-lane N  moe_ggml_rows_idp's rows a lane (1..4, default 1)
 //     --prefill  S=64 only (a prompt chunk), the first pair, both shapes: for sweeping the options
 //     --idp      grouped lists (S > 4) also on the integer-dot rows kernel (moe_ggml_rows_idp, x and h
 //                quantized first), in the same run: "idp µs" and "float/idp" columns; and with
@@ -43,7 +44,7 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes", "--rows-per-lane"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
@@ -53,6 +54,7 @@ const rowsArg = opts.int("--rows", 1, 8);
 const rowsTokensArg = opts.int("--rows-tokens", 1, 8);
 const slices = opts.flag("--slices");
 const rowsLanesArg = opts.int("--rows-lanes", 1, 4);
+const rowsPerLaneArg = opts.int("--rows-per-lane", 1, 4);
 const withIdp = opts.flag("--idp");
 const withCm = opts.flag("--cm");
 
@@ -179,7 +181,7 @@ function q4Us(model: ModelShape): Map<number, number> {
 }
 
 const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? ["cm µs", "float/cm", ...(withIdp ? ["idp/cm"] : [])] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
-const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(slices && { rowsForGrouped: false }) };
+const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(rowsPerLaneArg !== undefined && { rowsPerLane: rowsPerLaneArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
   const model = routedOnly(full);

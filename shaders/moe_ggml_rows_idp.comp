@@ -9,7 +9,9 @@
 // kernel spends 32 fma and 8 vec4 loads a slice and slot after dequantizing the slice; here it is 8
 // dot products, 2 uvec4 loads and 2 fma, and the weights stay as quant bytes (no per-weight float).
 //
-// Workgroup (x, y) = (WG / LANES rows, work item y). Rows past O read row O-1 and are not stored.
+// Workgroup (x, y) = (WG / LANES * RPT rows, work item y); with RPT > 1 a lane does the same slices
+// of RPT rows (WG / LANES apart), so each x group it loads serves RPT rows' dot products. Rows past O
+// read row O-1 and are not stored.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_spirv_intrinsics : require
@@ -23,8 +25,10 @@ layout(constant_id = 5) const uint LANES = 1u;   // lanes a row: 1, 2, 4 or 8 (d
 // Read the lane's next slice (its quants, scales and mins) before computing the current one, so
 // the next loads are in flight while this slice's dot products run.
 layout(constant_id = 6) const bool PREFETCH = false;
+layout(constant_id = 7) const uint RPT = 1u;     // rows a lane, 1..4
 
 const uint NMAT = GATEUP ? 2u : 1u;
+const uint NR = NMAT * RPT;  // (matrix, row) pairs a lane: index m * RPT + j
 
 // OpSUDot (SPV_KHR_integer_dot_product) as dec_gemv_ggml_idp declares it.
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
@@ -61,24 +65,26 @@ int dot16(uvec4 a, uvec4 w) {
 }
 
 void main() {
-    const uint ROWS = gl_WorkGroupSize.x / LANES;
-    const uint rowBase = gl_WorkGroupID.x * ROWS;
+    const uint PASS_ROWS = gl_WorkGroupSize.x / LANES;  // rows of one lane each
+    const uint rowBase = gl_WorkGroupID.x * PASS_ROWS * RPT;
     if (rowBase >= pc.O) return;  // uniform
     // The grid may cover more items than the list holds (sized before dec_group_experts counts them).
     if (gl_WorkGroupID.y >= work[0].z) return;  // uniform
     const uvec4 item = work[1u + gl_WorkGroupID.y];
     if (item.x >= uint(expertTable.length())) return;  // no expert (NaN logits): moe_sum skips its slots
     const uint K = work[0].y;
-    const uint row = rowBase + gl_LocalInvocationIndex / LANES;
+    const uint row0 = rowBase + gl_LocalInvocationIndex / LANES;  // the lane's rows: row0 + j * PASS_ROWS
     const uint part = gl_LocalInvocationIndex % LANES;
     const uvec4 offs = expertTable[item.x];
     const uint blocks = pc.cols / BLOCK_ELEMENTS;
     const uint slices = blocks * SLICES_PER_BLOCK;
     const uint groups = pc.cols >> 4u;  // x groups an input row
-    const uint rowOff = min(row, pc.O - 1u) * blocks * BLOCK_BYTES;
-    uint base[NMAT];
-    base[0] = (GATEUP ? offs.x : offs.z) + rowOff;
-    if (GATEUP) base[NMAT - 1u] = offs.y + rowOff;
+    uint base[NR];
+    [[unroll]] for (uint j = 0u; j < RPT; ++j) {
+        const uint rowOff = min(row0 + j * PASS_ROWS, pc.O - 1u) * blocks * BLOCK_BYTES;
+        base[j] = (GATEUP ? offs.x : offs.z) + rowOff;
+        if (GATEUP) base[RPT + j] = offs.y + rowOff;
+    }
 
     for (uint p0 = 0u; p0 < item.w; p0 += TOKENS) {
         const uint nt = min(TOKENS, item.w - p0);
@@ -87,28 +93,28 @@ void main() {
             const uint slot = pairs[item.z + p0 + min(k, nt - 1u)];
             xrow[k] = (GATEUP ? slot / K : slot) * groups;
         }
-        float acc[NMAT][TOKENS];
-        [[unroll]] for (uint m = 0u; m < NMAT; ++m) [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[m][k] = 0.0;
-        uvec4 nq0[NMAT], nq1[NMAT];
-        vec2 nd[NMAT], nmn[NMAT];
+        float acc[NR][TOKENS];
+        [[unroll]] for (uint m = 0u; m < NR; ++m) [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[m][k] = 0.0;
+        uvec4 nq0[NR], nq1[NR];
+        vec2 nd[NR], nmn[NR];
         if (PREFETCH && part < slices) {
-            [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+            [[unroll]] for (uint m = 0u; m < NR; ++m)
                 ggml_slice(FORMAT, base[m] + (part / SLICES_PER_BLOCK) * BLOCK_BYTES, part % SLICES_PER_BLOCK, nq0[m], nq1[m], nd[m], nmn[m]);
         }
         for (uint u = part; u < slices; u += LANES) {
             const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
             const uint g = (blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s)) >> 4u;
-            uvec4 q0[NMAT], q1[NMAT];
-            vec2 d[NMAT], mn[NMAT];
+            uvec4 q0[NR], q1[NR];
+            vec2 d[NR], mn[NR];
             if (PREFETCH) {
-                [[unroll]] for (uint m = 0u; m < NMAT; ++m) { q0[m] = nq0[m]; q1[m] = nq1[m]; d[m] = nd[m]; mn[m] = nmn[m]; }
+                [[unroll]] for (uint m = 0u; m < NR; ++m) { q0[m] = nq0[m]; q1[m] = nq1[m]; d[m] = nd[m]; mn[m] = nmn[m]; }
                 const uint un = u + LANES;
                 if (un < slices) {
-                    [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+                    [[unroll]] for (uint m = 0u; m < NR; ++m)
                         ggml_slice(FORMAT, base[m] + (un / SLICES_PER_BLOCK) * BLOCK_BYTES, un % SLICES_PER_BLOCK, nq0[m], nq1[m], nd[m], nmn[m]);
                 }
             } else {
-                [[unroll]] for (uint m = 0u; m < NMAT; ++m) ggml_slice(FORMAT, base[m] + blk * BLOCK_BYTES, s, q0[m], q1[m], d[m], mn[m]);
+                [[unroll]] for (uint m = 0u; m < NR; ++m) ggml_slice(FORMAT, base[m] + blk * BLOCK_BYTES, s, q0[m], q1[m], d[m], mn[m]);
             }
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                 if (k < nt) {  // uniform
@@ -116,7 +122,7 @@ void main() {
                     const uvec4 xa0 = xq[at], xa1 = xq[at + GAP];
                     const vec2 xs = vec2(xscale[at], xscale[at + GAP]);
                     const ivec2 xsm = ivec2(xsum[at], xsum[at + GAP]);
-                    [[unroll]] for (uint m = 0u; m < NMAT; ++m) {
+                    [[unroll]] for (uint m = 0u; m < NR; ++m) {
                         const int d0 = dot16(xa0, q0[m]) - OFF * xsm.x;
                         const int d1 = dot16(xa1, q1[m]) - OFF * xsm.y;
                         float a = acc[m][k];
@@ -129,15 +135,18 @@ void main() {
         }
         // the row's LANES partial sums (lanes of one row are consecutive, within a subgroup)
         [[unroll]] for (uint o = 1u; o < LANES; o <<= 1u)
-            [[unroll]] for (uint m = 0u; m < NMAT; ++m)
+            [[unroll]] for (uint m = 0u; m < NR; ++m)
                 [[unroll]] for (uint k = 0u; k < TOKENS; ++k) acc[m][k] += subgroupShuffleXor(acc[m][k], o);
-        if (row < pc.O && part == 0u) {
-            [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
-                if (k < nt) {
-                    const uint slot = pairs[item.z + p0 + k];
-                    const float gv = acc[0][k];
-                    if (GATEUP) yb[slot * pc.O + row] = gv / (1.0 + exp(-gv)) * acc[NMAT - 1u][k];
-                    else yb[slot * pc.O + row] = slotWeight[slot] * gv;
+        [[unroll]] for (uint j = 0u; j < RPT; ++j) {
+            const uint row = row0 + j * PASS_ROWS;
+            if (row < pc.O && part == 0u) {
+                [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
+                    if (k < nt) {
+                        const uint slot = pairs[item.z + p0 + k];
+                        const float gv = acc[j][k];
+                        if (GATEUP) yb[slot * pc.O + row] = gv / (1.0 + exp(-gv)) * acc[NR - RPT + j][k];
+                        else yb[slot * pc.O + row] = slotWeight[slot] * gv;
+                    }
                 }
             }
         }

@@ -45,6 +45,10 @@ describe.skipIf(noIdp)("moe_ggml_rows_idp: lists grouped by expert on the intege
     // the next slice read ahead: 3 and 7 slices a row over 4 lanes (lanes with none to prefetch), and 2 lanes over 64
     { what: "Q5_0 D 96, I 224, 4 lanes a row, next slice prefetched", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { rowsLanes: 4, rowsPrefetch: true } },
     { what: "Q4_K/Q6_K D 256, I 512, next slice prefetched", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsPrefetch: true } },
+    // several rows a lane: rows past O in the last workgroup (224 and 96 rows are not multiples of the workgroup's), and with the prefetch
+    { what: "Q5_0 D 96, I 224, 2 rows a lane, 4 lanes a row", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { rowsPerLane: 2, rowsLanes: 4 } },
+    { what: "Q4_K/Q6_K D 256, I 512, 4 rows a lane, chunks of 3 slots", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { rowsPerLane: 4, rowsTokensPerChunk: 3 } },
+    { what: "Q5_K/Q4_K D 512, I 256, 3 rows a lane, next slice prefetched", gu: "Q5_K", dn: "Q4_K", D: 512, I: 256, options: { rowsPerLane: 3, rowsPrefetch: true } },
   ];
   for (const c of cases) {
     test(`${c.what}: S 40 k 2, S 17 k 8; NMSE <= 1e-7 of the quantized CPU reference, <= 1e-3 of the float one`, () => {

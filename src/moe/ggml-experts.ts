@@ -251,6 +251,8 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   integerDot?: boolean;
   /** moe_ggml_rows_idp reads a lane's next slice before computing the current one (default false: slower on the H200 at the default lanes, 2026-12-04). */
   rowsPrefetch?: boolean;
+  /** moe_ggml_rows_idp's rows a lane, 1..4 (default 1): each x group a lane loads serves that many rows. */
+  rowsPerLane?: number;
   /**
    * Lists grouped by expert run moe_ggml_cm on the matrix cores (true; the device needs
    * cooperative matrices enabled), or its emulation ("emulated": tests on devices without them).
@@ -344,6 +346,8 @@ export class GgmlExpertKernels implements Disposable {
   readonly rowsTokens: number;
   /** moe_ggml_rows' lanes a row as given (undefined: rowsLanesFor's default). */
   readonly rowsLanes: number | undefined;
+  /** moe_ggml_rows_idp's rows a lane. */
+  readonly rowsPerLane: number;
   readonly integerDot: boolean;
   /** moe_ggml_cm's shader for lists grouped by expert (the KHR or NV build, or the emulation); undefined: matrix cores off. */
   private readonly cmShader: ShaderInterface | undefined;
@@ -376,6 +380,8 @@ export class GgmlExpertKernels implements Disposable {
     if (!Number.isInteger(this.rowsTokens) || this.rowsTokens < 1 || this.rowsTokens > 8) throw new InvalidArgumentError(`rowsTokensPerChunk must be an integer in 1..8, got ${this.rowsTokens}`);
     this.integerDot = options.integerDot ?? false;
     this.rowsLanes = options.rowsLanes;
+    this.rowsPerLane = options.rowsPerLane ?? 1;
+    if (!Number.isInteger(this.rowsPerLane) || this.rowsPerLane < 1 || this.rowsPerLane > 4) throw new InvalidArgumentError(`rowsPerLane must be an integer in 1..4, got ${this.rowsPerLane}`);
     if (this.rowsLanes !== undefined && (![1, 2, 4, 8].includes(this.rowsLanes) || this.rowsLanes > device.info.subgroup.size)) {
       throw new InvalidArgumentError(`rowsLanes must be 1, 2, 4 or 8 (at most the subgroup size ${device.info.subgroup.size}), got ${this.rowsLanes}`);
     }
@@ -408,8 +414,8 @@ export class GgmlExpertKernels implements Disposable {
   }
 
   /** moe_ggml_rows' rows a workgroup. */
-  private rowsPerRowsWorkgroup(cols: number): number {
-    return ROWS_WORKGROUP / this.rowsLanesFor(cols);
+  private rowsPerRowsWorkgroup(cols: number, idp = false): number {
+    return (ROWS_WORKGROUP / this.rowsLanesFor(cols)) * (idp ? this.rowsPerLane : 1);
   }
 
   /** moe_ggml_rows' lanes a row for rows of `cols` columns (see ROWS_IDP_MIN_SLICES). */
@@ -429,7 +435,7 @@ export class GgmlExpertKernels implements Disposable {
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
       const spec = { 0: ROWS_WORKGROUP, 2: format, 3: this.rowsTokens, 4: gateUp ? 1 : 0, 5: lanes };
-      k = new MoeGgmlKernel(this.device, idp ? MOE_GGML_ROWS_IDP : MOE_GGML_ROWS, idp ? { ...spec, 6: this.options.rowsPrefetch ? 1 : 0 } : spec, this.options);
+      k = new MoeGgmlKernel(this.device, idp ? MOE_GGML_ROWS_IDP : MOE_GGML_ROWS, idp ? { ...spec, 6: this.options.rowsPrefetch ? 1 : 0, 7: this.rowsPerLane } : spec, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -494,13 +500,13 @@ export class GgmlExpertKernels implements Disposable {
       quantize.record(cb, c.x, 0, q, D, c.S);
       mark("quantize x");
       cb.barrier("computeToCompute");
-      this.rowsMode(true, D, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup(D)), c.items);
+      this.rowsMode(true, D, true).record(cb, [q.xq, ...common, c.h, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], I, D, Math.ceil(I / this.rowsPerRowsWorkgroup(D, true)), c.items);
       mark("gate+up");
       cb.barrier("computeToCompute");
       quantize.record(cb, c.h, 0, q, I, slots);
       mark("quantize h");
       cb.barrier("computeToCompute");
-      this.rowsMode(false, I, true).record(cb, [q.xq, ...common, c.ypair, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup(I)), c.items);
+      this.rowsMode(false, I, true).record(cb, [q.xq, ...common, c.ypair, c.slotWeight, L.blocks, L.table, q.xscale, q.xsum], D, I, Math.ceil(D / this.rowsPerRowsWorkgroup(I, true)), c.items);
       mark("down");
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);

@@ -7,7 +7,7 @@
 // beyond the floor: alone, with a second pipeline alternated (the graph binds another kernel every
 // step), and right after a dispatch of 2048 workgroups that writes what it reads (as the experts'
 // down dispatch writes the input norm's residual add), and after a streaming read that fits in the
-// last-level cache or evicts it (a decode layer streams tens of MB of weights between two norms, so
+// last-level cache or evicts it, or after reads scattered over many pages (a decode layer streams tens of MB of weights between two norms, so
 // the graph's small steps may find their code, descriptors and data gone to DRAM).
 //   bun scripts/bench-barrier.ts [--steps 480]
 import { parseArgs } from "node:util";
@@ -63,12 +63,22 @@ using stream = new ComputePipeline(device, { spirv: shaderFile("stream_read"), s
 using streamNontemporal = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256, 1: 1 } });
 using streamDescriptors = new DescriptorPool(device, 2, 4);
 const streamSet = streamDescriptors.allocate(stream, [{ buffer: streamSrc, range: BigInt(LARGE_STREAM) }, { buffer: streamSink }]);
+// the scattered read: a 16-byte word every 64 KiB or every 2 MiB of a large buffer (many pages, few
+// cache lines: does the norm then pay for address translations the decode's weight streams evicted?)
+const SCATTER_BYTES = Math.min(cpu ? 64 * MiB : 1024 * MiB, streamLimit - (streamLimit % MiB));
+using scatterSrc = new Buffer(device, { size: BigInt(SCATTER_BYTES), memory: "device" });
+const scatterStrides = { "64K": (64 * 1024) / 16, "2M": (2 * MiB) / 16 } as const;
+using scatter64K = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256, 2: scatterStrides["64K"] } });
+using scatter2M = new ComputePipeline(device, { spirv: shaderFile("stream_read"), storageBuffers: 2, pushConstantBytes: 8, specialization: { 0: 256, 2: scatterStrides["2M"] } });
+using scatterDescriptors = new DescriptorPool(device, 2, 4);
+const scatter64KSet = scatterDescriptors.allocate(scatter64K, [{ buffer: scatterSrc, range: BigInt(SCATTER_BYTES) }, { buffer: streamSink }]);
+const scatter2MSet = scatterDescriptors.allocate(scatter2M, [{ buffer: scatterSrc, range: BigInt(SCATTER_BYTES) }, { buffer: streamSink }]);
 const streamNontemporalSet = streamDescriptors.allocate(streamNontemporal, [{ buffer: streamSrc, range: BigInt(LARGE_STREAM) }, { buffer: streamSink }]);
 using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating";
+type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating" | "scatter64K" | "scatter64K+norm" | "scatter2M" | "scatter2M+norm";
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
@@ -76,6 +86,7 @@ function run(barriers: boolean, step: Step = "plain"): number {
   const n = cpu && !["plain", "residual", "residual+quantize", "alternating"].includes(step) ? Math.min(steps, 8) : steps;
   const streaming = step.startsWith("small") || step.startsWith("large") || step.startsWith("nontemporal");
   if (streaming) cb.fillBuffer(streamSrc, 0).barrier("transferToCompute");
+  if (step.startsWith("scatter")) cb.fillBuffer(scatterSrc, 0).barrier("transferToCompute");
   for (let i = 0; i < n; i++) {
     // in place with a barrier: each step reads what the last wrote, as the graph's steps do
     if (step === "plain") norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
@@ -88,6 +99,12 @@ function run(barriers: boolean, step: Step = "plain"): number {
       if (step.startsWith("nontemporal")) cb.bind(streamNontemporal, streamNontemporalSet);
       else cb.bind(stream, streamSet);
       cb.pushConstants(stream, new Uint32Array([0, bytes / 16])).dispatch(cpu ? 64 : 4096);
+      cb.barrier("computeToCompute");
+      if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
+    } else if (step.startsWith("scatter")) {
+      const wide = step.startsWith("scatter64K");
+      cb.bind(wide ? scatter64K : scatter2M, wide ? scatter64KSet : scatter2MSet)
+        .pushConstants(wide ? scatter64K : scatter2M, new Uint32Array([0, SCATTER_BYTES / 16 / scatterStrides[wide ? "64K" : "2M"]])).dispatch(cpu ? 16 : 64);
       cb.barrier("computeToCompute");
       if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     } else {
@@ -126,8 +143,9 @@ if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wide = run(true, "wide");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wideNorm = run(true, "wide+norm");
-const streams = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0 };
-for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"]] as const) {
+const streams = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0 };
+for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"],
+  ["scatter64K", "scatter64K"], ["scatter64KNorm", "scatter64K+norm"], ["scatter2M", "scatter2M"], ["scatter2MNorm", "scatter2M+norm"]] as const) {
   if (!cpu) readBandwidth(device, 1 << 30, 150);
   streams[key] = run(true, step);
 }
@@ -148,7 +166,11 @@ console.log(`| dependent, a streaming read of ${LARGE_STREAM / MiB} MiB (evicts 
 console.log(`| dependent, that read then the quantizing norm | ${streams.largeNorm.toFixed(0)} | ${(streams.largeNorm / steps).toFixed(2)} |`);
 console.log(`| dependent, the same read with Nontemporal loads | ${streams.nontemporal.toFixed(0)} | ${(streams.nontemporal / steps).toFixed(2)} |`);
 console.log(`| dependent, that read then the quantizing norm | ${streams.nontemporalNorm.toFixed(0)} | ${(streams.nontemporalNorm / steps).toFixed(2)} |`);
+for (const [label, key] of [["64 KiB", "scatter64K"], ["2 MiB", "scatter2M"]] as const) {
+  console.log(`| dependent, a 16-byte word read every ${label} of ${SCATTER_BYTES / MiB} MiB | ${streams[key].toFixed(0)} | ${(streams[key] / steps).toFixed(2)} |`);
+  console.log(`| dependent, that read then the quantizing norm | ${streams[`${key}Norm`].toFixed(0)} | ${(streams[`${key}Norm`] / steps).toFixed(2)} |`);
+}
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
 // the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
 const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((streams.smallNorm - streams.small) / steps).toFixed(2)} after a cached streaming read, ${((streams.largeNorm - streams.large) / steps).toFixed(2)} after one that evicts the cache, ${((streams.nontemporalNorm - streams.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads`);
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((streams.smallNorm - streams.small) / steps).toFixed(2)} after a cached streaming read, ${((streams.largeNorm - streams.large) / steps).toFixed(2)} after one that evicts the cache, ${((streams.nontemporalNorm - streams.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((streams.scatter64KNorm - streams.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((streams.scatter2MNorm - streams.scatter2M) / steps).toFixed(2)} every 2 MiB`);

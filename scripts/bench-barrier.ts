@@ -78,7 +78,7 @@ using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating" | "scatter64K" | "scatter64K+norm" | "scatter2M" | "scatter2M+norm";
+type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating" | "scatter64K" | "scatter64K+norm" | "scatter2M" | "scatter2M+norm" | "single" | "single+norm" | "sector" | "sector+norm";
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
@@ -101,6 +101,13 @@ function run(barriers: boolean, step: Step = "plain"): number {
       cb.pushConstants(stream, new Uint32Array([0, bytes / 16])).dispatch(cpu ? 64 : 4096);
       cb.barrier("computeToCompute");
       if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
+    } else if (step.startsWith("single") || step.startsWith("sector")) {
+      // the norm's residual row written by many workgroups, one float each (as moe_ggml's down + sum
+      // writes y at one row a workgroup) or 8 floats (a 32-byte sector) each
+      const each = step.startsWith("single") ? 1 : 8;
+      norm.record(cb, { x: wideX, w, y: wideY, rows: D / each, n: each, eps: 1e-6 });
+      cb.barrier("computeToCompute");
+      if (step.endsWith("+norm")) normQuant.record(cb, { x, add: wideY, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     } else if (step.startsWith("scatter")) {
       const wide = step.startsWith("scatter64K");
       cb.bind(wide ? scatter64K : scatter2M, wide ? scatter64KSet : scatter2MSet)
@@ -143,9 +150,10 @@ if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wide = run(true, "wide");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wideNorm = run(true, "wide+norm");
-const streams = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0 };
+const streams = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0, single: 0, singleNorm: 0, sector: 0, sectorNorm: 0 };
 for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"],
-  ["scatter64K", "scatter64K"], ["scatter64KNorm", "scatter64K+norm"], ["scatter2M", "scatter2M"], ["scatter2MNorm", "scatter2M+norm"]] as const) {
+  ["scatter64K", "scatter64K"], ["scatter64KNorm", "scatter64K+norm"], ["scatter2M", "scatter2M"], ["scatter2MNorm", "scatter2M+norm"],
+  ["single", "single"], ["singleNorm", "single+norm"], ["sector", "sector"], ["sectorNorm", "sector+norm"]] as const) {
   if (!cpu) readBandwidth(device, 1 << 30, 150);
   streams[key] = run(true, step);
 }
@@ -170,7 +178,11 @@ for (const [label, key] of [["64 KiB", "scatter64K"], ["2 MiB", "scatter2M"]] as
   console.log(`| dependent, a 16-byte word read every ${label} of ${SCATTER_BYTES / MiB} MiB | ${streams[key].toFixed(0)} | ${(streams[key] / steps).toFixed(2)} |`);
   console.log(`| dependent, that read then the quantizing norm | ${streams[`${key}Norm`].toFixed(0)} | ${(streams[`${key}Norm`] / steps).toFixed(2)} |`);
 }
+for (const [label, key] of [["one float", "single"], ["8 floats (32 bytes)", "sector"]] as const) {
+  console.log(`| dependent, ${label} of a ${D}-float row written by each of ${key === "single" ? D : D / 8} workgroups | ${streams[key].toFixed(0)} | ${(streams[key] / steps).toFixed(2)} |`);
+  console.log(`| dependent, that then the quantizing norm adding the row | ${streams[`${key}Norm`].toFixed(0)} | ${(streams[`${key}Norm`] / steps).toFixed(2)} |`);
+}
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
 // the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
 const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((streams.smallNorm - streams.small) / steps).toFixed(2)} after a cached streaming read, ${((streams.largeNorm - streams.large) / steps).toFixed(2)} after one that evicts the cache, ${((streams.nontemporalNorm - streams.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((streams.scatter64KNorm - streams.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((streams.scatter2MNorm - streams.scatter2M) / steps).toFixed(2)} every 2 MiB`);
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((streams.smallNorm - streams.small) / steps).toFixed(2)} after a cached streaming read, ${((streams.largeNorm - streams.large) / steps).toFixed(2)} after one that evicts the cache, ${((streams.nontemporalNorm - streams.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((streams.scatter64KNorm - streams.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((streams.scatter2MNorm - streams.scatter2M) / steps).toFixed(2)} every 2 MiB, ${((streams.singleNorm - streams.single) / steps).toFixed(2)} adding a row written a float a workgroup, ${((streams.sectorNorm - streams.sector) / steps).toFixed(2)} 8 floats a workgroup`);

@@ -4,11 +4,13 @@
 // The decode graph makes ~10 dependent steps a layer; this says how much of a token that floor is.
 // Then the same dependent steps as the graph's input norm makes them: the residual added first, and
 // with the rows also quantized for the integer-dot GEMVs (dec_rmsnorm_quant): what a norm step costs
-// beyond the floor: alone, with a second pipeline alternated (the graph binds another kernel every
-// step), and right after a dispatch of 2048 workgroups that writes what it reads (as the experts'
-// down dispatch writes the input norm's residual add), and after a streaming read that fits in the
-// last-level cache or evicts it, or after reads scattered over many pages (a decode layer streams tens of MB of weights between two norms, so
-// the graph's small steps may find their code, descriptors and data gone to DRAM).
+// beyond the floor, and what the graph around it might add: another pipeline alternated (the graph
+// binds another kernel every step), another descriptor set every step, a dispatch of 2048
+// workgroups right before it whose output it reads (as the experts' down dispatch writes the input
+// norm's residual add), a streaming read before it that fits in the last-level cache or evicts it
+// (plain or with Nontemporal loads), reads scattered over many pages (address translations), and
+// the row it adds written a float a workgroup (as the experts' down + sum writes it) or a 32-byte
+// sector a workgroup. Each "X then the norm" row is timed against X alone in the same run.
 //   bun scripts/bench-barrier.ts [--steps 480]
 import { parseArgs } from "node:util";
 import { z } from "zod";
@@ -48,7 +50,7 @@ using wideY = new Buffer(device, { size: BigInt(4 * WIDE * WIDE_N), memory: "dev
 // the graph binds another descriptor set every step: 16 rows, each step adding the last one's row to its own
 const ROTATE = 16;
 const rotating = Array.from({ length: ROTATE }, () => new Buffer(device, { size: BigInt(4 * D), memory: "device" }));
-using _rotating = { [Symbol.dispose]: () => rotating.forEach((b) => b[Symbol.dispose]()) };
+using rotatingOwner = { [Symbol.dispose]: () => rotating.forEach((b) => b[Symbol.dispose]()) };
 // finite values: x grows by add each residual step
 for (const [b, v] of [[x, 0.5], [w, 1], [add, 1e-3], [wideX, 1e-3], ...rotating.map((r) => [r, 1e-3] as const)] as const) uploadBytes(device, b, 0n, new Uint8Array(new Float32Array(Number(b.size) / 4).fill(v).buffer));
 // the streaming reads: one that stays in the last-level cache (4 MiB) and one that evicts it
@@ -96,9 +98,8 @@ function run(barriers: boolean, step: Step = "plain"): number {
     else if (step === "residual+quantize" || step === "alternating") normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     else if (streaming) {
       const bytes = step.startsWith("small") ? SMALL_STREAM : LARGE_STREAM;
-      if (step.startsWith("nontemporal")) cb.bind(streamNontemporal, streamNontemporalSet);
-      else cb.bind(stream, streamSet);
-      cb.pushConstants(stream, new Uint32Array([0, bytes / 16])).dispatch(cpu ? 64 : 4096);
+      const reader = step.startsWith("nontemporal") ? streamNontemporal : stream;
+      cb.bind(reader, reader === stream ? streamSet : streamNontemporalSet).pushConstants(reader, new Uint32Array([0, bytes / 16])).dispatch(cpu ? 64 : 4096);
       cb.barrier("computeToCompute");
       if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     } else if (step.startsWith("single") || step.startsWith("sector")) {
@@ -150,12 +151,12 @@ if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wide = run(true, "wide");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wideNorm = run(true, "wide+norm");
-const streams = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0, single: 0, singleNorm: 0, sector: 0, sectorNorm: 0 };
+const pairs = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0, single: 0, singleNorm: 0, sector: 0, sectorNorm: 0 };
 for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"],
   ["scatter64K", "scatter64K"], ["scatter64KNorm", "scatter64K+norm"], ["scatter2M", "scatter2M"], ["scatter2MNorm", "scatter2M+norm"],
   ["single", "single"], ["singleNorm", "single+norm"], ["sector", "sector"], ["sectorNorm", "sector+norm"]] as const) {
   if (!cpu) readBandwidth(device, 1 << 30, 150);
-  streams[key] = run(true, step);
+  pairs[key] = run(true, step);
 }
 console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}: ${steps} one-row RMSNorms of ${D} (median of 7 command buffers)`);
 console.log(`| steps | GPU µs | µs a step |`);
@@ -168,21 +169,21 @@ console.log(`| dependent, the two kernels above alternated (another pipeline bou
 console.log(`| dependent, the quantizing norm with another descriptor set every step (${ROTATE} rotating) | ${rotatingSets.toFixed(0)} | ${(rotatingSets / steps).toFixed(2)} |`);
 console.log(`| dependent, a dispatch of ${WIDE} workgroups (one-row norms of ${WIDE_N}) | ${wide.toFixed(0)} | ${(wide / steps).toFixed(2)} |`);
 console.log(`| dependent, that dispatch then the quantizing norm reading its output | ${wideNorm.toFixed(0)} | ${(wideNorm / steps).toFixed(2)} |`);
-console.log(`| dependent, a streaming read of ${SMALL_STREAM / MiB} MiB (stays in the last-level cache) | ${streams.small.toFixed(0)} | ${(streams.small / steps).toFixed(2)} |`);
-console.log(`| dependent, that read then the quantizing norm | ${streams.smallNorm.toFixed(0)} | ${(streams.smallNorm / steps).toFixed(2)} |`);
-console.log(`| dependent, a streaming read of ${LARGE_STREAM / MiB} MiB (evicts the last-level cache) | ${streams.large.toFixed(0)} | ${(streams.large / steps).toFixed(2)} |`);
-console.log(`| dependent, that read then the quantizing norm | ${streams.largeNorm.toFixed(0)} | ${(streams.largeNorm / steps).toFixed(2)} |`);
-console.log(`| dependent, the same read with Nontemporal loads | ${streams.nontemporal.toFixed(0)} | ${(streams.nontemporal / steps).toFixed(2)} |`);
-console.log(`| dependent, that read then the quantizing norm | ${streams.nontemporalNorm.toFixed(0)} | ${(streams.nontemporalNorm / steps).toFixed(2)} |`);
+console.log(`| dependent, a streaming read of ${SMALL_STREAM / MiB} MiB (stays in the last-level cache) | ${pairs.small.toFixed(0)} | ${(pairs.small / steps).toFixed(2)} |`);
+console.log(`| dependent, that read then the quantizing norm | ${pairs.smallNorm.toFixed(0)} | ${(pairs.smallNorm / steps).toFixed(2)} |`);
+console.log(`| dependent, a streaming read of ${LARGE_STREAM / MiB} MiB (evicts the last-level cache) | ${pairs.large.toFixed(0)} | ${(pairs.large / steps).toFixed(2)} |`);
+console.log(`| dependent, that read then the quantizing norm | ${pairs.largeNorm.toFixed(0)} | ${(pairs.largeNorm / steps).toFixed(2)} |`);
+console.log(`| dependent, the same read with Nontemporal loads | ${pairs.nontemporal.toFixed(0)} | ${(pairs.nontemporal / steps).toFixed(2)} |`);
+console.log(`| dependent, that read then the quantizing norm | ${pairs.nontemporalNorm.toFixed(0)} | ${(pairs.nontemporalNorm / steps).toFixed(2)} |`);
 for (const [label, key] of [["64 KiB", "scatter64K"], ["2 MiB", "scatter2M"]] as const) {
-  console.log(`| dependent, a 16-byte word read every ${label} of ${SCATTER_BYTES / MiB} MiB | ${streams[key].toFixed(0)} | ${(streams[key] / steps).toFixed(2)} |`);
-  console.log(`| dependent, that read then the quantizing norm | ${streams[`${key}Norm`].toFixed(0)} | ${(streams[`${key}Norm`] / steps).toFixed(2)} |`);
+  console.log(`| dependent, a 16-byte word read every ${label} of ${SCATTER_BYTES / MiB} MiB | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
+  console.log(`| dependent, that read then the quantizing norm | ${pairs[`${key}Norm`].toFixed(0)} | ${(pairs[`${key}Norm`] / steps).toFixed(2)} |`);
 }
 for (const [label, key] of [["one float", "single"], ["8 floats (32 bytes)", "sector"]] as const) {
-  console.log(`| dependent, ${label} of a ${D}-float row written by each of ${key === "single" ? D : D / 8} workgroups | ${streams[key].toFixed(0)} | ${(streams[key] / steps).toFixed(2)} |`);
-  console.log(`| dependent, that then the quantizing norm adding the row | ${streams[`${key}Norm`].toFixed(0)} | ${(streams[`${key}Norm`] / steps).toFixed(2)} |`);
+  console.log(`| dependent, ${label} of a ${D}-float row written by each of ${key === "single" ? D : D / 8} workgroups | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
+  console.log(`| dependent, that then the quantizing norm adding the row | ${pairs[`${key}Norm`].toFixed(0)} | ${(pairs[`${key}Norm`] / steps).toFixed(2)} |`);
 }
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
 // the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
 const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((streams.smallNorm - streams.small) / steps).toFixed(2)} after a cached streaming read, ${((streams.largeNorm - streams.large) / steps).toFixed(2)} after one that evicts the cache, ${((streams.nontemporalNorm - streams.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((streams.scatter64KNorm - streams.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((streams.scatter2MNorm - streams.scatter2M) / steps).toFixed(2)} every 2 MiB, ${((streams.singleNorm - streams.single) / steps).toFixed(2)} adding a row written a float a workgroup, ${((streams.sectorNorm - streams.sector) / steps).toFixed(2)} 8 floats a workgroup`);
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((pairs.smallNorm - pairs.small) / steps).toFixed(2)} after a cached streaming read, ${((pairs.largeNorm - pairs.large) / steps).toFixed(2)} after one that evicts the cache, ${((pairs.nontemporalNorm - pairs.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((pairs.scatter64KNorm - pairs.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((pairs.scatter2MNorm - pairs.scatter2M) / steps).toFixed(2)} every 2 MiB, ${((pairs.singleNorm - pairs.single) / steps).toFixed(2)} adding a row written a float a workgroup, ${((pairs.sectorNorm - pairs.sector) / steps).toFixed(2)} 8 floats a workgroup`);

@@ -10,7 +10,7 @@
 // norm's residual add), a streaming read before it that fits in the last-level cache or evicts it
 // (plain or with Nontemporal loads), reads scattered over many pages (address translations), and
 // the row it adds written a float a workgroup (as the experts' down + sum writes it) or a 32-byte
-// sector a workgroup. Each "X then the norm" row is timed against X alone in the same run.
+// sector a workgroup (or 2 floats a workgroup, as the graph's GGML GEMVs write q, k, v and o). Each "X then the norm" row is timed against X alone in the same run.
 //   bun scripts/bench-barrier.ts [--steps 480]
 import { parseArgs } from "node:util";
 import { z } from "zod";
@@ -80,7 +80,7 @@ using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating" | "scatter64K" | "scatter64K+norm" | "scatter2M" | "scatter2M+norm" | "single" | "single+norm" | "sector" | "sector+norm";
+type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating" | "scatter64K" | "scatter64K+norm" | "scatter2M" | "scatter2M+norm" | "single" | "single+norm" | "pair" | "pair+norm" | "sector" | "sector+norm";
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
@@ -102,10 +102,10 @@ function run(barriers: boolean, step: Step = "plain"): number {
       cb.bind(reader, reader === stream ? streamSet : streamNontemporalSet).pushConstants(reader, new Uint32Array([0, bytes / 16])).dispatch(cpu ? 64 : 4096);
       cb.barrier("computeToCompute");
       if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
-    } else if (step.startsWith("single") || step.startsWith("sector")) {
+    } else if (step.startsWith("single") || step.startsWith("pair") || step.startsWith("sector")) {
       // the norm's residual row written by many workgroups, one float each (as moe_ggml's down + sum
-      // writes y at one row a workgroup) or 8 floats (a 32-byte sector) each
-      const each = step.startsWith("single") ? 1 : 8;
+      // writes y at one row a workgroup), 2 (the GGML GEMVs' rows a workgroup) or 8 floats (a 32-byte sector) each
+      const each = step.startsWith("single") ? 1 : step.startsWith("pair") ? 2 : 8;
       norm.record(cb, { x: wideX, w, y: wideY, rows: D / each, n: each, eps: 1e-6 });
       cb.barrier("computeToCompute");
       if (step.endsWith("+norm")) normQuant.record(cb, { x, add: wideY, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
@@ -151,10 +151,10 @@ if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wide = run(true, "wide");
 if (!cpu) readBandwidth(device, 1 << 30, 150);
 const wideNorm = run(true, "wide+norm");
-const pairs = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0, single: 0, singleNorm: 0, sector: 0, sectorNorm: 0 };
+const pairs = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0, single: 0, singleNorm: 0, pair: 0, pairNorm: 0, sector: 0, sectorNorm: 0 };
 for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"],
   ["scatter64K", "scatter64K"], ["scatter64KNorm", "scatter64K+norm"], ["scatter2M", "scatter2M"], ["scatter2MNorm", "scatter2M+norm"],
-  ["single", "single"], ["singleNorm", "single+norm"], ["sector", "sector"], ["sectorNorm", "sector+norm"]] as const) {
+  ["single", "single"], ["singleNorm", "single+norm"], ["pair", "pair"], ["pairNorm", "pair+norm"], ["sector", "sector"], ["sectorNorm", "sector+norm"]] as const) {
   if (!cpu) readBandwidth(device, 1 << 30, 150);
   pairs[key] = run(true, step);
 }
@@ -179,11 +179,11 @@ for (const [label, key] of [["64 KiB", "scatter64K"], ["2 MiB", "scatter2M"]] as
   console.log(`| dependent, a 16-byte word read every ${label} of ${SCATTER_BYTES / MiB} MiB | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
   console.log(`| dependent, that read then the quantizing norm | ${pairs[`${key}Norm`].toFixed(0)} | ${(pairs[`${key}Norm`] / steps).toFixed(2)} |`);
 }
-for (const [label, key] of [["one float", "single"], ["8 floats (32 bytes)", "sector"]] as const) {
-  console.log(`| dependent, ${label} of a ${D}-float row written by each of ${key === "single" ? D : D / 8} workgroups | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
+for (const [label, key, each] of [["one float", "single", 1], ["2 floats", "pair", 2], ["8 floats (32 bytes)", "sector", 8]] as const) {
+  console.log(`| dependent, ${label} of a ${D}-float row written by each of ${D / each} workgroups | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
   console.log(`| dependent, that then the quantizing norm adding the row | ${pairs[`${key}Norm`].toFixed(0)} | ${(pairs[`${key}Norm`] / steps).toFixed(2)} |`);
 }
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
 // the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
 const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((pairs.smallNorm - pairs.small) / steps).toFixed(2)} after a cached streaming read, ${((pairs.largeNorm - pairs.large) / steps).toFixed(2)} after one that evicts the cache, ${((pairs.nontemporalNorm - pairs.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((pairs.scatter64KNorm - pairs.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((pairs.scatter2MNorm - pairs.scatter2M) / steps).toFixed(2)} every 2 MiB, ${((pairs.singleNorm - pairs.single) / steps).toFixed(2)} adding a row written a float a workgroup, ${((pairs.sectorNorm - pairs.sector) / steps).toFixed(2)} 8 floats a workgroup`);
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((pairs.smallNorm - pairs.small) / steps).toFixed(2)} after a cached streaming read, ${((pairs.largeNorm - pairs.large) / steps).toFixed(2)} after one that evicts the cache, ${((pairs.nontemporalNorm - pairs.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((pairs.scatter64KNorm - pairs.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((pairs.scatter2MNorm - pairs.scatter2M) / steps).toFixed(2)} every 2 MiB, ${((pairs.singleNorm - pairs.single) / steps).toFixed(2)} adding a row written a float a workgroup, ${((pairs.pairNorm - pairs.pair) / steps).toFixed(2)} 2 floats, ${((pairs.sectorNorm - pairs.sector) / steps).toFixed(2)} 8 floats a workgroup`);

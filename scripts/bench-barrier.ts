@@ -80,7 +80,8 @@ using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "wide" | "wide+norm" | "small" | "small+norm" | "large" | "large+norm" | "nontemporal" | "nontemporal+norm" | "rotating" | "scatter64K" | "scatter64K+norm" | "scatter2M" | "scatter2M+norm" | "single" | "single+norm" | "pair" | "pair+norm" | "sector" | "sector+norm";
+type PairedStep = "small" | "large" | "nontemporal" | "scatter64K" | "scatter2M" | "single" | "pair" | "sector";
+type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "rotating" | "wide" | "wide+norm" | PairedStep | `${PairedStep}+norm`;
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
@@ -135,29 +136,32 @@ function run(barriers: boolean, step: Step = "plain"): number {
   return samples.sort((p, q) => p - q)[3]!;
 }
 
-if (!cpu) readBandwidth(device, 1 << 30, 150); // clocks up
-const dependent = run(true);
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const independent = run(false);
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const residual = run(true, "residual");
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const residualQuant = run(true, "residual+quantize");
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const alternating = run(true, "alternating");
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const rotatingSets = run(true, "rotating");
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const wide = run(true, "wide");
-if (!cpu) readBandwidth(device, 1 << 30, 150);
-const wideNorm = run(true, "wide+norm");
-const pairs = { small: 0, smallNorm: 0, large: 0, largeNorm: 0, nontemporal: 0, nontemporalNorm: 0, scatter64K: 0, scatter64KNorm: 0, scatter2M: 0, scatter2MNorm: 0, single: 0, singleNorm: 0, pair: 0, pairNorm: 0, sector: 0, sectorNorm: 0 };
-for (const [key, step] of [["small", "small"], ["smallNorm", "small+norm"], ["large", "large"], ["largeNorm", "large+norm"], ["nontemporal", "nontemporal"], ["nontemporalNorm", "nontemporal+norm"],
-  ["scatter64K", "scatter64K"], ["scatter64KNorm", "scatter64K+norm"], ["scatter2M", "scatter2M"], ["scatter2MNorm", "scatter2M+norm"],
-  ["single", "single"], ["singleNorm", "single+norm"], ["pair", "pair"], ["pairNorm", "pair+norm"], ["sector", "sector"], ["sectorNorm", "sector+norm"]] as const) {
+/** `run` after a streaming read that raises the clocks (an idle GPU's clock drops between runs). */
+function warmRun(barriers: boolean, step: Step = "plain"): number {
   if (!cpu) readBandwidth(device, 1 << 30, 150);
-  pairs[key] = run(true, step);
+  return run(barriers, step);
 }
+const dependent = warmRun(true);
+const independent = warmRun(false);
+const residual = warmRun(true, "residual");
+const residualQuant = warmRun(true, "residual+quantize");
+const alternating = warmRun(true, "alternating");
+const rotatingSets = warmRun(true, "rotating");
+const wide = warmRun(true, "wide");
+const wideNorm = warmRun(true, "wide+norm");
+// each a dispatch alone and then followed by the quantizing norm: its row label, the norm's, and the summary's words
+const paired: { step: PairedStep; label: string; normLabel: string; summary: string }[] = [
+  { step: "small", label: `a streaming read of ${SMALL_STREAM / MiB} MiB (stays in the last-level cache)`, normLabel: "that read then the quantizing norm", summary: "after a cached streaming read" },
+  { step: "large", label: `a streaming read of ${LARGE_STREAM / MiB} MiB (evicts the last-level cache)`, normLabel: "that read then the quantizing norm", summary: "after one that evicts the cache" },
+  { step: "nontemporal", label: "the same read with Nontemporal loads", normLabel: "that read then the quantizing norm", summary: "after that one with Nontemporal loads" },
+  { step: "scatter64K", label: `a 16-byte word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB`, normLabel: "that read then the quantizing norm", summary: `after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB` },
+  { step: "scatter2M", label: `a 16-byte word read every 2 MiB of ${SCATTER_BYTES / MiB} MiB`, normLabel: "that read then the quantizing norm", summary: "every 2 MiB" },
+  ...([["single", "one float", 1], ["pair", "2 floats", 2], ["sector", "8 floats (32 bytes)", 8]] as const).map(([step, what, each]) => ({
+    step, label: `${what} of a ${D}-float row written by each of ${D / each} workgroups`, normLabel: "that then the quantizing norm adding the row",
+    summary: each === 1 ? "adding a row written a float a workgroup" : each === 2 ? "2 floats" : "8 floats a workgroup",
+  })),
+];
+const pairTimes = paired.map((p) => ({ ...p, alone: warmRun(true, p.step), withNorm: warmRun(true, `${p.step}+norm`) }));
 console.log(`${device.info.name}, ${device.info.driverName} ${device.info.driverInfo}: ${steps} one-row RMSNorms of ${D} (median of 7 command buffers)`);
 console.log(`| steps | GPU µs | µs a step |`);
 console.log(`|---|---:|---:|`);
@@ -169,21 +173,12 @@ console.log(`| dependent, the two kernels above alternated (another pipeline bou
 console.log(`| dependent, the quantizing norm with another descriptor set every step (${ROTATE} rotating) | ${rotatingSets.toFixed(0)} | ${(rotatingSets / steps).toFixed(2)} |`);
 console.log(`| dependent, a dispatch of ${WIDE} workgroups (one-row norms of ${WIDE_N}) | ${wide.toFixed(0)} | ${(wide / steps).toFixed(2)} |`);
 console.log(`| dependent, that dispatch then the quantizing norm reading its output | ${wideNorm.toFixed(0)} | ${(wideNorm / steps).toFixed(2)} |`);
-console.log(`| dependent, a streaming read of ${SMALL_STREAM / MiB} MiB (stays in the last-level cache) | ${pairs.small.toFixed(0)} | ${(pairs.small / steps).toFixed(2)} |`);
-console.log(`| dependent, that read then the quantizing norm | ${pairs.smallNorm.toFixed(0)} | ${(pairs.smallNorm / steps).toFixed(2)} |`);
-console.log(`| dependent, a streaming read of ${LARGE_STREAM / MiB} MiB (evicts the last-level cache) | ${pairs.large.toFixed(0)} | ${(pairs.large / steps).toFixed(2)} |`);
-console.log(`| dependent, that read then the quantizing norm | ${pairs.largeNorm.toFixed(0)} | ${(pairs.largeNorm / steps).toFixed(2)} |`);
-console.log(`| dependent, the same read with Nontemporal loads | ${pairs.nontemporal.toFixed(0)} | ${(pairs.nontemporal / steps).toFixed(2)} |`);
-console.log(`| dependent, that read then the quantizing norm | ${pairs.nontemporalNorm.toFixed(0)} | ${(pairs.nontemporalNorm / steps).toFixed(2)} |`);
-for (const [label, key] of [["64 KiB", "scatter64K"], ["2 MiB", "scatter2M"]] as const) {
-  console.log(`| dependent, a 16-byte word read every ${label} of ${SCATTER_BYTES / MiB} MiB | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
-  console.log(`| dependent, that read then the quantizing norm | ${pairs[`${key}Norm`].toFixed(0)} | ${(pairs[`${key}Norm`] / steps).toFixed(2)} |`);
-}
-for (const [label, key, each] of [["one float", "single", 1], ["2 floats", "pair", 2], ["8 floats (32 bytes)", "sector", 8]] as const) {
-  console.log(`| dependent, ${label} of a ${D}-float row written by each of ${D / each} workgroups | ${pairs[key].toFixed(0)} | ${(pairs[key] / steps).toFixed(2)} |`);
-  console.log(`| dependent, that then the quantizing norm adding the row | ${pairs[`${key}Norm`].toFixed(0)} | ${(pairs[`${key}Norm`] / steps).toFixed(2)} |`);
+for (const p of pairTimes) {
+  console.log(`| dependent, ${p.label} | ${p.alone.toFixed(0)} | ${(p.alone / steps).toFixed(2)} |`);
+  console.log(`| dependent, ${p.normLabel} | ${p.withNorm.toFixed(0)} | ${(p.withNorm / steps).toFixed(2)} |`);
 }
 console.log(`ratio dependent / independent: ${(dependent / independent).toFixed(2)}x`);
 // the alternated run: ceil(steps / 2) plain-residual steps (even i), the rest quantizing
 const quantSteps = Math.floor(steps / 2), quantAlternated = (alternating - (steps - quantSteps) * (residual / steps)) / Math.max(1, quantSteps);
-console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${((pairs.smallNorm - pairs.small) / steps).toFixed(2)} after a cached streaming read, ${((pairs.largeNorm - pairs.large) / steps).toFixed(2)} after one that evicts the cache, ${((pairs.nontemporalNorm - pairs.nontemporal) / steps).toFixed(2)} after that one with Nontemporal loads, ${((pairs.scatter64KNorm - pairs.scatter64K) / steps).toFixed(2)} after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB, ${((pairs.scatter2MNorm - pairs.scatter2M) / steps).toFixed(2)} every 2 MiB, ${((pairs.singleNorm - pairs.single) / steps).toFixed(2)} adding a row written a float a workgroup, ${((pairs.pairNorm - pairs.pair) / steps).toFixed(2)} 2 floats, ${((pairs.sectorNorm - pairs.sector) / steps).toFixed(2)} 8 floats a workgroup`);
+const afterPairs = pairTimes.map((p) => `${((p.withNorm - p.alone) / steps).toFixed(2)} ${p.summary}`).join(", ");
+console.log(`the quantizing norm step: ${(residualQuant / steps).toFixed(2)} µs alone, ${quantAlternated.toFixed(2)} alternated with another pipeline, ${((wideNorm - wide) / steps).toFixed(2)} right after the wide dispatch, ${afterPairs}`);

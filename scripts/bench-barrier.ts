@@ -9,6 +9,7 @@
 // workgroups right before it whose output it reads (as the experts' down dispatch writes the input
 // norm's residual add), a streaming read before it that fits in the last-level cache or evicts it
 // (plain or with Nontemporal loads), reads scattered over many pages (address translations), and
+// the same barrier as a reads-only, a one-buffer and an execution-only dependency,
 // the row it adds written a float a workgroup (as the experts' down + sum writes it) or a 32-byte
 // sector a workgroup (or 2 floats a workgroup, as the graph's GGML GEMVs write q, k, v and o). Each "X then the norm" row is timed against X alone in the same run.
 //   bun scripts/bench-barrier.ts [--steps 480]
@@ -83,7 +84,8 @@ using fence = new Fence(device);
 type PairedStep = "small" | "large" | "nontemporal" | "scatter64K" | "scatter2M" | "single" | "pair" | "sector";
 type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "rotating" | "wide" | "wide+norm" | PairedStep | `${PairedStep}+norm`;
 /** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
-function run(barriers: boolean, step: Step = "plain"): number {
+type Sync = "global" | "read" | "buffer" | "execution";
+function run(barriers: boolean, step: Step = "plain", sync: Sync = "global"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
   // a CPU device takes tens of ms a wide dispatch: fewer of those steps there (µs a step stays comparable)
   const n = cpu && !["plain", "residual", "residual+quantize", "alternating"].includes(step) ? Math.min(steps, 8) : steps;
@@ -121,7 +123,11 @@ function run(barriers: boolean, step: Step = "plain"): number {
       cb.barrier("computeToCompute");
       if (step === "wide+norm") normQuant.record(cb, { x, add: wideY, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     }
-    if (barriers) cb.barrier("computeToCompute");
+    if (barriers) {
+      // the plain step writes x only (in place): a barrier on that buffer alone covers it
+      if (sync === "buffer") cb.bufferBarrier("computeToCompute", [x]);
+      else cb.barrier(sync === "read" ? "computeToComputeRead" : sync === "execution" ? "computeExecution" : "computeToCompute");
+    }
   }
   cb.timestamp(queries, 1).end();
   using submission = new Submission(device, [cb], { fence });
@@ -137,12 +143,18 @@ function run(barriers: boolean, step: Step = "plain"): number {
 }
 
 /** `run` after a streaming read that raises the clocks (an idle GPU's clock drops between runs). */
-function warmRun(barriers: boolean, step: Step = "plain"): number {
+function warmRun(barriers: boolean, step: Step = "plain", sync: Sync = "global"): number {
   if (!cpu) readBandwidth(device, 1 << 30, 150);
-  return run(barriers, step);
+  return run(barriers, step, sync);
 }
 const dependent = warmRun(true);
 const independent = warmRun(false);
+// the same dependency expressed otherwise: made visible to reads only, on the one buffer written,
+// and with no memory dependency at all (not a valid order for these in-place steps: it says what
+// the memory part of the barrier costs)
+const readOnly = warmRun(true, "plain", "read");
+const bufferOnly = warmRun(true, "plain", "buffer");
+const executionOnly = warmRun(true, "plain", "execution");
 const residual = warmRun(true, "residual");
 const residualQuant = warmRun(true, "residual+quantize");
 const alternating = warmRun(true, "alternating");
@@ -167,6 +179,9 @@ console.log(`| steps | GPU µs | µs a step |`);
 console.log(`|---|---:|---:|`);
 console.log(`| dependent (a compute barrier after each) | ${dependent.toFixed(0)} | ${(dependent / steps).toFixed(2)} |`);
 console.log(`| independent (no barrier) | ${independent.toFixed(0)} | ${(independent / steps).toFixed(2)} |`);
+console.log(`| dependent, the barrier's writes made visible to reads only | ${readOnly.toFixed(0)} | ${(readOnly / steps).toFixed(2)} |`);
+console.log(`| dependent, a buffer barrier on the one buffer written | ${bufferOnly.toFixed(0)} | ${(bufferOnly / steps).toFixed(2)} |`);
+console.log(`| ordered by an execution-only barrier (no memory dependency; not valid here, the barrier's memory part's cost) | ${executionOnly.toFixed(0)} | ${(executionOnly / steps).toFixed(2)} |`);
 console.log(`| dependent, the residual added first (the input norm's dec_rmsnorm) | ${residual.toFixed(0)} | ${(residual / steps).toFixed(2)} |`);
 console.log(`| dependent, the residual added and the rows quantized (dec_rmsnorm_quant) | ${residualQuant.toFixed(0)} | ${(residualQuant / steps).toFixed(2)} |`);
 console.log(`| dependent, the two kernels above alternated (another pipeline bound every step) | ${alternating.toFixed(0)} | ${(alternating / steps).toFixed(2)} |`);

@@ -4,14 +4,14 @@ import {
   VK_ACCESS_HOST_READ_BIT, VK_ACCESS_SHADER_READ_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT,
   VK_ACCESS_TRANSFER_WRITE_BIT, VK_COMMAND_BUFFER_LEVEL_PRIMARY, VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
   VK_PIPELINE_BIND_POINT_COMPUTE, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-  VK_PIPELINE_STAGE_TRANSFER_BIT, VK_SHADER_STAGE_COMPUTE_BIT,
+  VK_PIPELINE_STAGE_TRANSFER_BIT, VK_QUEUE_FAMILY_IGNORED, VK_SHADER_STAGE_COMPUTE_BIT, VK_WHOLE_SIZE,
 } from "./constants.ts";
 import type { Device } from "./device.ts";
 import { check } from "./errors.ts";
 import type { Buffer } from "./memory.ts";
 import type { ComputePipeline } from "./pipeline.ts";
 import type { QueryPool } from "./sync.ts";
-import { VkBufferCopy, VkCommandBufferAllocateInfo, VkCommandBufferBeginInfo, VkCommandPoolCreateInfo, VkMemoryBarrier } from "./structs.ts";
+import { VkBufferCopy, VkBufferMemoryBarrier, VkCommandBufferAllocateInfo, VkCommandBufferBeginInfo, VkCommandPoolCreateInfo, VkMemoryBarrier } from "./structs.ts";
 
 export class CommandPool implements Disposable {
   readonly device: Device;
@@ -47,9 +47,13 @@ export class CommandPool implements Disposable {
   }
 }
 
-/** Named execution/memory dependencies; each is one global VkMemoryBarrier. */
+/** Named execution/memory dependencies; each is one global VkMemoryBarrier (none where both access masks are 0). */
 export const Barrier = {
   computeToCompute: [VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT],
+  /** Writes made visible to later reads only (not to later writes of the same memory). */
+  computeToComputeRead: [VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT],
+  /** Execution only: later dispatches start after earlier ones end (enough where they only write what earlier ones read). */
+  computeExecution: [VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0],
   computeToHost: [VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT],
   computeToTransfer: [VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT],
   transferToCompute: [VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT],
@@ -126,7 +130,23 @@ export class CommandBuffer {
     using _ = a.scope();
     const mb = a.alloc(VkMemoryBarrier.size);
     VkMemoryBarrier.write(a.view, mb, { srcAccessMask: srcAccess, dstAccessMask: dstAccess });
-    this.device.vk.vkCmdPipelineBarrier(this.handle, srcStage, dstStage, 0, 1, a.address(mb), 0, 0n, 0, 0n);
+    const memoryBarriers = srcAccess === 0 && dstAccess === 0 ? 0 : 1;
+    this.device.vk.vkCmdPipelineBarrier(this.handle, srcStage, dstStage, 0, memoryBarriers, a.address(mb), 0, 0n, 0, 0n);
+    return this;
+  }
+
+  /** The dependency `kind` as one VkBufferMemoryBarrier a buffer (each whole) instead of a global one. */
+  bufferBarrier(kind: BarrierKind, buffers: readonly Buffer[]): this {
+    const [srcStage, srcAccess, dstStage, dstAccess] = Barrier[kind];
+    if (buffers.length === 0) throw new InvalidArgumentError("bufferBarrier needs at least one buffer");
+    const a = this.device.arena;
+    using _ = a.scope();
+    const at = a.alloc(VkBufferMemoryBarrier.size * buffers.length);
+    buffers.forEach((b, i) => VkBufferMemoryBarrier.write(a.view, at + i * VkBufferMemoryBarrier.size, {
+      srcAccessMask: srcAccess, dstAccessMask: dstAccess, srcQueueFamilyIndex: VK_QUEUE_FAMILY_IGNORED, dstQueueFamilyIndex: VK_QUEUE_FAMILY_IGNORED,
+      buffer: b.handle, offset: 0n, size: VK_WHOLE_SIZE,
+    }));
+    this.device.vk.vkCmdPipelineBarrier(this.handle, srcStage, dstStage, 0, 0, 0n, buffers.length, a.address(at), 0, 0n);
     return this;
   }
 

@@ -107,6 +107,7 @@ export const VK_SUBGROUP_FEATURE_ARITHMETIC_BIT = 0x4;
 export const VK_SUBGROUP_FEATURE_SHUFFLE_BIT = 0x10;
 
 export const VK_WHOLE_SIZE = (1n << 64n) - 1n;
+export const VK_QUEUE_FAMILY_IGNORED = 0xffffffff;
 export const VK_UUID_SIZE = 16;
 
 export const DRIVER_ID_NAMES: Record<number, string> = {

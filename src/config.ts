@@ -44,6 +44,11 @@ const envSchema = z.strictObject({
   VKMOE_NORM_TAIL: z.enum(["on", "off"]).default("off"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
+  /**
+   * How the host waits for a token's replay: "block" in vkWaitForFences, or "hybrid": blocked for
+   * most of the time the same replay took last, then polling the fence (a CPU core busy for the rest).
+   */
+  VKMOE_FENCE_WAIT: z.enum(["block", "hybrid"]).default("block"),
   VKMOE_VALIDATION: z.stringbool().default(false),
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
   VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),

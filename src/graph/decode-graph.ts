@@ -15,6 +15,7 @@
  * stage); `GraphSequence` one sequence's KV cache and recordings. Sequences run one at a time
  * (each call waits), so they share the scratch.
  */
+import { ReplayWaiter } from "./replay-wait.ts";
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -480,6 +481,7 @@ export class GraphSequence implements Disposable {
   /** Recordings, by recording()'s index: made on first use, replayed after. */
   private readonly recorded: ({ cb: CommandBuffer; submission: Submission; dispatches: number } | undefined)[] = [];
   private readonly fence: Fence;
+  private readonly waiter: ReplayWaiter;
   private readonly queries: QueryPool | undefined;
   private readonly tick: number;
   /** Replays so far, and dispatches they recorded. */
@@ -499,6 +501,7 @@ export class GraphSequence implements Disposable {
       this.cacheBytes = this.cache.bytes;
       this.commands = this.own(new CommandPool(device));
       this.fence = this.own(new Fence(device));
+      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
       this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.own(new QueryPool(device, 2)) : undefined;
       this.tick = device.info.limits.timestampPeriod;
     } catch (e) {
@@ -552,9 +555,7 @@ export class GraphSequence implements Disposable {
   }
 
   private submitAndWait(submission: Submission): void {
-    submission.submit();
-    const done = this.fence.wait();
-    this.fence.reset();
+    const done = this.waiter.run(submission);
     if (!done) throw new Error("decode graph: the GPU did not finish a token within the timeout");
     if (this.graph.injectDeviceLost) {
       this.graph.injectDeviceLost = false;

@@ -6,6 +6,8 @@
  * returns every token's logits. A prompt goes through the same replay as a batch of one
  * sequence's consecutive tokens. Batches run one at a time on the graph's scratch, as sequences do.
  */
+import { readConfig } from "../config.ts";
+import { ReplayWaiter } from "./replay-wait.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
 import { DeviceLostError } from "../vk/errors.ts";
@@ -32,6 +34,7 @@ export class GraphBatch implements Disposable {
   private readonly owned = new DisposableStack();
   private readonly commands: CommandPool;
   private readonly fence: Fence;
+  private readonly waiter: ReplayWaiter;
   /** Recordings by S. */
   private readonly recorded: ({ cb: CommandBuffer; submission: Submission } | undefined)[] = [];
   private disposed = false;
@@ -54,6 +57,7 @@ export class GraphBatch implements Disposable {
       this.logitsView = new Float32Array(this.outputs.logitsHost.host(), 0, GRAPH_MAX_TOKENS * V);
       this.commands = this.owned.use(new CommandPool(device));
       this.fence = this.owned.use(new Fence(device));
+      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
       graph.liveBatches.add(this);
     } catch (e) {
       this.owned.dispose();
@@ -78,9 +82,7 @@ export class GraphBatch implements Disposable {
     });
     this.graph.writeBatchInput(this.ids.subarray(0, S), this.positions, this.rows);
     const r = this.recording(S);
-    r.submission.submit();
-    const done = this.fence.wait();
-    this.fence.reset();
+    const done = this.waiter.run(r.submission);
     if (!done) throw new Error("decode graph: the GPU did not finish a batch within the timeout");
     if (this.graph.injectDeviceLost) {
       this.graph.injectDeviceLost = false;

@@ -15,6 +15,8 @@
  * over from reset(slot) (its states zeroed; its cache rows are overwritten as it grows again).
  * Batches run one at a time on the graph's scratch, as sequences do.
  */
+import { readConfig } from "../config.ts";
+import { ReplayWaiter } from "./replay-wait.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { submitAndWait } from "../kernels/decoder/common.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
@@ -40,6 +42,7 @@ export class HybridBatch implements Disposable {
   private readonly owned = new DisposableStack();
   private readonly commands: CommandPool;
   private readonly fence: Fence;
+  private readonly waiter: ReplayWaiter;
   /** Recordings by S. */
   private readonly recorded: ({ cb: CommandBuffer; submission: Submission } | undefined)[] = [];
   /** Tokens each slot's states hold: its next token's position. */
@@ -64,6 +67,7 @@ export class HybridBatch implements Disposable {
       this.logitsView = new Float32Array(this.outputs.logitsHost.host(), 0, GRAPH_MAX_TOKENS * V);
       this.commands = this.owned.use(new CommandPool(device));
       this.fence = this.owned.use(new Fence(device));
+      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
       // every slot starts empty
       submitAndWait(device, (cb) => cb.fillBuffer(this.state.conv, 0).fillBuffer(this.state.delta, 0).barrier("transferToCompute"));
       graph.liveBatches.add(this);
@@ -104,9 +108,7 @@ export class HybridBatch implements Disposable {
     });
     this.graph.writeBatchInput(entries.map((e) => e.id), this.positions, this.rows, this.stateOf.subarray(0, S));
     const r = this.recording(S);
-    r.submission.submit();
-    const done = this.fence.wait();
-    this.fence.reset();
+    const done = this.waiter.run(r.submission);
     if (!done) throw new Error("hybrid graph: the GPU did not finish a batch within the timeout");
     if (this.graph.injectDeviceLost) {
       this.graph.injectDeviceLost = false;

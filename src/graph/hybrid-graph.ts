@@ -31,6 +31,7 @@
  * `HybridBatch` (hybrid-batch.ts) several sequences' states, run together by `recordBatch`.
  * Sequences and batches run one at a time (each call waits), so they share the scratch.
  */
+import { ReplayWaiter } from "./replay-wait.ts";
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -617,6 +618,7 @@ export class HybridSequence implements Disposable {
   /** Recordings by recording()'s index: made on first use, replayed after. */
   private readonly recorded: ({ submission: Submission; dispatches: number } | undefined)[] = [];
   private readonly fence: Fence;
+  private readonly waiter: ReplayWaiter;
   private readonly queries: QueryPool | undefined;
   private readonly tick: number;
   readonly counts = { replays: 0, dispatches: 0 };
@@ -636,6 +638,7 @@ export class HybridSequence implements Disposable {
       this.cacheBytes = this.state.bytes;
       this.commands = this.owned.use(new CommandPool(device));
       this.fence = this.owned.use(new Fence(device));
+      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
       this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.owned.use(new QueryPool(device, 2)) : undefined;
       this.tick = device.info.limits.timestampPeriod;
       this.reset();
@@ -689,9 +692,7 @@ export class HybridSequence implements Disposable {
   }
 
   private submitAndWait(submission: Submission): void {
-    submission.submit();
-    const done = this.fence.wait();
-    this.fence.reset();
+    const done = this.waiter.run(submission);
     if (!done) throw new Error("hybrid graph: the GPU did not finish a token within the timeout");
     if (this.graph.injectDeviceLost) {
       this.graph.injectDeviceLost = false;

@@ -46,9 +46,10 @@ const envSchema = z.strictObject({
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
   /**
    * How the host waits for a token's replay: "block" in vkWaitForFences, or "hybrid": blocked for
-   * most of the time the same replay took last, then polling the fence (a CPU core busy for the rest).
+   * most of the time the same replay took last, then polling the fence (a CPU core busy for the
+   * rest); "auto": hybrid on a GPU, block on a CPU device.
    */
-  VKMOE_FENCE_WAIT: z.enum(["block", "hybrid"]).default("block"),
+  VKMOE_FENCE_WAIT: z.enum(["auto", "block", "hybrid"]).default("auto"),
   VKMOE_VALIDATION: z.stringbool().default(false),
   VKMOE_BUDGET_MB: z.coerce.number().int().positive().optional(),
   VKMOE_IGNORE_BUDGET_EXT: z.stringbool().default(false),

@@ -3,10 +3,11 @@
  * - its policy against a recording fence: "block" is one blocking wait; "hybrid" blocks on a replay's
  *   first run, then for 0.8x its last duration before polling, per replay; a timeout is reported;
  *   the fence is reset after every run;
+ * - "auto": polling on a GPU, blocking on a CPU device; the others as set;
  * - on the real driver under the validation layer: a replay run again and again in both modes.
  */
 import { afterAll, afterEach, expect, test } from "bun:test";
-import { ReplayWaiter } from "../src/graph/replay-wait.ts";
+import { fenceWaitMode, ReplayWaiter } from "../src/graph/replay-wait.ts";
 import { CommandPool, Fence, Submission } from "../src/vk/index.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 
@@ -63,6 +64,14 @@ test("a replay that does not finish is reported (false), in both modes", () => {
 });
 
 const ctx = openTestContext();
+
+test("auto polls on a GPU and blocks on a CPU device; block and hybrid stand as set", () => {
+  const gpu = { info: { type: 2 } } as unknown as typeof ctx.device, cpu = { info: { type: 4 } } as unknown as typeof ctx.device;
+  expect(fenceWaitMode(gpu, "auto")).toBe("hybrid");
+  expect(fenceWaitMode(cpu, "auto")).toBe("block");
+  for (const d of [gpu, cpu]) for (const m of ["block", "hybrid"] as const) expect(fenceWaitMode(d, m)).toBe(m);
+  expect(fenceWaitMode(ctx.device, "auto")).toBe(ctx.device.info.type === 4 ? "block" : "hybrid");
+});
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 afterAll(() => finish(ctx));
 

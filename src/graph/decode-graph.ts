@@ -15,7 +15,7 @@
  * stage); `GraphSequence` one sequence's KV cache and recordings. Sequences run one at a time
  * (each call waits), so they share the scratch.
  */
-import { ReplayWaiter } from "./replay-wait.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -501,7 +501,7 @@ export class GraphSequence implements Disposable {
       this.cacheBytes = this.cache.bytes;
       this.commands = this.own(new CommandPool(device));
       this.fence = this.own(new Fence(device));
-      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
+      this.waiter = new ReplayWaiter(this.fence, fenceWaitMode(device));
       this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.own(new QueryPool(device, 2)) : undefined;
       this.tick = device.info.limits.timestampPeriod;
     } catch (e) {

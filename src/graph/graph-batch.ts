@@ -6,8 +6,7 @@
  * returns every token's logits. A prompt goes through the same replay as a batch of one
  * sequence's consecutive tokens. Batches run one at a time on the graph's scratch, as sequences do.
  */
-import { readConfig } from "../config.ts";
-import { ReplayWaiter } from "./replay-wait.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
 import { DeviceLostError } from "../vk/errors.ts";
@@ -57,7 +56,7 @@ export class GraphBatch implements Disposable {
       this.logitsView = new Float32Array(this.outputs.logitsHost.host(), 0, GRAPH_MAX_TOKENS * V);
       this.commands = this.owned.use(new CommandPool(device));
       this.fence = this.owned.use(new Fence(device));
-      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
+      this.waiter = new ReplayWaiter(this.fence, fenceWaitMode(device));
       graph.liveBatches.add(this);
     } catch (e) {
       this.owned.dispose();

@@ -15,8 +15,7 @@
  * over from reset(slot) (its states zeroed; its cache rows are overwritten as it grows again).
  * Batches run one at a time on the graph's scratch, as sequences do.
  */
-import { readConfig } from "../config.ts";
-import { ReplayWaiter } from "./replay-wait.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { submitAndWait } from "../kernels/decoder/common.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
@@ -67,7 +66,7 @@ export class HybridBatch implements Disposable {
       this.logitsView = new Float32Array(this.outputs.logitsHost.host(), 0, GRAPH_MAX_TOKENS * V);
       this.commands = this.owned.use(new CommandPool(device));
       this.fence = this.owned.use(new Fence(device));
-      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
+      this.waiter = new ReplayWaiter(this.fence, fenceWaitMode(device));
       // every slot starts empty
       submitAndWait(device, (cb) => cb.fillBuffer(this.state.conv, 0).fillBuffer(this.state.delta, 0).barrier("transferToCompute"));
       graph.liveBatches.add(this);

@@ -31,7 +31,7 @@
  * `HybridBatch` (hybrid-batch.ts) several sequences' states, run together by `recordBatch`.
  * Sequences and batches run one at a time (each call waits), so they share the scratch.
  */
-import { ReplayWaiter } from "./replay-wait.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -638,7 +638,7 @@ export class HybridSequence implements Disposable {
       this.cacheBytes = this.state.bytes;
       this.commands = this.owned.use(new CommandPool(device));
       this.fence = this.owned.use(new Fence(device));
-      this.waiter = new ReplayWaiter(this.fence, readConfig().VKMOE_FENCE_WAIT);
+      this.waiter = new ReplayWaiter(this.fence, fenceWaitMode(device));
       this.queries = options.timing && device.info.limits.timestampComputeAndGraphics ? this.owned.use(new QueryPool(device, 2)) : undefined;
       this.tick = device.info.limits.timestampPeriod;
       this.reset();

@@ -4,9 +4,18 @@
  * (as llama.cpp's Vulkan backend does) blocks for most of the time the same replay took last and
  * polls the fence for the rest, so the thread is awake when the replay ends; "block" only blocks.
  */
-import type { Fence, Submission } from "../vk/index.ts";
+import { readConfig } from "../config.ts";
+import type { Device, Fence, Submission } from "../vk/index.ts";
 
 export type FenceWaitMode = "block" | "hybrid";
+
+/**
+ * VKMOE_FENCE_WAIT's mode on `device`: "auto" polls on a GPU and blocks on a CPU device (Lavapipe),
+ * whose own threads need the core a poll would take.
+ */
+export function fenceWaitMode(device: Device, setting = readConfig().VKMOE_FENCE_WAIT): FenceWaitMode {
+  return setting === "auto" ? (device.info.type === 4 ? "block" : "hybrid") : setting;
+}
 
 /** The part of the last duration spent blocked before polling. */
 const BLOCK_FRACTION = 0.8;

@@ -1,27 +1,33 @@
 // Where a decode token's GPU time goes on the whole-token path: one token recorded with a GPU
 // timestamp after every op, after a prompt of --context tokens (and --warm untimed tokens to raise
 // the clocks), summed per op kind over the layers, as the median of --reps tokens. --tokens N
-// profiles a prompt chunk of N tokens in one replay instead (prefill).
+// profiles a prompt chunk of N tokens in one replay instead (prefill). --llama-bench PATH: then
+// llama.cpp's own GPU time by op on the same file at the same depth (its Vulkan perf logger).
 //
-//   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64] [--tokens 1]
+//   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64] [--tokens 1] [--llama-bench PATH]
+import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
 import { Model } from "../src/model/model.ts";
 import { args, fail, oneLine } from "./lib/cli.ts";
+import { runLlamaPerf } from "./lib/llama-perf.ts";
 
 const SCRIPT = "profile-graph";
-const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N] [--tokens N]";
+const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N] [--tokens N] [--llama-bench PATH]";
 const count = (min: number) => z.coerce.number().int().min(min);
-let flags: { model: string; context: number; reps: number; warm: number; tokens: number };
+let flags: { model: string; context: number; reps: number; warm: number; tokens: number; "llama-bench"?: string | undefined };
 try {
-  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" }, tokens: { type: "string" } }, strict: true, allowPositionals: false });
-  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), tokens: count(1).max(GRAPH_MAX_TOKENS).default(1) }).safeParse(values);
+  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" }, tokens: { type: "string" }, "llama-bench": { type: "string" } }, strict: true, allowPositionals: false });
+  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), tokens: count(1).max(GRAPH_MAX_TOKENS).default(1), "llama-bench": z.string().min(1).optional() }).safeParse(values);
   if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
   flags = parsed.data;
 } catch (e) {
   fail(SCRIPT, `${(e as Error).message.split("\n")[0]}; ${USAGE}`);
 }
+
+const llamaBench = flags["llama-bench"];
+if (llamaBench !== undefined && !existsSync(llamaBench)) fail(SCRIPT, `--llama-bench: no file ${llamaBench}`);
 
 let loaded: Model;
 try {
@@ -61,4 +67,17 @@ console.log("|---|---:|---:|---:|");
 for (const [op, samples] of runs) {
   const us = median(samples), n = perToken.get(op)!;
   console.log(`| ${op} | ${us.toFixed(0)} | ${((100 * us) / total).toFixed(1)}% | ${(us / n).toFixed(1)} (${n}) |`);
+}
+
+if (llamaBench !== undefined) {
+  // the same depth as the profiled token: the prompt and the warm-up tokens before it
+  const depth = flags.context + flags.warm;
+  const peer = runLlamaPerf(llamaBench, flags.model, { depth, tokens: flags.tokens, log: (l) => console.error(l) });
+  if (peer.error) fail(SCRIPT, `llama.cpp: ${peer.error}`);
+  if (peer.warning) console.error(`${SCRIPT}: llama.cpp: ${peer.warning}`);
+  console.log(`llama.cpp on the same file at depth ${depth}, ${flags.tokens === 1 ? "one decode token" : `a prompt of ${flags.tokens} tokens`}: ${peer.totalUs.toFixed(0)} µs of GPU time by its Vulkan perf logger (groups of nodes between its sync points; the logger's timestamps included):`);
+  console.log("| llama.cpp group | runs | µs each | µs |");
+  console.log("|---|---:|---:|---:|");
+  for (const g of peer.groups) console.log(`| ${g.name} | ${g.count} | ${g.meanUs.toFixed(1)} | ${g.totalUs.toFixed(0)} |`);
+  console.log(`GPU time, vkmoe / llama.cpp: ${(total / peer.totalUs).toFixed(2)}x (${total.toFixed(0)} / ${peer.totalUs.toFixed(0)} µs)`);
 }

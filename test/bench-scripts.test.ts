@@ -6,6 +6,7 @@
  * the committed test/fixtures/kquant-model file.
  */
 import { describe, expect, test } from "bun:test";
+import { existsSync } from "node:fs";
 import { repoRoot } from "./support/paths.ts";
 
 const BUN = `${repoRoot}node_modules/.bin/bun`;
@@ -22,7 +23,7 @@ describe("benchmark scripts run to the end", () => {
   test("bench:barrier --steps 2 prints every row, the norm after each dispatch it pairs with", () => {
     const { code, out } = script(["scripts/bench-barrier.ts", "--steps", "2"]);
     expect(code).toBe(0);
-    for (const row of ["| dependent (a compute barrier after each)", "another descriptor set every step", "a dispatch of 2048 workgroups", "a streaming read of 4 MiB",
+    for (const row of ["| dependent (a compute barrier after each)", "the barrier's writes made visible to reads only", "a buffer barrier on the one buffer written", "ordered by an execution-only barrier", "another descriptor set every step", "a dispatch of 2048 workgroups", "a streaming read of 4 MiB",
       "evicts the last-level cache", "the same read with Nontemporal loads", "a 16-byte word read every 64 KiB", "a 16-byte word read every 2 MiB",
       "one float of a 2048-float row written by each of 2048 workgroups", "2 floats of a 2048-float row written by each of 1024 workgroups", "8 floats (32 bytes) of a 2048-float row", "the quantizing norm step:"]) {
       expect(out).toContain(row);
@@ -50,6 +51,27 @@ describe("benchmark scripts run to the end", () => {
       expect(code).toBe(0);
       for (const op of ["| input norm", "| q, k, v", "| o |", "| lm_head", extra.length ? "| experts: gate+up" : "| experts: down + sum"]) expect(out).toContain(op);
     }
+  }, SCRIPT_TIMEOUT_MS);
+
+  test("profile:graph --llama-bench: llama.cpp's own GPU time by op on the same file beside the table", () => {
+    const llamaBench = `${(process.env.LLAMA_CPP_DIR as string | undefined) ?? "/tmp/llama/llama-vk"}/llama-bench`;
+    if (!existsSync(llamaBench)) {
+      console.warn(`skipping profile:graph --llama-bench: ${llamaBench} not found (unpack ../shared/tools/peer as its README says)`);
+      return;
+    }
+    // llama.cpp's Vulkan backend takes a CPU device (Lavapipe) only when named
+    const { code, out } = script(["scripts/profile-graph.ts", "--model", KQUANT, "--context", "16", "--warm", "2", "--reps", "1", "--llama-bench", llamaBench], { VKMOE_GRAPH: "on", GGML_VK_VISIBLE_DEVICES: "0" });
+    expect(code).toBe(0);
+    expect(out).toContain("| llama.cpp group | runs | µs each | µs |");
+    expect(out).toMatch(/\| MUL_MAT_ID[^|]*\| \d+ \| [\d.]+ \| \d+ \|/);
+    expect(out).toMatch(/GPU time, vkmoe \/ llama.cpp: [\d.]+x/);
+  }, SCRIPT_TIMEOUT_MS);
+
+  test("profile:graph --llama-bench naming no file: one usage error before the model loads", () => {
+    const { code, out } = script(["scripts/profile-graph.ts", "--model", KQUANT, "--llama-bench", "/nonexistent/llama-bench"]);
+    expect(code).not.toBe(0);
+    expect(out).toContain("--llama-bench: no file /nonexistent/llama-bench");
+    expect(out).not.toContain("    at ");
   }, SCRIPT_TIMEOUT_MS);
 
   test("bench:generate on a K-quant file without llama.cpp: the prefill and decode rows", () => {

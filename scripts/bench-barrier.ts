@@ -9,9 +9,11 @@
 // workgroups right before it whose output it reads (as the experts' down dispatch writes the input
 // norm's residual add), a streaming read before it that fits in the last-level cache or evicts it
 // (plain or with Nontemporal loads), reads scattered over many pages (address translations), and
-// the same barrier as a reads-only, a one-buffer and an execution-only dependency,
 // the row it adds written a float a workgroup (as the experts' down + sum writes it) or a 32-byte
-// sector a workgroup (or 2 floats a workgroup, as the graph's GGML GEMVs write q, k, v and o). Each "X then the norm" row is timed against X alone in the same run.
+// sector a workgroup (or 2 floats a workgroup, as the graph's GGML GEMVs write q, k, v and o). Each
+// "X then the norm" row is timed against X alone in the same run. And the barrier itself in other
+// forms: its writes made visible to reads only, one buffer's barrier, and an execution-only
+// dependency (what the barrier's memory part costs).
 //   bun scripts/bench-barrier.ts [--steps 480]
 import { parseArgs } from "node:util";
 import { z } from "zod";

@@ -85,8 +85,9 @@ using fence = new Fence(device);
 
 type PairedStep = "small" | "large" | "nontemporal" | "scatter64K" | "scatter2M" | "single" | "pair" | "sector";
 type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "rotating" | "wide" | "wide+norm" | PairedStep | `${PairedStep}+norm`;
-/** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
+/** How the dependent steps' barrier is expressed: global, reads-only, on one buffer, or execution only. */
 type Sync = "global" | "read" | "buffer" | "execution";
+/** GPU µs of `steps` one-row RMSNorms of D (the decode graph's cheapest op), with or without a barrier after each. */
 function run(barriers: boolean, step: Step = "plain", sync: Sync = "global"): number {
   const cb = pool.allocate().begin().resetQueries(queries).timestamp(queries, 0);
   // a CPU device takes tens of ms a wide dispatch: fewer of those steps there (µs a step stays comparable)

@@ -15,7 +15,6 @@
  * stage); `GraphSequence` one sequence's KV cache and recordings. Sequences run one at a time
  * (each call waits), so they share the scratch.
  */
-import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -40,6 +39,7 @@ import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 
 /** What a replay ends with: nothing (a prompt chunk), the last token's logits in host memory, or its greedy id. */
 export type GraphOutput = "none" | "logits" | "argmax";

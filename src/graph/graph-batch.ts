@@ -6,7 +6,6 @@
  * returns every token's logits. A prompt goes through the same replay as a batch of one
  * sequence's consecutive tokens. Batches run one at a time on the graph's scratch, as sequences do.
  */
-import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
 import { DeviceLostError } from "../vk/errors.ts";
@@ -14,6 +13,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, Submission } from "../vk/sync.ts";
 import { GRAPH_MAX_TOKENS, openSequenceCache, type BatchOutputs, type DecodeGraph, type SequenceCache } from "./decode-graph.ts";
 import { GraphUnsupportedError } from "./errors.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 
 /** One token of a batch: sequence `slot`'s token `id` at `position` (its keys and values go to that row). */
 export interface BatchEntry {

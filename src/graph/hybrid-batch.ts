@@ -15,7 +15,6 @@
  * over from reset(slot) (its states zeroed; its cache rows are overwritten as it grows again).
  * Batches run one at a time on the graph's scratch, as sequences do.
  */
-import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { submitAndWait } from "../kernels/decoder/common.ts";
 import { CommandPool, type CommandBuffer } from "../vk/commands.ts";
@@ -25,6 +24,7 @@ import { Fence, Submission } from "../vk/sync.ts";
 import { GRAPH_MAX_TOKENS, type BatchOutputs } from "./decode-graph.ts";
 import type { BatchEntry } from "./graph-batch.ts";
 import { openSequenceState, type HybridGraph, type SequenceState } from "./hybrid-graph.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 
 export class HybridBatch implements Disposable {
   readonly slots: number;

@@ -31,7 +31,6 @@
  * `HybridBatch` (hybrid-batch.ts) several sequences' states, run together by `recordBatch`.
  * Sequences and batches run one at a time (each call waits), so they share the scratch.
  */
-import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
@@ -59,6 +58,7 @@ import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { selectRows } from "./linear-rows.ts";
+import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 
 const OUTPUTS: readonly GraphOutput[] = ["none", "logits", "argmax"];
 

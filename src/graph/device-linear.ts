@@ -21,13 +21,14 @@ import { planKernels } from "../kernels/setup.ts";
 import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
 import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
-import { QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
+import { QuantGateUpKernel, QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
 import { GGML_BLOCK_LAYOUTS, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
+import { InvalidArgumentError } from "../errors.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 
 /** Calls of this many tokens or more run q4/q8 matrices through the tiled GEMM instead of the GEMV. */
@@ -80,6 +81,21 @@ export function ggmlGemvShape(kind: GemvDeviceKind, rows: number, S = 1): GgmlGe
   return nvidiaNarrow ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : {};
 }
 
+/** A GEMV kernel's shape: threads a workgroup, rows a workgroup. */
+export interface GemvShape {
+  workgroupSize: number;
+  rowsPerWorkgroup: number;
+}
+
+/**
+ * The graphs' q4/q8 GEMV shape (QuantGemvKernel) for a call of S tokens of a matrix of `rows` rows;
+ * undefined: the tuning table's (chooseKernelConfig). CPU device: one subgroup of 8 threads, 8 rows.
+ */
+export function quantGemvShape(kind: GemvDeviceKind, _rows: number, _S = 1): GemvShape | undefined {
+  if (kind === "cpu") return { workgroupSize: 8, rowsPerWorkgroup: 8 };
+  return undefined;
+}
+
 /**
  * Prompt chunks past GGML_IDP_MAX_TOKENS, up to this many tokens (the graphs' 64-token chunks), take
  * the integer-dot GEMM where the GEMV does; the matrix's scratch, and the norms' and attention's
@@ -124,6 +140,7 @@ export interface LinearKernelsOptions {
 export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
   private readonly quant = new Map<string, QuantGemvKernel>();
+  private readonly quantGateUp = new Map<string, QuantGateUpKernel>();
   private readonly gemm = new Map<string, QuantGemmKernel>();
   private readonly gemmIdp = new Map<string, QuantGemmIdpKernel>();
   /** By type and shape (ggmlOptions: by the matrix's rows on a GPU). */
@@ -178,10 +195,21 @@ export class LinearKernels implements Disposable {
     return (this.half ??= new GemvHalfKernel(this.device, { maxSets: 256, ...this.shape }));
   }
 
-  quantKernel(m: QuantLinear["matrix"]): QuantGemvKernel {
-    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+  /** The decode GEMV of a q4/q8 matrix kind for a call of S tokens of a matrix of `rows` rows (its shape: quantGemvShape). */
+  quantKernel(m: QuantLinear["matrix"], rows: number, S = 1): QuantGemvKernel {
+    const shape = quantGemvShape(gemvDeviceKind(this.device.info), rows, S);
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}/${shape?.workgroupSize ?? 0}x${shape?.rowsPerWorkgroup ?? 0}`;
     let k = this.quant.get(key);
-    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, shape: this.shape })));
+    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, ...(shape && { shape }) })));
+    return k;
+  }
+
+  /** The fused gate+up GEMV of a q4/q8 matrix kind, in quantKernel's shape (so each matrix's rows are that kernel's). */
+  quantGateUpKernel(m: QuantLinear["matrix"], rows: number, S = 1): QuantGateUpKernel {
+    const shape = quantGemvShape(gemvDeviceKind(this.device.info), rows, S);
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}/${shape?.workgroupSize ?? 0}x${shape?.rowsPerWorkgroup ?? 0}`;
+    let k = this.quantGateUp.get(key);
+    if (!k) this.quantGateUp.set(key, (k = new QuantGateUpKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 64, ...(shape && { shape }) })));
     return k;
   }
 
@@ -249,6 +277,7 @@ export class LinearKernels implements Disposable {
     for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();
     for (const k of this.ggmlGemmIdpKernels.values()) k[Symbol.dispose]();
     for (const k of this.quant.values()) k[Symbol.dispose]();
+    for (const k of this.quantGateUp.values()) k[Symbol.dispose]();
     for (const k of this.gemm.values()) k[Symbol.dispose]();
     for (const k of this.gemmIdp.values()) k[Symbol.dispose]();
   }
@@ -392,6 +421,23 @@ export class DeviceLinear implements Disposable {
     return this.dispatches(S);
   }
 
+  /**
+   * Whether this matrix (a SwiGLU block's gate) and `up` can run a call of S tokens as one fused
+   * gate+up GEMV (recordGateUp): both q4/q8 of one format and shape, on the GEMV path.
+   */
+  fusesGateUp(up: DeviceLinear, S: number): boolean {
+    const g = this.matrix?.matrix, u = up.matrix?.matrix;
+    if (!g || !u || this.quantPath(S) !== "gemv" || up.quantPath(S) !== "gemv") return false;
+    return g.format === u.format && g.scaleType === u.scaleType && g.groupSize === u.groupSize && g.rows === u.rows && g.cols === u.cols && g.rowWords === u.rowWords;
+  }
+
+  /** y[S][rows] = silu(x · gateᵀ) * (x · upᵀ), this matrix the gate, in one dispatch (fusesGateUp must hold). The caller places barriers around it. */
+  recordGateUp(cb: CommandBuffer, up: DeviceLinear, x: Buffer, y: Buffer, S = 1): number {
+    if (!this.fusesGateUp(up, S)) throw new InvalidArgumentError(`${this.rows}x${this.cols} gate and up matrices do not fuse for a call of ${S} tokens`);
+    this.kernels.quantGateUpKernel(this.matrix!.matrix as QuantLinear["matrix"], this.rows, S).record(cb, { gate: this.matrix!, up: up.matrix!, x, y, S });
+    return 1;
+  }
+
   /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, xOffset = 0, yOffset = 0): void {
     if (this.float) {
@@ -408,7 +454,7 @@ export class DeviceLinear implements Disposable {
       const path = this.quantPath(S);
       if (path === "idp-gemm") this.kernels.gemmIdpKernel(m).record(cb, { ...args, scratch: this.idpScratch! }, this.splitFor(S));
       else if (path === "gemm") this.kernels.gemmKernel(m, this.onMatrixCores).record(cb, args, this.splitFor(S));
-      else this.kernels.quantKernel(m).record(cb, args);
+      else this.kernels.quantKernel(m, this.rows, S).record(cb, args);
     }
   }
 

@@ -10,7 +10,9 @@
  *     f16 KV append (dec_rope_kv) → split attention (+ combine) → × sigmoid(gate) → o_proj (decode
  *     tokens: the rope step folded into the attention's pass 1, ROPE_FOLD);
  *   → RMSNorm (+ residual) → router, the shared expert's gate/up/scale → dec_route, SwiGLU →
- *   the MoE call, the shared expert's down → += sigmoid(scale) · shared,
+ *   the MoE call, the shared expert's down → += sigmoid(scale) · shared (decode tokens of a float
+ *   router whose shared gate and up are q4/q8 of one shape: the route in the router GEMV's last
+ *   workgroup and the SwiGLU in a fused gate/up GEMV, so the route step goes, VKMOE_ROUTE_FOLD),
  * then the final norm, lm_head and nothing / the logits / the greedy argmax, as DecodeGraph.
  *
  * Split mode (no stage: the experts are not all resident), as DecodeGraph's: one recording per
@@ -38,6 +40,8 @@ import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBin
 import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
 import { DELTA_RULE_CHUNKED_MIN_S, DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../kernels/decoder/delta-rule.ts";
 import { GatingKernel } from "../kernels/decoder/gating.ts";
+import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
+import { ROUTER_ROUTE_MAX_S, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import { RUN_WORDS, writeRuns, type RunsBinding } from "../kernels/decoder/runs.ts";
@@ -141,6 +145,18 @@ export class HybridGraph implements Disposable {
   readonly convFold: boolean;
   private readonly gating: GatingKernel;
   private readonly route: RouteKernel;
+  /** The float routers' GEMV, in the shape of `route` and `routerRoute` (not LinearKernels' CPU shape), so that folded and separate steps give the same bits. */
+  private readonly routerGemv: GemvHalfKernel;
+  /**
+   * Decode calls (S <= ROUTER_ROUTE_MAX_S) of a float router whose shared expert's gate and up fuse
+   * (DeviceLinear.fusesGateUp): the router GEMV routes the tokens in its last workgroup and the
+   * shared expert's SwiGLU is the fused gate+up GEMV's epilogue, so the route step goes (one
+   * dependent step fewer a layer); undefined with VKMOE_ROUTE_FOLD=off (read from the process env
+   * when the graph is made).
+   */
+  private readonly routerRoute: RouterRouteKernel | undefined;
+  /** routerRoute's arrival word (0 between calls; the layers' calls are separated by barriers). */
+  private readonly routeArrived: Buffer;
   private readonly argmax: ArgmaxKernel;
   readonly fullLayers: number;
   readonly linearLayers: number;
@@ -180,7 +196,9 @@ export class HybridGraph implements Disposable {
     this.linearLayers = cfg.layers - this.fullLayers;
     this.linears = this.owned.use(new LinearKernels(device));
     try {
-      const up = (name: string, l: Linear) => this.own(new DeviceLinear(this.linears, name, l));
+      const up = (name: string, l: Linear, floatKernel?: GemvHalfKernel) => this.own(new DeviceLinear(this.linears, name, l, floatKernel));
+      const routeShape = { workgroupSize: 128, rowsPerWorkgroup: 4, useSubgroup: device.info.subgroup.arithmetic };
+      this.routerGemv = this.own(new GemvHalfKernel(device, { ...routeShape, maxSets: 256 }));
       const parts: Float32Array[] = [];
       let at = 0;
       const place = (w: Float32Array) => {
@@ -222,7 +240,7 @@ export class HybridGraph implements Disposable {
         const sh = lw.shared;
         this.layers.push({
           mixer, inputNorm: place(lw.inputNorm), postNorm: place(lw.postNorm),
-          router: up(`layer ${l} router`, lw.router),
+          router: up(`layer ${l} router`, lw.router, this.routerGemv),
           sharedGate: up(`layer ${l} shared gate_proj`, sh.gate), sharedUp: up(`layer ${l} shared up_proj`, sh.up),
           sharedDown: up(`layer ${l} shared down_proj`, sh.down), sharedScale: up(`layer ${l} shared_expert_gate`, sh.scale),
         });
@@ -248,7 +266,11 @@ export class HybridGraph implements Disposable {
       const chunkedFits = DeltaRuleChunkedKernel.sharedBytes(16) <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
       this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
-      this.route = this.own(new RouteKernel(device));
+      this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
+      const foldable = (L: LayerOnDevice) => L.router.floatWeights !== undefined && L.sharedGate.fusesGateUp(L.sharedUp, 1);
+      this.routerRoute = readConfig().VKMOE_ROUTE_FOLD !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      this.routeArrived = this.buffer(16);
+      uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
       this.convStateFloats = C * (convKernel - 1);
       this.deltaStateFloats = this.deltaRule.stateFloats(VH);
@@ -471,6 +493,23 @@ export class HybridGraph implements Disposable {
       const linp = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xqPost, y, S);
       op("post norm");
       cb.barrier("computeToCompute");
+      const route = st && {
+        table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
+        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
+      };
+      const routerWeights = L.router.floatWeights;
+      if (route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && L.sharedGate.fusesGateUp(L.sharedUp, S)) {
+        // the route in the router's last workgroup, the shared expert's SwiGLU in its gate/up GEMV: no route step
+        this.routerRoute.record(cb, { ...route, weights: routerWeights.buffer, dtype: routerWeights.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
+        op("router + route, shared gate/up/scale", 1 + L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale));
+        cb.barrier("computeToCompute");
+        st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
+        n += st!.dispatches(S);
+        op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
+        cb.barrier("computeToCompute");
+        sharedPending = true;
+        continue;
+      }
       op("router, shared gate/up/scale", linp(L.router, s.routerLogits) + linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale));
       cb.barrier("computeToCompute");
       if (end.split) {
@@ -486,10 +525,7 @@ export class HybridGraph implements Disposable {
         continue;
       }
       if (!st) throw new InvalidArgumentError("this graph has no MoE stage: run it split");
-      this.route.record(cb, {
-        logits: s.routerLogits, table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
-        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
-      });
+      this.route.record(cb, { ...route!, logits: s.routerLogits });
       this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
       op("route, shared swiglu", 2);
       cb.barrier("computeToCompute");

@@ -10,7 +10,7 @@ import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import type { DeviceMatrix } from "../gemv.ts";
-import { GEMV } from "../shaders.ts";
+import { GATEUP, GEMV } from "../shaders.ts";
 import { chooseKernelConfig, specialization, type KernelConfig } from "../tuning.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 
@@ -60,6 +60,56 @@ export class QuantGemvKernel extends DecoderKernel {
     const set = this.setFor([d.buffer, d.buffer, a.x, a.y]);
     const [gx, gy] = this.grid(Math.ceil(m.rows / this.rowsPerWorkgroup));
     const pc = pushWords([m.rows, m.cols, S, m.rowWords, m.groupsPerRow, d.weightOffset / 16, d.scaleOffset / 4, xOffset, yOffset]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}
+
+export interface QuantGateUpArgs {
+  /** The gate and up matrices: one shape and one format. */
+  gate: DeviceMatrix;
+  up: DeviceMatrix;
+  /** S rows of cols floats from xOffset. */
+  x: Buffer;
+  /** S rows of `rows` floats from yOffset: silu(gate · x) * (up · x). */
+  y: Buffer;
+  S: number;
+  xOffset?: number;
+  yOffset?: number;
+}
+
+/**
+ * The fused gate+up GEMV on q4/q8 weights (shaders/gateup_q{4,8}.comp, float path: each matrix's
+ * row sums as QuantGemvKernel's of the same shape, then SwiGLU in the epilogue) against any
+ * buffers: a dense SwiGLU block's first half in one dispatch, with no SwiGLU step after it.
+ */
+export class QuantGateUpKernel extends DecoderKernel {
+  readonly rowsPerWorkgroup: number;
+
+  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: QuantGemvKernelOptions = {}) {
+    const config = { ...chooseKernelConfig(device.info), ...options.shape };
+    if (!(config.rowsPerWorkgroup >= 1 && config.workgroupSize % config.rowsPerWorkgroup === 0)) {
+      throw new InvalidArgumentError(`rowsPerWorkgroup ${config.rowsPerWorkgroup} must divide workgroupSize ${config.workgroupSize}`);
+    }
+    super(device, GATEUP[format], specialization(config, scaleF16, groupSize), options);
+    this.rowsPerWorkgroup = config.rowsPerWorkgroup;
+  }
+
+  /** Records one dispatch. The caller places barriers around it. */
+  record(cb: CommandBuffer, a: QuantGateUpArgs): CommandBuffer {
+    const g = a.gate.matrix, u = a.up.matrix, S = a.S;
+    for (const m of [g, u]) {
+      if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
+        throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
+      }
+    }
+    if (u.rows !== g.rows || u.cols !== g.cols || u.rowWords !== g.rowWords) throw new InvalidArgumentError(`gate ${g.rows}x${g.cols} and up ${u.rows}x${u.cols} differ in shape`);
+    if (!Number.isInteger(S) || S < 1 || S > QUANT_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${QUANT_GEMV_MAX_S}, got ${S}`);
+    const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
+    checkRange("quant gate/up x", a.x, xOffset, S * g.cols);
+    checkRange("quant gate/up y", a.y, yOffset, S * g.rows);
+    const set = this.setFor([a.gate.buffer, a.gate.buffer, a.up.buffer, a.up.buffer, a.x, a.y]);
+    const [gx, gy] = this.grid(Math.ceil(g.rows / this.rowsPerWorkgroup));
+    const pc = pushWords([g.rows, g.cols, S, g.rowWords, g.groupsPerRow, a.gate.weightOffset / 16, a.gate.scaleOffset / 4, a.up.weightOffset / 16, a.up.scaleOffset / 4, xOffset, yOffset, 0], [11]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }

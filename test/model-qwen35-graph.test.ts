@@ -130,22 +130,23 @@ describe("resident Qwen3.5: the whole token on the GPU equals the CPU decoder", 
   }
 });
 
+/** For the fold switches: a session's and a batch's logits (decode steps, a 5-token chunk, a prompt chunk that runs chunked), and a decode token's dispatches and barriers. */
+function foldRun(m: Model, ps: number[][]) {
+  const { dispatches, barriers } = decodeTokenCommands(m);
+  const logits: Float32Array[] = [];
+  using a = m.session({ ctx: 96 });
+  expect(a.path).toBe("device");
+  logits.push(a.prefill(ps[1]!.slice(0, 5)).slice(), a.prefill(ps[1]!.slice(5)).slice());
+  for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
+  // runs: three sequences packed into one replay, then decode rounds of one token each
+  using batch = m.batch({ slots: 3, ctx: 64 });
+  expect(batch.path).toBe("device-batch");
+  logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
+  for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
+  return { logits, dispatches, barriers };
+}
+
 describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
-  /** A session's and a batch's logits (decode steps, a 5-token chunk through the fold, a prompt chunk that runs chunked), and a decode token's dispatches and barriers. */
-  function run(m: Model, ps: number[][]) {
-    const { dispatches, barriers } = decodeTokenCommands(m);
-    const logits: Float32Array[] = [];
-    using a = m.session({ ctx: 96 });
-    expect(a.path).toBe("device");
-    logits.push(a.prefill(ps[1]!.slice(0, 5)).slice(), a.prefill(ps[1]!.slice(5)).slice());
-    for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
-    // runs: three sequences packed into one replay, then decode rounds of one token each
-    using batch = m.batch({ slots: 3, ctx: 64 });
-    expect(batch.path).toBe("device-batch");
-    logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
-    for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
-    return { logits, dispatches, barriers };
-  }
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("off: the separate dec_conv1d step (the conv state moved on in it), one barrier more a linear layer and as many dispatches, the same logits bit for bit (a session, a batch)", async () => {
     const ps = prompts();
@@ -156,10 +157,10 @@ describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
     if (!ps || !folded) return;
     const linearLayers = (folded.config as Qwen35MoeConfig).layerTypes.filter((t) => t === "linear").length;
     expect(linearLayers).toBeGreaterThan(0);
-    const a = run(folded, ps);
+    const a = foldRun(folded, ps);
     using restore = processEnv("VKMOE_CONV_FOLD", "off"); // the graph reads it from the process env when it is made
     using separate = await load(name, "auto", env({ VKMOE_CONV_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
-    const b = run(separate!, ps);
+    const b = foldRun(separate!, ps);
     console.log(`conv fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token folded, ${b.barriers} and ${b.dispatches} separate (${linearLayers} linear layers); ${a.logits.length} logits rows compared`);
     expect(b.barriers - a.barriers).toBe(linearLayers);
     expect(b.dispatches).toBe(a.dispatches);
@@ -171,20 +172,6 @@ describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
 });
 
 describe("the route in the router GEMV, the shared expert's SwiGLU in its gate/up GEMV (VKMOE_ROUTE_FOLD)", () => {
-  /** A session's and a batch's logits (decode steps, a 6-token chunk: S > 4 runs the separate steps either way), and a decode token's dispatches and barriers. */
-  function run(m: Model, ps: number[][]) {
-    const { dispatches, barriers } = decodeTokenCommands(m);
-    const logits: Float32Array[] = [];
-    using a = m.session({ ctx: 96 });
-    expect(a.path).toBe("device");
-    logits.push(a.prefill(ps[1]!.slice(0, 6)).slice(), a.prefill(ps[1]!.slice(6, 9)).slice());
-    for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
-    using batch = m.batch({ slots: 3, ctx: 64 });
-    expect(batch.path).toBe("device-batch");
-    logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
-    for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
-    return { logits, dispatches, barriers };
-  }
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("off: the separate dec_route + SwiGLU step, one barrier and three dispatches more a layer (router, gate, up, route, SwiGLU against router + route, gate/up), the same logits bit for bit (a session, a batch)", async () => {
     const ps = prompts();
@@ -194,10 +181,10 @@ describe("the route in the router GEMV, the shared expert's SwiGLU in its gate/u
     using folded = path ? await Model.load(path, { quant: "auto", env: env({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;
     if (!ps || !folded) return;
     const layers = folded.config.layers;
-    const a = run(folded, ps);
+    const a = foldRun(folded, ps);
     using restore = processEnv("VKMOE_ROUTE_FOLD", "off"); // the graph reads it from the process env when it is made
     using separate = await load(name, "auto", env({ VKMOE_ROUTE_FOLD: "off", VKMOE_FLOAT_ATOMICS: "off" }));
-    const b = run(separate!, ps);
+    const b = foldRun(separate!, ps);
     console.log(`route fold: ${a.barriers} barriers and ${a.dispatches} dispatches a decode token folded, ${b.barriers} and ${b.dispatches} separate (${layers} layers); ${a.logits.length} logits rows compared`);
     expect(b.barriers - a.barriers).toBe(layers);
     expect(b.dispatches - a.dispatches).toBe(3 * layers);

@@ -32,26 +32,43 @@ export interface QuantGemvKernelOptions extends DecoderKernelOptions {
   shape?: Partial<Pick<KernelConfig, "workgroupSize" | "rowsPerWorkgroup">>;
 }
 
-/** One pipeline per (format, scale type, group size): make one object per matrix kind. */
-export class QuantGemvKernel extends DecoderKernel {
+/** The tuning table's kernel config with the options' shape over it, checked. */
+function gemvShape(device: Device, options: QuantGemvKernelOptions): KernelConfig {
+  const config = { ...chooseKernelConfig(device.info), ...options.shape };
+  // each row of a workgroup needs its own share of threads (8 threads x 16 rows computed garbage)
+  if (!(config.rowsPerWorkgroup >= 1 && config.workgroupSize % config.rowsPerWorkgroup === 0)) {
+    throw new InvalidArgumentError(`rowsPerWorkgroup ${config.rowsPerWorkgroup} must divide workgroupSize ${config.workgroupSize}`);
+  }
+  return config;
+}
+
+/** A q4/q8 float-path kernel of one matrix kind (format, scale type, group size) and shape. */
+abstract class QuantRowsKernel extends DecoderKernel {
   readonly rowsPerWorkgroup: number;
 
-  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: QuantGemvKernelOptions = {}) {
-    const config = { ...chooseKernelConfig(device.info), ...options.shape };
-    // each row of a workgroup needs its own share of threads (8 threads x 16 rows computed garbage)
-    if (!(config.rowsPerWorkgroup >= 1 && config.workgroupSize % config.rowsPerWorkgroup === 0)) {
-      throw new InvalidArgumentError(`rowsPerWorkgroup ${config.rowsPerWorkgroup} must divide workgroupSize ${config.workgroupSize}`);
-    }
-    super(device, GEMV[format], specialization(config, scaleF16, groupSize), options);
+  protected constructor(device: Device, shaders: typeof GEMV, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: QuantGemvKernelOptions) {
+    const config = gemvShape(device, options);
+    super(device, shaders[format], specialization(config, scaleF16, groupSize), options);
     this.rowsPerWorkgroup = config.rowsPerWorkgroup;
+  }
+
+  protected checkKind(m: DeviceMatrix["matrix"]): void {
+    if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
+      throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
+    }
+  }
+}
+
+/** One pipeline per (format, scale type, group size): make one object per matrix kind. */
+export class QuantGemvKernel extends QuantRowsKernel {
+  constructor(device: Device, format: QuantFormat, scaleF16: boolean, groupSize: number, options: QuantGemvKernelOptions = {}) {
+    super(device, GEMV, format, scaleF16, groupSize, options);
   }
 
   /** Records one dispatch. The caller places barriers around it. */
   record(cb: CommandBuffer, a: QuantGemvArgs): CommandBuffer {
     const m = a.matrix.matrix, S = a.S;
-    if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
-      throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
-    }
+    this.checkKind(m);
     if (!Number.isInteger(S) || S < 1 || S > QUANT_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${QUANT_GEMV_MAX_S}, got ${S}`);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     checkRange("quant gemv x", a.x, xOffset, S * m.cols);
@@ -82,26 +99,16 @@ export interface QuantGateUpArgs {
  * row sums as QuantGemvKernel's of the same shape, then SwiGLU in the epilogue) against any
  * buffers: a dense SwiGLU block's first half in one dispatch, with no SwiGLU step after it.
  */
-export class QuantGateUpKernel extends DecoderKernel {
-  readonly rowsPerWorkgroup: number;
-
-  constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: QuantGemvKernelOptions = {}) {
-    const config = { ...chooseKernelConfig(device.info), ...options.shape };
-    if (!(config.rowsPerWorkgroup >= 1 && config.workgroupSize % config.rowsPerWorkgroup === 0)) {
-      throw new InvalidArgumentError(`rowsPerWorkgroup ${config.rowsPerWorkgroup} must divide workgroupSize ${config.workgroupSize}`);
-    }
-    super(device, GATEUP[format], specialization(config, scaleF16, groupSize), options);
-    this.rowsPerWorkgroup = config.rowsPerWorkgroup;
+export class QuantGateUpKernel extends QuantRowsKernel {
+  constructor(device: Device, format: QuantFormat, scaleF16: boolean, groupSize: number, options: QuantGemvKernelOptions = {}) {
+    super(device, GATEUP, format, scaleF16, groupSize, options);
   }
 
   /** Records one dispatch. The caller places barriers around it. */
   record(cb: CommandBuffer, a: QuantGateUpArgs): CommandBuffer {
     const g = a.gate.matrix, u = a.up.matrix, S = a.S;
-    for (const m of [g, u]) {
-      if (m.format !== this.format || (m.scaleType === "f16") !== this.scaleF16 || m.groupSize !== this.groupSize) {
-        throw new InvalidArgumentError(`a ${m.format}/${m.scaleType}/${m.groupSize} matrix on a ${this.format}/${this.scaleF16 ? "f16" : "f32"}/${this.groupSize} kernel`);
-      }
-    }
+    this.checkKind(g);
+    this.checkKind(u);
     if (u.rows !== g.rows || u.cols !== g.cols || u.rowWords !== g.rowWords) throw new InvalidArgumentError(`gate ${g.rows}x${g.cols} and up ${u.rows}x${u.cols} differ in shape`);
     if (!Number.isInteger(S) || S < 1 || S > QUANT_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${QUANT_GEMV_MAX_S}, got ${S}`);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;

@@ -81,21 +81,6 @@ export function ggmlGemvShape(kind: GemvDeviceKind, rows: number, S = 1): GgmlGe
   return nvidiaNarrow ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : {};
 }
 
-/** A GEMV kernel's shape: threads a workgroup, rows a workgroup. */
-export interface GemvShape {
-  workgroupSize: number;
-  rowsPerWorkgroup: number;
-}
-
-/**
- * The graphs' q4/q8 GEMV shape (QuantGemvKernel) for a call of S tokens of a matrix of `rows` rows;
- * undefined: the tuning table's (chooseKernelConfig). CPU device: one subgroup of 8 threads, 8 rows.
- */
-export function quantGemvShape(kind: GemvDeviceKind, _rows: number, _S = 1): GemvShape | undefined {
-  if (kind === "cpu") return { workgroupSize: 8, rowsPerWorkgroup: 8 };
-  return undefined;
-}
-
 /**
  * Prompt chunks past GGML_IDP_MAX_TOKENS, up to this many tokens (the graphs' 64-token chunks), take
  * the integer-dot GEMM where the GEMV does; the matrix's scratch, and the norms' and attention's
@@ -195,22 +180,25 @@ export class LinearKernels implements Disposable {
     return (this.half ??= new GemvHalfKernel(this.device, { maxSets: 256, ...this.shape }));
   }
 
-  /** The decode GEMV of a q4/q8 matrix kind for a call of S tokens of a matrix of `rows` rows (its shape: quantGemvShape). */
-  quantKernel(m: QuantLinear["matrix"], rows: number, S = 1): QuantGemvKernel {
-    const shape = quantGemvShape(gemvDeviceKind(this.device.info), rows, S);
-    const key = `${m.format}/${m.scaleType}/${m.groupSize}/${shape?.workgroupSize ?? 0}x${shape?.rowsPerWorkgroup ?? 0}`;
+  /** The decode GEMV of a q4/q8 matrix kind. */
+  quantKernel(m: QuantLinear["matrix"]): QuantGemvKernel {
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
     let k = this.quant.get(key);
-    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, ...(shape && { shape }) })));
+    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, this.quantOptions())));
     return k;
   }
 
   /** The fused gate+up GEMV of a q4/q8 matrix kind, in quantKernel's shape (so each matrix's rows are that kernel's). */
-  quantGateUpKernel(m: QuantLinear["matrix"], rows: number, S = 1): QuantGateUpKernel {
-    const shape = quantGemvShape(gemvDeviceKind(this.device.info), rows, S);
-    const key = `${m.format}/${m.scaleType}/${m.groupSize}/${shape?.workgroupSize ?? 0}x${shape?.rowsPerWorkgroup ?? 0}`;
+  quantGateUpKernel(m: QuantLinear["matrix"]): QuantGateUpKernel {
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
     let k = this.quantGateUp.get(key);
-    if (!k) this.quantGateUp.set(key, (k = new QuantGateUpKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 64, ...(shape && { shape }) })));
+    if (!k) this.quantGateUp.set(key, (k = new QuantGateUpKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, this.quantOptions())));
     return k;
+  }
+
+  /** The q4/q8 GEMVs' options: the CPU device's shape (`shape`), else the tuning table's. */
+  private quantOptions() {
+    return { maxSets: 256, ...(this.shape && { shape: this.shape }) };
   }
 
   /** The prompt-chunk GEMM of a q4/q8 matrix: on the matrix cores (only where they are on) or the f32 tiles. */
@@ -434,7 +422,7 @@ export class DeviceLinear implements Disposable {
   /** y[S][rows] = silu(x · gateᵀ) * (x · upᵀ), this matrix the gate, in one dispatch (fusesGateUp must hold). The caller places barriers around it. */
   recordGateUp(cb: CommandBuffer, up: DeviceLinear, x: Buffer, y: Buffer, S = 1): number {
     if (!this.fusesGateUp(up, S)) throw new InvalidArgumentError(`${this.rows}x${this.cols} gate and up matrices do not fuse for a call of ${S} tokens`);
-    this.kernels.quantGateUpKernel(this.matrix!.matrix as QuantLinear["matrix"], this.rows, S).record(cb, { gate: this.matrix!, up: up.matrix!, x, y, S });
+    this.kernels.quantGateUpKernel(this.matrix!.matrix as QuantLinear["matrix"]).record(cb, { gate: this.matrix!, up: up.matrix!, x, y, S });
     return 1;
   }
 
@@ -454,7 +442,7 @@ export class DeviceLinear implements Disposable {
       const path = this.quantPath(S);
       if (path === "idp-gemm") this.kernels.gemmIdpKernel(m).record(cb, { ...args, scratch: this.idpScratch! }, this.splitFor(S));
       else if (path === "gemm") this.kernels.gemmKernel(m, this.onMatrixCores).record(cb, args, this.splitFor(S));
-      else this.kernels.quantKernel(m, this.rows, S).record(cb, args);
+      else this.kernels.quantKernel(m).record(cb, args);
     }
   }
 

@@ -502,36 +502,30 @@ export class HybridGraph implements Disposable {
         // the route in the router's last workgroup, the shared expert's SwiGLU in its gate/up GEMV: no route step
         this.routerRoute.record(cb, { ...route, weights: routerWeights.buffer, dtype: routerWeights.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
         op("router + route, shared gate/up/scale", 1 + L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale));
+      } else {
+        op("router, shared gate/up/scale", linp(L.router, s.routerLogits) + linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale));
         cb.barrier("computeToCompute");
-        st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
-        n += st!.dispatches(S);
-        op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
-        cb.barrier("computeToCompute");
-        sharedPending = true;
-        continue;
-      }
-      op("router, shared gate/up/scale", linp(L.router, s.routerLogits) + linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale));
-      cb.barrier("computeToCompute");
-      if (end.split) {
-        // the shared expert here (its add waits for the host's experts: the next recording's start)
+        if (end.split) {
+          // the shared expert here (its add waits for the host's experts: the next recording's start)
+          this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
+          op("shared swiglu");
+          cb.barrier("computeToCompute");
+          op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
+          cb.barrier("computeToTransfer")
+            .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
+            .copyBuffer(s.routerLogits, s.routerHost, BigInt(4 * S * E))
+            .barrier("transferToHost");
+          continue;
+        }
+        if (!st || !route) throw new InvalidArgumentError("this graph has no MoE stage: run it split");
+        this.route.record(cb, { ...route, logits: s.routerLogits });
         this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
-        op("shared swiglu");
-        cb.barrier("computeToCompute");
-        op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
-        cb.barrier("computeToTransfer")
-          .copyBuffer(s.xn, s.xnHost, BigInt(4 * S * D))
-          .copyBuffer(s.routerLogits, s.routerHost, BigInt(4 * S * E))
-          .barrier("transferToHost");
-        continue;
+        op("route, shared swiglu", 2);
       }
-      if (!st) throw new InvalidArgumentError("this graph has no MoE stage: run it split");
-      this.route.record(cb, { ...route!, logits: s.routerLogits });
-      this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
-      op("route, shared swiglu", 2);
       cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
-      st.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
-      n += st.dispatches(S);
+      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
+      n += st!.dispatches(S);
       op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
       cb.barrier("computeToCompute");
       sharedPending = true;

@@ -19,6 +19,8 @@ import { nmse } from "../src/quant/metrics.ts";
 import { quantize } from "../src/quant/quantize.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { GroupSize, QuantFormat, QuantMatrix, ScaleType } from "../src/quant/types.ts";
+import type { CommandBuffer } from "../src/vk/commands.ts";
+import type { Buffer } from "../src/vk/memory.ts";
 import { quantGemmReference } from "./support/gemm-reference.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
@@ -39,7 +41,7 @@ const matrix = (c: Case): QuantMatrix =>
   quantize({ dtype: "f32", data: randomGaussianF32(c.O * c.I, seed++) }, c.O, c.I, { format: c.format, scaleType: c.scaleType ?? "f16", groupSize: c.groupSize ?? 32 });
 
 /** Runs `record` once into a sentinel-guarded y of S rows of `rows` floats at yOffset; returns y. */
-function run(c: Case, x: Float32Array, rows: number, record: Parameters<typeof submitAndWait>[1] extends (cb: infer C) => void ? (cb: C, xb: ReturnType<typeof hostBuffer>, yb: ReturnType<typeof hostBuffer>) => void : never): Float32Array {
+function run(c: Case, x: Float32Array, rows: number, record: (cb: CommandBuffer, xb: Buffer, yb: Buffer) => void): Float32Array {
   const xo = c.xOffset ?? 0, yo = c.yOffset ?? 0;
   using xb = hostBuffer(device, xo + c.S * c.I, "upload");
   using yb = hostBuffer(device, yo + c.S * rows);

@@ -415,8 +415,7 @@ export class DeviceLinear implements Disposable {
    */
   fusesGateUp(up: DeviceLinear, S: number): boolean {
     const g = this.matrix?.matrix, u = up.matrix?.matrix;
-    if (!g || !u || this.quantPath(S) !== "gemv" || up.quantPath(S) !== "gemv") return false;
-    return g.format === u.format && g.scaleType === u.scaleType && g.groupSize === u.groupSize && g.rows === u.rows && g.cols === u.cols && g.rowWords === u.rowWords;
+    return g !== undefined && u !== undefined && this.quantPath(S) === "gemv" && up.quantPath(S) === "gemv" && QuantGateUpKernel.pairs(g, u);
   }
 
   /** y[S][rows] = silu(x · gateᵀ) * (x · upᵀ), this matrix the gate, in one dispatch (fusesGateUp must hold). The caller places barriers around it. */

@@ -104,12 +104,16 @@ export class QuantGateUpKernel extends QuantRowsKernel {
     super(device, GATEUP, format, scaleF16, groupSize, options);
   }
 
+  /** Whether gate and up can run as one call: one kind (format, scale type, group size) and one shape. */
+  static pairs(g: DeviceMatrix["matrix"], u: DeviceMatrix["matrix"]): boolean {
+    return g.format === u.format && g.scaleType === u.scaleType && g.groupSize === u.groupSize && g.rows === u.rows && g.cols === u.cols && g.rowWords === u.rowWords;
+  }
+
   /** Records one dispatch. The caller places barriers around it. */
   record(cb: CommandBuffer, a: QuantGateUpArgs): CommandBuffer {
     const g = a.gate.matrix, u = a.up.matrix, S = a.S;
     this.checkKind(g);
-    this.checkKind(u);
-    if (u.rows !== g.rows || u.cols !== g.cols || u.rowWords !== g.rowWords) throw new InvalidArgumentError(`gate ${g.rows}x${g.cols} and up ${u.rows}x${u.cols} differ in shape`);
+    if (!QuantGateUpKernel.pairs(g, u)) throw new InvalidArgumentError(`gate ${g.rows}x${g.cols} ${g.format}/${g.scaleType}/${g.groupSize} and up ${u.rows}x${u.cols} ${u.format}/${u.scaleType}/${u.groupSize} differ`);
     if (!Number.isInteger(S) || S < 1 || S > QUANT_GEMV_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${QUANT_GEMV_MAX_S}, got ${S}`);
     const xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
     checkRange("quant gate/up x", a.x, xOffset, S * g.cols);

@@ -12,7 +12,9 @@
  *   → RMSNorm (+ residual) → router, the shared expert's gate/up/scale → dec_route, SwiGLU →
  *   the MoE call, the shared expert's down → += sigmoid(scale) · shared (decode tokens of a float
  *   router whose shared gate and up are q4/q8 of one shape: the route in the router GEMV's last
- *   workgroup and the SwiGLU in a fused gate/up GEMV, so the route step goes, VKMOE_ROUTE_FOLD),
+ *   workgroup and the SwiGLU in a fused gate/up GEMV, so the route step goes, VKMOE_ROUTE_FOLD;
+ *   at its `auto` the post norm in the router's workgroups too, the shared gate/up/scale then
+ *   beside the experts' gate+up),
  * then the final norm, lm_head and nothing / the logits / the greedy argmax, as DecodeGraph.
  *
  * Split mode (no stage: the experts are not all resident), as DecodeGraph's: one recording per
@@ -41,7 +43,7 @@ import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
 import { DELTA_RULE_CHUNKED_MIN_S, DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../kernels/decoder/delta-rule.ts";
 import { GatingKernel } from "../kernels/decoder/gating.ts";
 import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
-import { ROUTER_ROUTE_MAX_S, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
+import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
 import { BATCH_WORDS, RopeKvKernel } from "../kernels/decoder/rope-kv.ts";
 import { RouteKernel } from "../kernels/decoder/route.ts";
 import { RUN_WORDS, writeRuns, type RunsBinding } from "../kernels/decoder/runs.ts";
@@ -155,6 +157,12 @@ export class HybridGraph implements Disposable {
    * when the graph is made).
    */
   private readonly routerRoute: RouterRouteKernel | undefined;
+  /**
+   * The same with the post-attention norm folded in too (VKMOE_ROUTE_FOLD=auto, calls of up to its
+   * normTokens tokens): the shared expert's gate/up/scale then read the normed rows beside the
+   * experts' gate+up, one more dependent step fewer a layer.
+   */
+  private readonly routerRouteNorm: RouterRouteKernel | undefined;
   /** routerRoute's arrival word (0 between calls; the layers' calls are separated by barriers). */
   private readonly routeArrived: Buffer;
   private readonly argmax: ArgmaxKernel;
@@ -268,7 +276,11 @@ export class HybridGraph implements Disposable {
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
       this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
       const foldable = (L: LayerOnDevice) => L.router.floatWeights !== undefined && L.sharedGate.fusesGateUp(L.sharedUp, 1);
-      this.routerRoute = readConfig().VKMOE_ROUTE_FOLD !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      const routeFold = readConfig().VKMOE_ROUTE_FOLD;
+      this.routerRoute = routeFold !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      this.routerRouteNorm = this.routerRoute && routeFold === "auto" && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
+        ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
+        : undefined;
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -489,19 +501,34 @@ export class HybridGraph implements Disposable {
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
       cb.barrier("computeToCompute");
-      const xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
-      const linp = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xqPost, y, S);
-      op("post norm");
-      cb.barrier("computeToCompute");
       const route = st && {
         table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
         chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
       };
       const routerWeights = L.router.floatWeights;
-      if (route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && L.sharedGate.fusesGateUp(L.sharedUp, S)) {
+      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && L.sharedGate.fusesGateUp(L.sharedUp, S);
+      // the fused gate/up and the scale read float rows (no quantized ones to write): the norm can go into the router too
+      const normFold = routeFold && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens && !L.sharedScale.takesQuantized(S);
+      let xqPost: GgmlIdpScratch | undefined;
+      if (!normFold) {
+        xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
+        op("post norm");
+        cb.barrier("computeToCompute");
+      }
+      const linp = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xqPost, y, S);
+      const sharedGateUp = () => L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale);
+      if (normFold) {
+        // each router workgroup norms the rows itself, its last moves the residual on, writes xn and routes; the
+        // shared expert's gate/up/scale read xn behind the barrier, beside the experts' gate+up
+        const norm = { h: s.h, add: s.o, weights: P, weightOffset: L.postNorm, eps, xn: s.xn };
+        this.routerRouteNorm!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm });
+        op("post norm + router + route");
+        cb.barrier("computeToCompute");
+        op("shared gate/up/scale", sharedGateUp());
+      } else if (routeFold) {
         // the route in the router's last workgroup, the shared expert's SwiGLU in its gate/up GEMV: no route step
-        this.routerRoute.record(cb, { ...route, weights: routerWeights.buffer, dtype: routerWeights.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
-        op("router + route, shared gate/up/scale", 1 + L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale));
+        this.routerRoute!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
+        op("router + route, shared gate/up/scale", 1 + sharedGateUp());
       } else {
         op("router, shared gate/up/scale", linp(L.router, s.routerLogits) + linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale));
         cb.barrier("computeToCompute");
@@ -522,7 +549,7 @@ export class HybridGraph implements Disposable {
         this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
         op("route, shared swiglu", 2);
       }
-      cb.barrier("computeToCompute");
+      if (!normFold) cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);

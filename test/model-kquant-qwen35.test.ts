@@ -18,8 +18,8 @@ import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
 import { Model } from "../src/model/model.ts";
 import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
 import { shapeByName } from "../src/model/shapes.ts";
-import { nmse } from "../src/quant/metrics.ts";
 import { processEnv } from "./support/graph-switches.ts";
+import { compareWithCpu } from "./support/logits.ts";
 
 const VOCAB = 1024;
 const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o });
@@ -31,36 +31,10 @@ beforeAll(async () => {
   await writeRandomModel({ shape, fileType: "q4_k_m", path, seed: 3, tokenizer: truncateBpeTokenizer(qwen3TokenizerFiles(), VOCAB) });
 }, 60_000);
 
-function top(logits: Float32Array): { id: number; margin: number } {
-  let a = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[a]!) a = i;
-  let b = a === 0 ? 1 : 0;
-  for (let i = 0; i < logits.length; i++) if (i !== a && logits[i]! > logits[b]!) b = i;
-  return { id: a, margin: logits[a]! - logits[b]! };
-}
-
 const PROMPTS = [[785, 11, 879, 0, 409], Array.from({ length: 19 }, (_, i) => (37 * i + 11) % VOCAB)];
 
-/** Prefill and 8 greedy steps (the CPU's ids fed to both): the worst NMSE of `gpu`'s logits against `cpu`'s. */
-function compare(gpu: Model, cpu: Model, cache: "f32" | "f16", bound: number, margin = 0.01): number {
-  let worst = 0;
-  for (const ids of PROMPTS) {
-    using a = gpu.session({ ctx: 64 });
-    using b = cpu.session({ ctx: 64, cpuCache: cache });
-    let x = a.prefill(ids).slice(), y = b.prefill(ids).slice();
-    for (let step = 0; ; step++) {
-      const e = nmse(y, x);
-      worst = Math.max(worst, e);
-      expect({ step, e: e <= bound }).toEqual({ step, e: true });
-      const want = top(y);
-      if (want.margin >= margin) expect({ step, id: top(x).id }).toEqual({ step, id: want.id });
-      if (step === 8) break;
-      x = a.step(want.id).slice();
-      y = b.step(want.id).slice();
-    }
-  }
-  return worst;
-}
+/** Prefill and 8 greedy steps: the worst NMSE of `gpu`'s logits against `cpu`'s (support/logits.ts). */
+const compare = (gpu: Model, cpu: Model, cache: "f32" | "f16", bound: number, margin = 0.01) => compareWithCpu(gpu, cpu, PROMPTS, { cache, bound, margin });
 
 describe("Qwen3.5 MoE Q4_K_M: the routed experts on the GPU as the file holds them", () => {
   test("per-layer mode: every step's logits NMSE <= 1e-9 of the CPU decoder's, greedy ids equal", async () => {

@@ -38,6 +38,7 @@ import { dequantizeGgml, ggmlBlockTensor, isGgmlBlockType } from "../src/quant/g
 import { nmse } from "../src/quant/metrics.ts";
 import { repoRoot } from "./support/paths.ts";
 import { processEnv } from "./support/graph-switches.ts";
+import { top } from "./support/logits.ts";
 
 const DIR = `${repoRoot}test/fixtures/kquant-model`;
 const MARGIN = 0.5;
@@ -58,15 +59,6 @@ interface Reference {
 }
 
 const reference = (mix: string): Reference => JSON.parse(readFileSync(`${DIR}/random-qwen3moe.${mix}.llama-cpp.json`, "utf8"));
-
-/** The top id and its margin over the runner-up. */
-function top(logits: Float32Array): { id: number; margin: number } {
-  let a = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[a]!) a = i;
-  let b = a === 0 ? 1 : 0;
-  for (let i = 0; i < logits.length; i++) if (i !== a && logits[i]! > logits[b]!) b = i;
-  return { id: a, margin: logits[a]! - logits[b]! };
-}
 
 /**
  * At each step of llama.cpp's greedy ids (fed back as they are): vkmoe's argmax is llama.cpp's where

@@ -19,8 +19,8 @@ import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
 import { Model } from "../src/model/model.ts";
 import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
 import { shapeByName } from "../src/model/shapes.ts";
-import { nmse } from "../src/quant/metrics.ts";
 import { decodeTokenCommands, processEnv } from "./support/graph-switches.ts";
+import { compareWithCpu } from "./support/logits.ts";
 
 const VOCAB = 1024;
 const BOUND = 1e-6;
@@ -33,36 +33,7 @@ beforeAll(async () => {
   await writeRandomModel({ shape, fileType: "q4_0", path, seed: 5, tokenizer: truncateBpeTokenizer(qwen3TokenizerFiles(), VOCAB) });
 }, 60_000);
 
-function top(logits: Float32Array): { id: number; margin: number } {
-  let a = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[a]!) a = i;
-  let b = a === 0 ? 1 : 0;
-  for (let i = 0; i < logits.length; i++) if (i !== a && logits[i]! > logits[b]!) b = i;
-  return { id: a, margin: logits[a]! - logits[b]! };
-}
-
 const PROMPTS = [[785, 11, 879, 0, 409], Array.from({ length: 19 }, (_, i) => (37 * i + 11) % VOCAB)];
-
-/** Prefill and 8 greedy decode steps (the CPU's ids fed to both): the worst NMSE of `gpu`'s logits against `cpu`'s. */
-function compare(gpu: Model, cpu: Model): number {
-  let worst = 0;
-  for (const ids of PROMPTS) {
-    using a = gpu.session({ ctx: 64 });
-    using b = cpu.session({ ctx: 64, cpuCache: "f16" });
-    let x = a.prefill(ids).slice(), y = b.prefill(ids).slice();
-    for (let step = 0; ; step++) {
-      const e = nmse(y, x);
-      worst = Math.max(worst, e);
-      expect({ step, e: e <= BOUND }).toEqual({ step, e: true });
-      const want = top(y);
-      if (want.margin >= 0.01) expect({ step, id: top(x).id }).toEqual({ step, id: want.id });
-      if (step === 8) break;
-      x = a.step(want.id).slice();
-      y = b.step(want.id).slice();
-    }
-  }
-  return worst;
-}
 
 describe("the Qwen3.5 graph's decode folds on a Q4_0 file with random norms", () => {
   test(`VKMOE_ROUTE_FOLD auto (the post norm, route and SwiGLU folded), route and off: each within NMSE ${BOUND} of the CPU decoder at every step, auto two barriers a layer fewer than off`, async () => {
@@ -73,7 +44,7 @@ describe("the Qwen3.5 graph's decode folds on a Q4_0 file with random norms", ()
       using gpu = await Model.load(path, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_ROUTE_FOLD: fold, VKMOE_FLOAT_ATOMICS: "off" }), log: () => {} });
       expect(gpu.device.mode, gpu.device.why).toBe("resident");
       barriers[fold] = decodeTokenCommands(gpu).barriers;
-      const worst = compare(gpu, cpu);
+      const worst = compareWithCpu(gpu, cpu, PROMPTS, { cache: "f16", bound: BOUND });
       expect(gpu.takeValidationMessages()).toEqual([]);
       console.log(`qwen3.5 Q4_0 random norms, VKMOE_ROUTE_FOLD=${fold}: ${barriers[fold]} barriers a decode token, worst NMSE ${worst.toExponential(2)}`);
     }

@@ -203,6 +203,23 @@ describe("the route in the router GEMV, the shared expert's SwiGLU in its gate/u
     console.log(`  norm folded in: worst logits NMSE a row against the separate norm ${worst.toExponential(2)}`);
     expect(worst).toBeLessThanOrEqual(1e-10);
     expect(folded.takeValidationMessages()).toEqual([]);
+    // with float atomics the experts are one fused dispatch: the shared down could not sit beside their last step
+    // after the shared gate/up, so auto keeps the norm's own step there (route's commands), validation clean
+    using fused = await Model.load(path!, { quant: "auto", env: env(), syncValidation: true, log: () => {} });
+    const f = decodeTokenCommands(fused);
+    {
+      using s = fused.session({ ctx: 32 });
+      s.prefill(ps[0]!.slice(0, 3));
+      for (const id of ps[1]!.slice(0, 3)) s.step(id);
+    }
+    const fr = await (async () => {
+      using restore = processEnv("VKMOE_ROUTE_FOLD", "route");
+      using m = await Model.load(path!, { quant: "auto", env: env({ VKMOE_ROUTE_FOLD: "route" }), log: () => {} });
+      return decodeTokenCommands(m);
+    })();
+    console.log(`  fused experts (float atomics): ${f.barriers} barriers and ${f.dispatches} dispatches a decode token, ${fr.barriers} and ${fr.dispatches} routing only`);
+    expect(f).toEqual(fr);
+    expect(fused.takeValidationMessages()).toEqual([]);
   }, 360_000);
 });
 

@@ -507,8 +507,10 @@ export class HybridGraph implements Disposable {
       };
       const routerWeights = L.router.floatWeights;
       const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && L.sharedGate.fusesGateUp(L.sharedUp, S);
-      // the fused gate/up and the scale read float rows (no quantized ones to write): the norm can go into the router too
-      const normFold = routeFold && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens && !L.sharedScale.takesQuantized(S);
+      // the fused gate/up and the scale read float rows (no quantized ones to write): the norm can go into the router
+      // too, the shared gate/up then beside the experts' first step and its down beside their last (so not beside a
+      // call of one step: the down would read the gate/up's output with no barrier between)
+      const normFold = routeFold && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens && !L.sharedScale.takesQuantized(S) && !st!.oneStep(S);
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
         xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);

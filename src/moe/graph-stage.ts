@@ -87,6 +87,11 @@ export interface MoeGraphStage extends Disposable {
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S?: number, routing?: StageRouting): void;
   /** Dispatches a call of S tokens records. */
   dispatches(S?: number): number;
+  /**
+   * Whether a call of S tokens is one dispatch with no barrier inside (the fused kernel): what the
+   * caller records beside it then runs alongside all of it, not after its first step.
+   */
+  oneStep(S?: number): boolean;
   /** Whether a call of S tokens can do the next layer's input norm itself (StageRouting.normTail). */
   foldsNorm?(S: number): boolean;
 }
@@ -289,6 +294,10 @@ export class QuantGraphStage implements MoeGraphStage {
     mark("down");
     cb.barrier("computeToCompute").bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
     mark("sum");
+  }
+
+  oneStep(S = 1): boolean {
+    return this.pathFor(S) === "fused";
   }
 
   /** Dispatches a call of S tokens records. */

@@ -3,6 +3,9 @@
 //   workgroup (x, y) = (block of ROWS_PER_WG rows, work item u = one distinct expert);
 //   the item's tokens are gathered through `pairs`, so each expert's weights are read once.
 // GATEUP: h[slot][row] = silu(x[token]·gate) * (x[token]·up), token = slot / slotsPerToken.
+// SHARED_SLOT (with FUSED; moe_fused_shared_*): the grid has one slot a token more than the router
+//   gave, the layer's shared expert (its blob at pc.sharedExpertLo/Hi, same layout as a routed expert's),
+//   weighted by sigmoid(x[token] . its shared_expert_gate row), computed by each of its workgroups.
 // FUSED (calls of few tokens, one dispatch): workgroup (x, y, z) = (block of ROWS_PER_WG rows of I,
 //   slot j of token z; slot = z * slotsPerToken + j): h of the block's rows for the slot's expert (gate+up, kept in shared memory), then the
 //   block's columns of down times h, added to yacc[token] with float atomics (split over I); the
@@ -62,6 +65,13 @@ layout(std430, binding = 7) coherent restrict buffer AC { float yacc[]; };
 // the kernel runs: volatile.
 layout(std430, binding = 8) coherent volatile readonly buffer GT { uint gate[]; };
 #define MOE_SLAB_BINDING 9
+#ifdef SHARED_SLOT
+#ifndef ADDR_BDA
+#error "SHARED_SLOT: the shared expert's blob is located by its device address (ADDR_BDA)"
+#endif
+// The layers' shared_expert_gate rows (D floats each; this call's at pc.sharedGateOffset).
+layout(std430, binding = 9) readonly restrict buffer SGV { float sharedGateRow[]; };
+#endif
 #elif defined(MOE_IDP)
 #define MOE_SLAB_BINDING 7
 #else
@@ -82,6 +92,11 @@ layout(push_constant, std430) uniform PC {
     uint downGroupsPerRow;
     uint downWeightOffset;  // blob-relative, uvec4 units
     uint downScaleOffset;   // blob-relative, words
+#endif
+#ifdef SHARED_SLOT
+    uint sharedExpertLo;    // the shared expert's blob (device address lo, hi; not a uvec2: that
+    uint sharedExpertHi;    // would be 8-aligned, a gap after word 12): the grid's last slot
+    uint sharedGateOffset;  // floats: its shared_expert_gate row in sharedGateRow
 #endif
 } pc;
 

@@ -92,6 +92,26 @@ void gateUpBlock(uint token, uint rowBase) {
     if (reduceRows(t, rgo)) storeRows(rowBase, rgo, token);
 }
 
+#ifdef SHARED_SLOT
+// sigmoid(x[token] . the shared_expert_gate row), the same value in every thread (a tree sum in
+// shared memory; ends with a barrier). As dec_gating's: the sigmoid rounded to f32.
+shared float gateSum[WG];
+float sharedSlotWeight(uint token) {
+    const uint D = pc.I;  // gate+up's columns
+    float part = 0.0;
+    for (uint i = gl_LocalInvocationIndex; i < D; i += WG) part = fma(X_SCALAR(xRow(token) + i), sharedGateRow[pc.sharedGateOffset + i], part);
+    gateSum[gl_LocalInvocationIndex] = part;
+    barrier();
+    [[unroll]] for (uint n = WG / 2u; n > 0u; n >>= 1u) {
+        if (gl_LocalInvocationIndex < n) gateSum[gl_LocalInvocationIndex] += gateSum[gl_LocalInvocationIndex + n];
+        barrier();
+    }
+    const float g = gateSum[0];
+    barrier();  // gateSum may be written again by the next call of this (none today)
+    return 1.0 / (1.0 + exp(-g));
+}
+#endif
+
 // ---- pre-launch ----------------------------------------------------------------------------
 // PRELAUNCHED: the kernel is submitted before its call's inputs exist, and waits for the host's
 // doorbell (gate[1] == gate[0]), so the launch and the GPU's wake-up are off the call's critical
@@ -153,8 +173,17 @@ void main() {
     } else {
         seq = work[0].w;
     }
+#ifdef SHARED_SLOT
+    // the router's slots per token, then the shared expert's: routed slot j of token t at t * routed + j
+    const uint routed = gl_NumWorkGroups.y - 1u;
+    const bool sharedSlot = gl_WorkGroupID.y == routed;  // uniform
+    const uint routedSlot = token * routed + gl_WorkGroupID.y;
+    float w = sharedSlot ? 1.0 : slotWeight[routedSlot];
+    const uvec2 expert = sharedSlot ? uvec2(pc.sharedExpertLo, pc.sharedExpertHi) : slotExpert[routedSlot];
+#else
     const float w = slotWeight[slot];
     const uvec2 expert = slotExpert[slot];
+#endif
     for (uint k = gl_LocalInvocationIndex; k < ROWS_PER_WG; k += WG) hs[k] = 0.0;
 #ifdef MOE_IDP
     // Every workgroup, even one with nothing to do below: x does not wait for the slot weight.
@@ -169,6 +198,9 @@ void main() {
         setBlob(expert);
         gateUpBlock(token, rowBase);
         barrier();
+#ifdef SHARED_SLOT
+        if (sharedSlot) w = sharedSlotWeight(token);
+#endif
         downBlock(token, w, rowBase);
     }
     arriveFused(seq, gl_NumWorkGroups.z, true);

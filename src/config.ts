@@ -37,6 +37,11 @@ const envSchema = z.strictObject({
    */
   VKMOE_ROUTE_FOLD: z.enum(["auto", "route", "off"]).default("auto"),
   /**
+   * Qwen3.5 MoE decode: the shared expert runs as one more slot a token of the fused MoE call where
+   * it has the routed experts' shape ("auto"), or as dense matrices beside the call ("off").
+   */
+  VKMOE_SHARED_SLOT: z.enum(["auto", "off"]).default("auto"),
+  /**
    * Decode calls of GGML-block experts do the next layer's input norm in the last workgroup of their
    * down dispatch ("on": measured 2.6% slower a token than the default on an H100, README), or the
    * norm is a dispatch of its own ("off", the default).

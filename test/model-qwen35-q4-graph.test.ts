@@ -51,3 +51,24 @@ describe("the Qwen3.5 graph's decode folds on a Q4_0 file with random norms", ()
     expect(barriers.off! - barriers.auto!).toBe(2 * cpu.config.layers);
   }, 180_000);
 });
+
+describe("the shared expert as one more slot of the fused experts' call (VKMOE_SHARED_SLOT)", () => {
+  // float atomics on: the fused call (one dispatch) is what takes the shared expert; its sums land in any order
+  test(`auto: the shared expert inside the experts' call, the post norm in the router: one barrier and four dispatches a layer fewer than off; both within NMSE ${BOUND} of the CPU decoder at every step; synchronization validation clean`, async () => {
+    using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
+    const counts: Record<string, { dispatches: number; barriers: number }> = {};
+    for (const slot of ["auto", "off"] as const) {
+      using restore = processEnv("VKMOE_SHARED_SLOT", slot); // read from the process env when the graph is made
+      using gpu = await Model.load(path, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_SHARED_SLOT: slot }), syncValidation: true, log: () => {} });
+      expect(gpu.device.mode, gpu.device.why).toBe("resident");
+      expect(gpu.device.why).toContain("fused MoE call");
+      counts[slot] = decodeTokenCommands(gpu);
+      const worst = compareWithCpu(gpu, cpu, PROMPTS, { cache: "f16", bound: BOUND });
+      expect(gpu.takeValidationMessages()).toEqual([]);
+      console.log(`qwen3.5 Q4_0 random norms, VKMOE_SHARED_SLOT=${slot}: ${counts[slot]!.barriers} barriers and ${counts[slot]!.dispatches} dispatches a decode token, worst NMSE ${worst.toExponential(2)}`);
+    }
+    const layers = cpu.config.layers;
+    expect(counts.off!.barriers - counts.auto!.barriers).toBe(layers);
+    expect(counts.off!.dispatches - counts.auto!.dispatches).toBe(4 * layers);
+  }, 180_000);
+});

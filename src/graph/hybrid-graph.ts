@@ -275,7 +275,7 @@ export class HybridGraph implements Disposable {
       this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
       this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
-      const foldable = (L: LayerOnDevice) => L.router.floatWeights !== undefined && L.sharedGate.fusesGateUp(L.sharedUp, 1);
+      const foldable = (L: LayerOnDevice, l: number) => L.router.floatWeights !== undefined && (stage?.runsShared?.(l, 1) === true || L.sharedGate.fusesGateUp(L.sharedUp, 1));
       const routeFold = readConfig().VKMOE_ROUTE_FOLD;
       this.routerRoute = routeFold !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
       this.routerRouteNorm = this.routerRoute && routeFold === "auto" && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
@@ -506,33 +506,38 @@ export class HybridGraph implements Disposable {
         chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
       };
       const routerWeights = L.router.floatWeights;
-      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && L.sharedGate.fusesGateUp(L.sharedUp, S);
-      // the fused gate/up and the scale read float rows (no quantized ones to write): the norm can go into the router
-      // too, the shared gate/up then beside the experts' first step and its down beside their last (so not beside a
-      // call of one step: the down would read the gate/up's output with no barrier between)
-      const normFold = routeFold && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens && !L.sharedScale.takesQuantized(S) && !st!.oneStep(S);
+      // decode calls of the fused experts' kernel run the shared expert as one more slot a token (VKMOE_SHARED_SLOT)
+      const sharedInCall = !end.split && st?.runsShared?.(l, S) === true;
+      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && (sharedInCall || L.sharedGate.fusesGateUp(L.sharedUp, S));
+      // the norm can go into the router too where nothing else reads its rows in that step: the shared expert is in
+      // the experts' call, or its fused gate/up and scale (float rows) run beside the experts' first step and its
+      // down beside their last (so not beside a call of one step: the down would read the gate/up's output with no
+      // barrier between)
+      const normFold = routeFold && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens && (sharedInCall || (!L.sharedScale.takesQuantized(S) && !st!.oneStep(S)));
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
-        xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
+        xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, sharedInCall ? [L.router] : [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
         op("post norm");
         cb.barrier("computeToCompute");
       }
       const linp = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xqPost, y, S);
-      const sharedGateUp = () => L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale);
+      const sharedGateUp = () => (sharedInCall ? 0 : L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale));
+      const withShared = (name: string) => (sharedInCall ? name : `${name}, shared gate/up/scale`);
       if (normFold) {
         // each router workgroup norms the rows itself, its last moves the residual on, writes xn and routes; the
-        // shared expert's gate/up/scale read xn behind the barrier, beside the experts' gate+up
+        // shared expert's gate/up/scale (where not in the experts' call) read xn behind the barrier, beside the experts' gate+up
         const norm = { h: s.h, add: s.o, weights: P, weightOffset: L.postNorm, eps, xn: s.xn };
         this.routerRouteNorm!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm });
         op("post norm + router + route");
         cb.barrier("computeToCompute");
-        op("shared gate/up/scale", sharedGateUp());
+        if (!sharedInCall) op("shared gate/up/scale", sharedGateUp());
       } else if (routeFold) {
         // the route in the router's last workgroup, the shared expert's SwiGLU in its gate/up GEMV: no route step
         this.routerRoute!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
-        op("router + route, shared gate/up/scale", 1 + sharedGateUp());
+        op(withShared("router + route"), 1 + sharedGateUp());
       } else {
-        op("router, shared gate/up/scale", linp(L.router, s.routerLogits) + linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale));
+        const dense = sharedInCall ? 0 : linp(L.sharedGate, s.sharedG) + linp(L.sharedUp, s.sharedU) + linp(L.sharedScale, s.sharedScale);
+        op(withShared("router"), linp(L.router, s.routerLogits) + dense);
         cb.barrier("computeToCompute");
         if (end.split) {
           // the shared expert here (its add waits for the host's experts: the next recording's start)
@@ -548,16 +553,21 @@ export class HybridGraph implements Disposable {
         }
         if (!st || !route) throw new InvalidArgumentError("this graph has no MoE stage: run it split");
         this.route.record(cb, { ...route, logits: s.routerLogits });
-        this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
-        op("route, shared swiglu", 2);
+        if (sharedInCall) {
+          op("route");
+        } else {
+          this.gating.record(cb, { mode: "swiglu", x: s.sharedG, g: s.sharedU, y: s.sharedG, S, n: F });
+          op("route, shared swiglu", 2);
+        }
       }
       if (!normFold) cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);
-      op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
+      if (!sharedInCall) op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
       cb.barrier("computeToCompute");
-      sharedPending = true;
+      // the next norm adds the shared expert where the experts' call did not
+      sharedPending = !sharedInCall;
     }
     if (end.batch) {
       // every token's logits: each row is another sequence's next token (or a prompt's)

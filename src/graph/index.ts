@@ -8,13 +8,15 @@ import type { ModelWeights } from "../model/weights.ts";
 import { VkmoeError } from "../errors.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
-import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource } from "../moe/graph-stage.ts";
+import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type SharedExpertHost } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
 import { HybridBatch } from "./hybrid-batch.ts";
 import { HybridGraph } from "./hybrid-graph.ts";
 import type { Qwen35MoeConfig } from "../model/qwen35-config.ts";
-import type { HybridWeights } from "../model/qwen35-weights.ts";
+import type { HybridWeights, SharedExpertWeights } from "../model/qwen35-weights.ts";
+import { FloatLinear, QuantLinear, readFloatRow } from "../model/linear.ts";
+import { readConfig } from "../config.ts";
 
 export { GraphUnsupportedError } from "./errors.ts";
 export type { BatchEntry } from "./graph-batch.ts";
@@ -185,7 +187,9 @@ export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, 
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
   let stage: MoeGraphStage | undefined, notResident = "";
   try {
-    stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS);
+    // read from the process env when the graph is made, as the folds' switches
+    const sharedSlot = readConfig().VKMOE_SHARED_SLOT !== "off";
+    stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS, sharedSlot ? { sharedExperts: (l) => sharedExpertHost(weights.layers[l]!.shared) } : {});
   } catch (e) {
     if (e instanceof ExpertsNotResidentError) notResident = e.message;
     else if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
@@ -206,6 +210,15 @@ export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, 
     stage?.[Symbol.dispose]();
     throw e;
   }
+}
+
+/** A shared expert of q4/q8 matrices as the graph stage takes it (its gate row as floats); undefined for other kinds. */
+function sharedExpertHost(sh: SharedExpertWeights): SharedExpertHost | undefined {
+  const { gate, up, down, scale } = sh;
+  if (!(gate instanceof QuantLinear && up instanceof QuantLinear && down instanceof QuantLinear && scale instanceof FloatLinear) || scale.rows !== 1) return undefined;
+  const gateRow = new Float32Array(scale.cols);
+  readFloatRow(scale.dtype, scale.data, 0, scale.cols, gateRow);
+  return { gate: gate.matrix, up: up.matrix, down: down.matrix, gateRow };
 }
 
 /** The error a lost device raises, for a user of the device that learnt of the loss elsewhere (`where`). */

@@ -46,6 +46,13 @@ export const MOE_PUSH_BYTES = 36;
  */
 export const MOE_FUSED_BINDINGS = 9;
 export const MOE_FUSED_PUSH_BYTES = 52;
+/**
+ * moe_fused_shared_* (BDA addressing only): the same, plus the layers' shared_expert_gate rows at
+ * binding 9; push constants: the fused kernel's, then the shared expert's blob address (lo, hi)
+ * and the offset of its gate row (floats).
+ */
+export const MOE_FUSED_SHARED_BINDINGS = 10;
+export const MOE_FUSED_SHARED_PUSH_BYTES = 64;
 
 /** The MoE layer's integer-dot gate+up as the probe creates it (8 slabs on the descriptor path). */
 const moeIdpSpec = (format: "q4" | "q8", addressing: "bda" | "desc", groupSize: number): PipelineSpec => addressing === "bda"

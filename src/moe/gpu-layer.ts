@@ -274,6 +274,8 @@ export class GpuLayer implements Disposable {
   readonly device: Device;
   readonly pool: ExpertPool;
   readonly pipelines: MoePipelines;
+  /** The GEMV shape the pipelines were made with. */
+  readonly config: KernelConfig;
   readonly D: number;
   readonly I: number;
   private readonly commandPool: CommandPool;
@@ -323,6 +325,7 @@ export class GpuLayer implements Disposable {
     // armed kernel would not be ordered before it).
     const prelaunchPolls = n >= 2 && device.memory.model !== "staged" ? opts.prelaunchPolls ?? 0 : 0;
     this.pipelines = createMoePipelines(device, config, L.shape, pool.addressing, opts.path ?? "float", prelaunchPolls);
+    this.config = config;
     this.rows = config.rowsPerWorkgroup;
     this.prelaunch = this.pipelines.fusedPrelaunched !== undefined;
     this.commandPool = new CommandPool(device);

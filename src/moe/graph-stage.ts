@@ -20,9 +20,12 @@ import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
+import { packExpert, type ExpertLayout } from "../pool/expert-layout.ts";
+import type { QuantMatrix } from "../quant/types.ts";
+import type { ComputePipeline } from "../vk/pipeline.ts";
 import type { MoeNormTail } from "./ggml-experts.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
-import { QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
+import { createFusedSharedPipeline, QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
 
 /** The experts of these layers are not all resident: the graph cannot route to them on the device. */
 export class ExpertsNotResidentError extends InvalidArgumentError {}
@@ -60,10 +63,24 @@ export interface MoeGraphStageOptions {
    * grouped gate+up / down kernels of the per-slot path (tests and benchmarks compare the two).
    */
   rowsForGrouped?: boolean;
+  /**
+   * A layer's shared expert (Qwen3.5 MoE), for the fused decode calls to run as one more slot a
+   * token: taken where the stage runs fused calls with BDA addressing and the matrices have the
+   * routed experts' shape (QuantGraphStage; runsShared says where it did). Undefined: none.
+   */
+  sharedExperts?: (layer: number) => SharedExpertHost | undefined;
+}
+
+/** A shared expert as the host holds it: its matrices, and the row of its sigmoid gate (shared_expert_gate, D floats). */
+export interface SharedExpertHost {
+  gate: QuantMatrix;
+  up: QuantMatrix;
+  down: QuantMatrix;
+  gateRow: Float32Array;
 }
 
 /** What a caller may choose of a graph stage's kernels (MoeGraphStageOptions' choices). */
-export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped">;
+export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped" | "sharedExperts">;
 
 /**
  * What the whole-token graphs (decode-graph.ts, hybrid-graph.ts) record for a MoE layer, whichever
@@ -92,6 +109,12 @@ export interface MoeGraphStage extends Disposable {
    * caller records beside it then runs alongside all of it, not after its first step.
    */
   oneStep(S?: number): boolean;
+  /**
+   * Whether a call of S tokens of this layer runs its shared expert too (one more slot a token:
+   * sigmoid(x . gate row) times the shared expert, added into y): the caller then runs no shared
+   * expert of its own. Absent: never.
+   */
+  runsShared?(layer: number, S?: number): boolean;
   /** Whether a call of S tokens can do the next layer's input norm itself (StageRouting.normTail). */
   foldsNorm?(S: number): boolean;
 }
@@ -137,6 +160,8 @@ export class QuantGraphStage implements MoeGraphStage {
   private readonly groupKernel: GroupExpertsKernel;
   private readonly sets = new Map<string, bigint[]>();
   private readonly owned: Buffer[] = [];
+  /** The shared experts' blobs and gate rows, the fused kernel that runs them, and each layer's push constants. */
+  private readonly shared: { pipeline: ComputePipeline; gateRows: Buffer; push: Map<number, Uint32Array> } | undefined;
 
   constructor(device: Device, pool: ExpertPool, private readonly layer: GpuLayer, opts: MoeGraphStageOptions) {
     this.device = device;
@@ -188,6 +213,46 @@ export class QuantGraphStage implements MoeGraphStage {
     for (const b of this.owned) if (b !== this.table) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
     this.descriptors = new DescriptorPool(device, 16, 16 * (10 + p.maxSlabs));
     this.groupKernel = new GroupExpertsKernel(device);
+    this.shared = this.mode === "fused" && bda && opts.sharedExperts ? this.placeShared(pool.layout, opts.moeLayers, opts.sharedExperts) : undefined;
+  }
+
+  /**
+   * Each layer's shared expert that has the routed experts' shape, packed as one of them into a
+   * buffer of its own (their addresses go to the kernel as push constants), and the gate rows; the
+   * fused kernel with the shared slot. Undefined where no layer has one that fits.
+   */
+  private placeShared(layout: ExpertLayout, moeLayers: readonly number[], source: (l: number) => SharedExpertHost | undefined) {
+    const { format, groupSize, scaleType, hidden: D, intermediate: I } = layout.shape;
+    const fits = (m: QuantMatrix, rows: number, cols: number) => m.format === format && m.groupSize === groupSize && m.scaleType === scaleType && m.rows === rows && m.cols === cols;
+    const hosts = moeLayers.flatMap((l) => {
+      const h = source(l);
+      return h && fits(h.gate, I, D) && fits(h.up, I, D) && fits(h.down, D, I) && h.gateRow.length === D ? [{ l, h }] : [];
+    });
+    if (hosts.length === 0) return undefined;
+    const pipeline = createFusedSharedPipeline(this.device, this.layer.config, layout.shape, this.layer.pipelines.path);
+    if (!pipeline) return undefined;
+    const blobs = new Buffer(this.device, { size: BigInt(hosts.length * layout.bytes), memory: "device", deviceAddress: true, priority: 1 });
+    this.owned.push(blobs);
+    const gateRows = new Buffer(this.device, { size: BigInt(4 * hosts.length * D), memory: "device", priority: 1 });
+    this.owned.push(gateRows);
+    const bytes = new Uint8Array(hosts.length * layout.bytes), rows = new Float32Array(hosts.length * D);
+    const push = new Map<number, Uint32Array>();
+    hosts.forEach(({ l, h }, i) => {
+      packExpert(layout, h.gate, h.up, h.down, bytes.subarray(i * layout.bytes, (i + 1) * layout.bytes));
+      rows.set(h.gateRow, i * D);
+      const address = blobs.address + BigInt(i * layout.bytes);
+      const words = new Uint32Array(16);
+      words.set(this.layer.pushFused);
+      words.set([Number(address & 0xffffffffn), Number(address >> 32n), i * D], 13);
+      push.set(l, words);
+    });
+    uploadBytes(this.device, blobs, 0n, bytes);
+    uploadBytes(this.device, gateRows, 0n, new Uint8Array(rows.buffer));
+    return { pipeline, gateRows, push };
+  }
+
+  runsShared(layer: number, S = 1): boolean {
+    return this.shared?.push.has(layer) === true && this.pathFor(S) === "fused";
   }
 
   /** How a call of S tokens runs (see the module comment). */
@@ -205,7 +270,7 @@ export class QuantGraphStage implements MoeGraphStage {
     return this.layer.pipelines.maxSlabs > 0 ? [...stage, this.layer.slabArray(this.gate)] : stage;
   }
 
-  private setsFor(x: Buffer, y: Buffer, kernels: "fused" | "grouped" | "rows"): bigint[] {
+  private setsFor(x: Buffer, y: Buffer, kernels: "fused" | "fused-shared" | "grouped" | "rows"): bigint[] {
     const key = `${x.handle}/${y.handle}/${kernels}`;
     let sets = this.sets.get(key);
     if (sets) return sets;
@@ -220,6 +285,8 @@ export class QuantGraphStage implements MoeGraphStage {
       ];
     } else if (kernels === "fused") {
       sets = [this.descriptors.allocate(p.fused!, this.slabs([x, this.work, this.slotExpert, y, this.slotWeight, this.done, this.arrived, this.yacc!, this.gate].map(b)))];
+    } else if (kernels === "fused-shared") {
+      sets = [this.descriptors.allocate(this.shared!.pipeline, [x, this.work, this.slotExpert, y, this.slotWeight, this.done, this.arrived, this.yacc!, this.gate, this.shared!.gateRows].map(b))];
     } else {
       const q = this.quantized;
       const gateUp = [q ? q.xq : x, this.work, this.pairs, this.h, this.slotWeight, ...(q ? [q.xscale, q.xsum] : [])].map(b);
@@ -247,6 +314,14 @@ export class QuantGraphStage implements MoeGraphStage {
     const L = this.layer, p = L.pipelines, K = this.topK;
     const path = this.pathFor(S);
     const rows = path === "by-expert" && this.rowsForGrouped;
+    const shared = routing && this.runsShared(routing.layer, S) ? this.shared! : undefined;
+    if (shared) {
+      // the router's K slots a token, then the shared expert's
+      const set = this.setsFor(x, y, "fused-shared")[0]!;
+      cb.bind(shared.pipeline, set).pushConstants(shared.pipeline, shared.push.get(routing!.layer)!).dispatch(Math.ceil(L.I / p.fusedBlockRows), K + 1, S);
+      routing?.mark?.("fused + shared expert");
+      return;
+    }
     const sets = this.setsFor(x, y, path === "fused" ? "fused" : rows ? "rows" : "grouped");
     if (path === "fused") {
       cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
@@ -315,6 +390,7 @@ export class QuantGraphStage implements MoeGraphStage {
   }
 
   [Symbol.dispose](): void {
+    this.shared?.pipeline[Symbol.dispose]();
     this.groupKernel[Symbol.dispose]();
     this.descriptors[Symbol.dispose]();
     for (const b of this.owned) b[Symbol.dispose]();

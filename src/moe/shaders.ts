@@ -1,7 +1,7 @@
 /** The grouped MoE pipelines (see shaders/moe.glsl): interface and creation per device, expert shape and GEMV path. */
 import type { Device } from "../vk/device.ts";
 import { ComputePipeline } from "../vk/pipeline.ts";
-import { MOE_BINDINGS, MOE_FUSED_BINDINGS, MOE_FUSED_PUSH_BYTES, MOE_IDP_BINDINGS, MOE_PUSH_BYTES, QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
+import { MOE_BINDINGS, MOE_FUSED_BINDINGS, MOE_FUSED_PUSH_BYTES, MOE_FUSED_SHARED_BINDINGS, MOE_FUSED_SHARED_PUSH_BYTES, MOE_IDP_BINDINGS, MOE_PUSH_BYTES, QUANTIZE_ACT, shaderFile } from "../kernels/shaders.ts";
 import { specialization, type KernelConfig } from "../kernels/tuning.ts";
 import type { ExpertShape } from "../pool/expert-layout.ts";
 import type { Addressing } from "../pool/expert-pool.ts";
@@ -93,6 +93,28 @@ export function fusedIdpSharedBytes(D: number, fk: FusedKernelShape): number {
   return 4 * words * 2 + 4 * groups * 3 + 4 * fk.workgroupSize * rowsPerThread * 2 + 4 * fk.rowsPerWorkgroup + 4;
 }
 
+/** The fused kernel's shader (without the addressing suffix) and specialization. */
+function fusedShader(device: Device, config: KernelConfig, shape: ExpertShape, path: MoeGemvPath, fk: FusedKernelShape, sharedSlot = false): { name: string; spec: Record<number, number> } {
+  const spec = { ...specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), 9: shape.hidden };
+  // The integer-dot fused kernel keeps its token's int8 x in shared memory; past the device's
+  // limit (very wide D) the float one runs instead. The shared slot's gate sum takes a float a thread more.
+  const extra = sharedSlot ? 4 * fk.workgroupSize : 0;
+  const idp = path === "integer-dot" && fusedIdpSharedBytes(shape.hidden, fk) + extra <= device.info.limits.maxComputeSharedMemorySize;
+  return { name: `moe_fused_${sharedSlot ? "shared_" : ""}${shape.format}${idp ? "_idp" : ""}`, spec };
+}
+
+/**
+ * The fused kernel with a layer's shared expert as one more slot a token (moe_fused_shared_*, see
+ * shaders/moe.glsl SHARED_SLOT): the graph's decode calls of a Qwen3.5 MoE layer whose shared
+ * expert has the routed experts' shape. BDA addressing only (the shared blob is located by its
+ * address); undefined where the device has no float atomics (no fused kernel).
+ */
+export function createFusedSharedPipeline(device: Device, config: KernelConfig, shape: ExpertShape, path: MoeGemvPath): ComputePipeline | undefined {
+  if (!device.enabled.bufferFloat32AtomicAdd) return undefined;
+  const { name, spec } = fusedShader(device, config, shape, path, FUSED_KERNEL, true);
+  return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: MOE_FUSED_SHARED_BINDINGS, pushConstantBytes: MOE_FUSED_SHARED_PUSH_BYTES, specialization: spec });
+}
+
 /**
  * `prelaunchPolls`: 0 for no pre-launched pipeline, else how many times its kernel polls the
  * doorbell before it ends by itself without running (GATE_POLLS).
@@ -125,11 +147,7 @@ export function createMoePipelines(device: Device, config: KernelConfig, shape: 
     const rowsGateUp = keep(make(`moe_rows_gateup_${shape.format}`, MOE_BINDINGS, rowsSpec));
     const rowsDown = keep(make(`moe_rows_down_${shape.format}`, MOE_BINDINGS, rowsSpec));
     const sum = keep(new ComputePipeline(device, { spirv: shaderFile("moe_sum"), storageBuffers: 5, pushConstantBytes: 4, specialization: { 0: SUM_WORKGROUP } }));
-    const fusedSpec = { ...specialization({ ...config, ...fk }, shape.scaleType === "f16", shape.groupSize), 9: shape.hidden };
-    // The integer-dot fused kernel keeps its token's int8 x in shared memory; past the device's
-    // limit (very wide D) the float one runs instead.
-    const idpFused = idp && fusedIdpSharedBytes(shape.hidden, fk) <= device.info.limits.maxComputeSharedMemorySize;
-    const fusedName = idpFused ? `moe_fused_${shape.format}_idp` : `moe_fused_${shape.format}`;
+    const { name: fusedName, spec: fusedSpec } = fusedShader(device, config, shape, path, fk);
     const fused = device.enabled.bufferFloat32AtomicAdd ? keep(make(fusedName, MOE_FUSED_BINDINGS, fusedSpec, MOE_FUSED_PUSH_BYTES)) : undefined;
     const fusedPrelaunched = fused && prelaunchPolls > 0
       ? keep(make(fusedName, MOE_FUSED_BINDINGS, { ...fusedSpec, 10: 1, 11: prelaunchPolls }, MOE_FUSED_PUSH_BYTES))

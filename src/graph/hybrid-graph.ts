@@ -10,11 +10,12 @@
  *     f16 KV append (dec_rope_kv) → split attention (+ combine) → × sigmoid(gate) → o_proj (decode
  *     tokens: the rope step folded into the attention's pass 1, ROPE_FOLD);
  *   → RMSNorm (+ residual) → router, the shared expert's gate/up/scale → dec_route, SwiGLU →
- *   the MoE call, the shared expert's down → += sigmoid(scale) · shared (decode tokens of a float
- *   router whose shared gate and up are q4/q8 of one shape: the route in the router GEMV's last
- *   workgroup and the SwiGLU in a fused gate/up GEMV, so the route step goes, VKMOE_ROUTE_FOLD;
- *   at its `auto` the post norm in the router's workgroups too, the shared gate/up/scale then
- *   beside the experts' gate+up),
+ *   the MoE call, the shared expert's down → += sigmoid(scale) · shared. Decode calls of the fused
+ *   experts' kernel whose shared expert has the routed experts' shape (VKMOE_SHARED_SLOT): the
+ *   shared expert is one more slot a token of that call, and the router GEMV does the post norm in
+ *   each workgroup and the route in its last (VKMOE_ROUTE_FOLD): RMSNorm + router + route → the MoE
+ *   call. (VKMOE_ROUTE_FOLD=route also folds the route beside the shared expert's own GEMVs, its
+ *   gate/up fused with the SwiGLU: slower on the H100, so not by default.)
  * then the final norm, lm_head and nothing / the logits / the greedy argmax, as DecodeGraph.
  *
  * Split mode (no stage: the experts are not all resident), as DecodeGraph's: one recording per
@@ -150,17 +151,19 @@ export class HybridGraph implements Disposable {
   /** The float routers' GEMV, in the shape of `route` and `routerRoute` (not LinearKernels' CPU shape), so that folded and separate steps give the same bits. */
   private readonly routerGemv: GemvHalfKernel;
   /**
-   * Decode calls (S <= ROUTER_ROUTE_MAX_S) of a float router whose shared expert's gate and up fuse
-   * (DeviceLinear.fusesGateUp): the router GEMV routes the tokens in its last workgroup and the
-   * shared expert's SwiGLU is the fused gate+up GEMV's epilogue, so the route step goes (one
-   * dependent step fewer a layer); undefined with VKMOE_ROUTE_FOLD=off (read from the process env
-   * when the graph is made).
+   * Decode calls (S <= ROUTER_ROUTE_MAX_S) of a float router: the router GEMV routes the tokens in
+   * its last workgroup, so the route step goes (one dependent step fewer a layer). Where the layer's
+   * shared expert runs in the experts' call (VKMOE_ROUTE_FOLD auto or route), or, with `route`, where
+   * its gate and up fuse (DeviceLinear.fusesGateUp: the SwiGLU in that GEMV's epilogue); undefined
+   * with `off` (read from the process env when the graph is made).
    */
   private readonly routerRoute: RouterRouteKernel | undefined;
+  /** VKMOE_ROUTE_FOLD as the graph was made with. */
+  private readonly routeFoldMode: "auto" | "route" | "off";
   /**
    * The same with the post-attention norm folded in too (VKMOE_ROUTE_FOLD=auto, calls of up to its
-   * normTokens tokens): the shared expert's gate/up/scale then read the normed rows beside the
-   * experts' gate+up, one more dependent step fewer a layer.
+   * normTokens tokens, layers whose shared expert runs in the experts' call): one more dependent
+   * step fewer a layer.
    */
   private readonly routerRouteNorm: RouterRouteKernel | undefined;
   /** routerRoute's arrival word (0 between calls; the layers' calls are separated by barriers). */
@@ -275,10 +278,13 @@ export class HybridGraph implements Disposable {
       this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
       this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
-      const foldable = (L: LayerOnDevice, l: number) => L.router.floatWeights !== undefined && (stage?.runsShared?.(l, 1) === true || L.sharedGate.fusesGateUp(L.sharedUp, 1));
-      const routeFold = readConfig().VKMOE_ROUTE_FOLD;
-      this.routerRoute = routeFold !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
-      this.routerRouteNorm = this.routerRoute && routeFold === "auto" && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
+      // the route fold where the shared expert runs in the experts' call (auto, route); beside its own GEMVs (its
+      // gate/up fused) only when asked (route): slower there on the H100 (docs/measurements.md, 2026-12-07)
+      this.routeFoldMode = readConfig().VKMOE_ROUTE_FOLD;
+      const slot = (l: number) => stage?.runsShared?.(l, 1) === true;
+      const foldable = (L: LayerOnDevice, l: number) => L.router.floatWeights !== undefined && (slot(l) || (this.routeFoldMode === "route" && L.sharedGate.fusesGateUp(L.sharedUp, 1)));
+      this.routerRoute = this.routeFoldMode !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
+      this.routerRouteNorm = this.routerRoute && this.routeFoldMode === "auto" && this.layers.some((_, l) => slot(l)) && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
         ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
         : undefined;
       this.routeArrived = this.buffer(16);
@@ -508,12 +514,9 @@ export class HybridGraph implements Disposable {
       const routerWeights = L.router.floatWeights;
       // decode calls of the fused experts' kernel run the shared expert as one more slot a token (VKMOE_SHARED_SLOT)
       const sharedInCall = !end.split && st?.runsShared?.(l, S) === true;
-      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && (sharedInCall || L.sharedGate.fusesGateUp(L.sharedUp, S));
-      // the norm can go into the router too where nothing else reads its rows in that step: the shared expert is in
-      // the experts' call, or its fused gate/up and scale (float rows) run beside the experts' first step and its
-      // down beside their last (so not beside a call of one step: the down would read the gate/up's output with no
-      // barrier between)
-      const normFold = routeFold && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens && (sharedInCall || (!L.sharedScale.takesQuantized(S) && !st!.oneStep(S)));
+      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && (sharedInCall || (this.routeFoldMode === "route" && L.sharedGate.fusesGateUp(L.sharedUp, S)));
+      // and the norm, where nothing but the router reads its rows in that step (the shared expert is in the experts' call)
+      const normFold = routeFold && sharedInCall && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens;
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
         xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, sharedInCall ? [L.router] : [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
@@ -524,13 +527,10 @@ export class HybridGraph implements Disposable {
       const sharedGateUp = () => (sharedInCall ? 0 : L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale));
       const withShared = (name: string) => (sharedInCall ? name : `${name}, shared gate/up/scale`);
       if (normFold) {
-        // each router workgroup norms the rows itself, its last moves the residual on, writes xn and routes; the
-        // shared expert's gate/up/scale (where not in the experts' call) read xn behind the barrier, beside the experts' gate+up
+        // each router workgroup norms the rows itself, its last moves the residual on, writes xn and routes
         const norm = { h: s.h, add: s.o, weights: P, weightOffset: L.postNorm, eps, xn: s.xn };
         this.routerRouteNorm!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm });
         op("post norm + router + route");
-        cb.barrier("computeToCompute");
-        if (!sharedInCall) op("shared gate/up/scale", sharedGateUp());
       } else if (routeFold) {
         // the route in the router's last workgroup, the shared expert's SwiGLU in its gate/up GEMV: no route step
         this.routerRoute!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
@@ -560,7 +560,7 @@ export class HybridGraph implements Disposable {
           op("route, shared swiglu", 2);
         }
       }
-      if (!normFold) cb.barrier("computeToCompute");
+      cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);

@@ -105,11 +105,6 @@ export interface MoeGraphStage extends Disposable {
   /** Dispatches a call of S tokens records. */
   dispatches(S?: number): number;
   /**
-   * Whether a call of S tokens is one dispatch with no barrier inside (the fused kernel): what the
-   * caller records beside it then runs alongside all of it, not after its first step.
-   */
-  oneStep(S?: number): boolean;
-  /**
    * Whether a call of S tokens of this layer runs its shared expert too (one more slot a token:
    * sigmoid(x . gate row) times the shared expert, added into y): the caller then runs no shared
    * expert of its own. Absent: never.
@@ -369,10 +364,6 @@ export class QuantGraphStage implements MoeGraphStage {
     mark("down");
     cb.barrier("computeToCompute").bind(p.sum, sets[i++]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
     mark("sum");
-  }
-
-  oneStep(S = 1): boolean {
-    return this.pathFor(S) === "fused";
   }
 
   /** Dispatches a call of S tokens records. */

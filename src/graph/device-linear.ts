@@ -410,6 +410,17 @@ export class DeviceLinear implements Disposable {
   }
 
   /**
+   * Where a call of S tokens takes the integer-dot GEMV of GGML blocks: records x's quantization into
+   * this matrix's own scratch and returns the scratch, for a recordFrom behind a barrier (so that the
+   * two can run beside other steps' work); elsewhere records nothing and returns undefined.
+   */
+  recordQuantize(cb: CommandBuffer, x: Buffer, S = 1): GgmlIdpScratch | undefined {
+    if (!this.blocks || this.ggmlPath(S) !== "idp-gemv") return undefined;
+    this.kernels.ggmlIdpKernel(this.blocks.type, this.rows, S).recordQuantize(cb, { matrix: this.blocks, x, S, scratch: this.idpScratch! });
+    return this.idpScratch;
+  }
+
+  /**
    * Whether this matrix (a SwiGLU block's gate) and `up` can run a call of S tokens as one fused
    * gate+up GEMV (recordGateUp): both q4/q8 of one format and shape, on the GEMV path.
    */

@@ -561,10 +561,13 @@ export class HybridGraph implements Disposable {
         }
       }
       cb.barrier("computeToCompute");
+      // a shared down on the integer-dot GEMV quantizes its input beside the experts' first step and runs beside
+      // their last (no step of its own), where the call has a barrier inside
+      const downQ = !sharedInCall && !st!.oneStep(S) ? L.sharedDown.recordQuantize(cb, s.sharedG, S) : undefined;
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);
-      if (!sharedInCall) op("shared down_proj", lin(L.sharedDown, s.sharedG, s.sharedOut));
+      if (!sharedInCall) op("shared down_proj", (downQ ? 1 : 0) + L.sharedDown.recordFrom(cb, s.sharedG, downQ, s.sharedOut, S));
       cb.barrier("computeToCompute");
       // the next norm adds the shared expert where the experts' call did not
       sharedPending = !sharedInCall;

@@ -486,6 +486,11 @@ export class GgmlGraphStage implements MoeGraphStage {
     return !this.byExpert(S) && this.opts.topK <= MOE_GGML_MAX_SLOTS;
   }
 
+  /** gate+up, then down (+ sum) behind a barrier, at every S. */
+  oneStep(): boolean {
+    return false;
+  }
+
   dispatches(S = 1): number {
     if (this.downSums(S)) return 2;
     if (!this.byExpert(S)) return 3;

@@ -109,6 +109,11 @@ export interface MoeGraphStage extends Disposable {
    * sigmoid(x . gate row) times the shared expert, added into y): the caller then runs no shared
    * expert of its own. Absent: never.
    */
+  /**
+   * Whether a call of S tokens is one dispatch with no barrier inside (the fused kernel): what the
+   * caller records beside it runs alongside all of it, none of it after the call's first step.
+   */
+  oneStep(S?: number): boolean;
   runsShared?(layer: number, S?: number): boolean;
   /** Whether a call of S tokens can do the next layer's input norm itself (StageRouting.normTail). */
   foldsNorm?(S: number): boolean;
@@ -244,6 +249,10 @@ export class QuantGraphStage implements MoeGraphStage {
     uploadBytes(this.device, blobs, 0n, bytes);
     uploadBytes(this.device, gateRows, 0n, new Uint8Array(rows.buffer));
     return { pipeline, gateRows, push };
+  }
+
+  oneStep(S = 1): boolean {
+    return this.pathFor(S) === "fused";
   }
 
   runsShared(layer: number, S = 1): boolean {

@@ -256,11 +256,16 @@ export class GgmlGemvIdpKernel extends DecoderKernel {
 
   /** Records quantize, a compute-to-compute barrier, and the GEMV. The caller places barriers around the whole. */
   record(cb: CommandBuffer, a: GgmlGemvIdpArgs): CommandBuffer {
-    const m = a.matrix, sc = a.scratch, xOffset = a.xOffset ?? 0;
+    this.recordQuantize(cb, a).barrier("computeToCompute");
+    return this.recordQuantized(cb, a);
+  }
+
+  /** Records x's quantization into the scratch alone, for a recordQuantized behind a barrier the caller places. */
+  recordQuantize(cb: CommandBuffer, a: Omit<GgmlGemvIdpArgs, "y" | "yOffset">): CommandBuffer {
+    const m = a.matrix, xOffset = a.xOffset ?? 0;
     this.checkArgs(a);
     checkRange("ggml idp gemv x", a.x, xOffset, a.S * m.cols);
-    this.quantize.record(cb, a.x, xOffset, sc, m.cols, a.S).barrier("computeToCompute");
-    return this.recordQuantized(cb, a);
+    return this.quantize.record(cb, a.x, xOffset, a.scratch, m.cols, a.S);
   }
 
   /**
@@ -279,7 +284,7 @@ export class GgmlGemvIdpKernel extends DecoderKernel {
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 
-  private checkArgs(a: Omit<GgmlGemvIdpArgs, "x" | "xOffset">): void {
+  private checkArgs(a: Pick<GgmlGemvIdpArgs, "matrix" | "S" | "scratch">): void {
     const m = a.matrix, S = a.S, sc = a.scratch;
     checkGemvArgs(this.type, m, S);
     if (sc.cols !== m.cols || sc.maxTokens < S) throw new InvalidArgumentError(`a scratch of ${sc.maxTokens} tokens x ${sc.cols} columns for ${S} tokens x ${m.cols}`);

@@ -881,11 +881,14 @@ export class HybridSequence implements Disposable {
 export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, ctx: number, slots = 1): number {
   let bytes = w.lmHead.bytes;
   const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd, convKernel } = cfg.linear;
+  const sharedSlot = readConfig().VKMOE_SHARED_SLOT !== "off";
   const C = 2 * KH * kd + VH * vd;
   let full = 0;
   for (const l of w.layers) {
     const sh = l.shared;
     bytes += l.router.bytes + sh.gate.bytes + sh.up.bytes + sh.down.bytes + sh.scale.bytes + 8 * cfg.hidden;
+    // a q4/q8 shared expert's second copy, packed as an expert for the fused call (VKMOE_SHARED_SLOT; where its shape fits)
+    if (sharedSlot && (sh.gate.kind === "q4" || sh.gate.kind === "q8")) bytes += sh.gate.bytes + sh.up.bytes + sh.down.bytes + 4 * cfg.hidden;
     // the conv taps once; each sequence's conv and recurrent states
     if (l.linear) bytes += l.linear.qkv.bytes + l.linear.z.bytes + l.linear.a.bytes + l.linear.b.bytes + l.linear.out.bytes + 4 * (C * convKernel + slots * (C * (convKernel - 1) + VH * kd * vd));
     if (l.attention) {

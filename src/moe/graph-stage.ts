@@ -105,15 +105,15 @@ export interface MoeGraphStage extends Disposable {
   /** Dispatches a call of S tokens records. */
   dispatches(S?: number): number;
   /**
-   * Whether a call of S tokens of this layer runs its shared expert too (one more slot a token:
-   * sigmoid(x . gate row) times the shared expert, added into y): the caller then runs no shared
-   * expert of its own. Absent: never.
-   */
-  /**
    * Whether a call of S tokens is one dispatch with no barrier inside (the fused kernel): what the
    * caller records beside it runs alongside all of it, none of it after the call's first step.
    */
   oneStep(S?: number): boolean;
+  /**
+   * Whether a call of S tokens of this layer runs its shared expert too (one more slot a token:
+   * sigmoid(x . gate row) times the shared expert, added into y): the caller then runs no shared
+   * expert of its own. Absent: never.
+   */
   runsShared?(layer: number, S?: number): boolean;
   /** Whether a call of S tokens can do the next layer's input norm itself (StageRouting.normTail). */
   foldsNorm?(S: number): boolean;
@@ -228,9 +228,7 @@ export class QuantGraphStage implements MoeGraphStage {
       const h = source(l);
       return h && fits(h.gate, I, D) && fits(h.up, I, D) && fits(h.down, D, I) && h.gateRow.length === D ? [{ l, h }] : [];
     });
-    if (hosts.length === 0) return undefined;
-    const pipeline = createFusedSharedPipeline(this.device, this.layer.config, layout.shape, this.layer.pipelines.path);
-    if (!pipeline) return undefined;
+    if (hosts.length === 0 || !this.device.enabled.bufferFloat32AtomicAdd) return undefined;
     const blobs = new Buffer(this.device, { size: BigInt(hosts.length * layout.bytes), memory: "device", deviceAddress: true, priority: 1 });
     this.owned.push(blobs);
     const gateRows = new Buffer(this.device, { size: BigInt(4 * hosts.length * D), memory: "device", priority: 1 });
@@ -248,6 +246,8 @@ export class QuantGraphStage implements MoeGraphStage {
     });
     uploadBytes(this.device, blobs, 0n, bytes);
     uploadBytes(this.device, gateRows, 0n, new Uint8Array(rows.buffer));
+    // last: the buffers above are owned (disposed with the stage) whatever happens here
+    const pipeline = createFusedSharedPipeline(this.device, this.layer.config, layout.shape, this.layer.pipelines.path)!;
     return { pipeline, gateRows, push };
   }
 

@@ -202,8 +202,9 @@ export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, 
       backend.stopPrelaunch("the hybrid graph's split runs share the queue");
       backend.sharedDevice = true; // on a lost device the session says it, and frees the graph first
     }
+    const slot = stage !== undefined && moeLayers.some((l) => stage!.runsShared?.(l, 1) === true);
     const why = stage
-      ? `${ctx.device.info.name}: every op of the token in one submit (Gated DeltaNet and gated attention layers, shared expert), ${stage.mode} MoE call`
+      ? `${ctx.device.info.name}: every op of the token in one submit (Gated DeltaNet and gated attention layers, shared expert), ${stage.mode} MoE call${slot ? " (decode: the shared expert in it)" : ""}`
       : `${ctx.device.info.name}: the dense ops on the GPU a layer a submit (Gated DeltaNet and gated attention layers, shared expert), the experts through the per-layer MoE call (${notResident})`;
     return new HybridDecoder(graph, why);
   } catch (e) {

@@ -32,9 +32,13 @@
 // tokens, and writes each token's outputs to shared memory (one barrier more per token). The conv
 // state [channels][CONV_KERNEL-1] (binding 8) is read only: the value heads of one key head all read
 // its q and k channels, so none may write them; dec_conv1d's advance mode moves the state on after.
+// Quantized output (flags bit 4): each token's head output also as the integer-dot GEMVs read it
+// (quantize_group16.glsl: groups of 16 columns from outOffset + h * VALUE_DIM, row t of
+// qGroupsPerRow groups; bindings 9-11), so out_proj needs no quantize step of its own.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 512, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint KEY_DIM = 128;
@@ -61,10 +65,14 @@ layout(set = 0, binding = 5) buffer State { float state[]; };
 layout(set = 0, binding = 6) writeonly buffer Out { float outv[]; };
 layout(set = 0, binding = 7) readonly buffer Runs { uint runs[]; };
 layout(set = 0, binding = 8) readonly buffer ConvState { float convState[]; };
+layout(set = 0, binding = 9) writeonly buffer OutQ { uvec4 outQ[]; };
+layout(set = 0, binding = 10) writeonly buffer OutScale { float outScale[]; };
+layout(set = 0, binding = 11) writeonly buffer OutSum { int outSum[]; };
 
 #include "dec_runs.glsl"
 #define CONV_TAPS CONV_KERNEL
 #include "conv1d.glsl"
+#include "quantize_group16.glsl"
 
 layout(push_constant) uniform Push {
     uint S;
@@ -93,6 +101,7 @@ layout(push_constant) uniform Push {
     uint convWOffset;   // conv fold: floats in params: the taps [channels][CONV_KERNEL]
     uint convStateOffset;  // conv fold: floats: [channels][CONV_KERNEL-1]
     uint convStateStride;  // conv fold, runs mode: floats between sequences' conv states
+    uint qGroupsPerRow;    // quantized output: groups of 16 in a token's row (its columns / 16)
 } pc;
 
 shared float kvPart[WG];
@@ -100,6 +109,7 @@ shared float oPart[WG];
 shared float kSquares[PARTS];
 shared float qSquares[PARTS];
 shared float mixedConv[FOLD_CHANNELS];  // conv fold: the current token's q | k | v
+shared float headOut[VALUE_DIM];        // quantized output: the token's head output
 
 void main() {
     const uint h = gl_WorkGroupID.x;
@@ -118,6 +128,7 @@ void main() {
     const bool gatesGiven = (pc.flags & 2u) != 0u;
     const float qScale = 1.0 / sqrt(float(KEY_DIM));
     const bool convFold = (pc.flags & 8u) != 0u;
+    const bool quantOut = (pc.flags & 16u) != 0u;
 
     // conv fold: channel of each slot (a row position), its taps and window
     const uint convAt = pc.convStateOffset + (batched ? runs[RUN_STATE + run] * pc.convStateStride : 0u);
@@ -210,6 +221,23 @@ void main() {
             y = (params[pc.normOffset + j] * (y * inv)) * silu(zj);
         }
         if (p == 0u) outv[pc.outOffset + t * pc.outStride + h * VALUE_DIM + j] = y;
+        if (quantOut) {
+            // the next token writes headOut after this token's later barriers, which its readers pass first
+            if (p == 0u) headOut[j] = y;
+            barrier();
+            if (li < VALUE_DIM / 16u) {
+                float v[16];
+                for (uint c = 0u; c < 16u; c++) v[c] = headOut[16u * li + c];
+                uvec4 words;
+                float scale;
+                int qsum;
+                quantizeGroup16(v, words, scale, qsum);
+                const uint g = t * pc.qGroupsPerRow + (pc.outOffset + h * VALUE_DIM) / 16u + li;
+                outQ[g] = words;
+                outScale[g] = scale;
+                outSum[g] = qsum;
+            }
+        }
     }
 
     for (uint r = 0u; r < ROWS; r++) state[sAt + r * VALUE_DIM] = s[r];

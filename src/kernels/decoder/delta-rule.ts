@@ -36,15 +36,17 @@ import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import { CONV1D_MAX_KERNEL } from "./conv1d.ts";
 import { GatedNormKernel } from "./gated-norm.ts";
+import type { GgmlIdpScratch } from "./ggml-gemv.ts";
 import { checkRuns, RUNS_MAX_TOKENS, type RunsBinding } from "./runs.ts";
 
 /**
- * qkv r, a r, b r, z r, params r, state rw, out w, runs r, conv state r; push S, keyHeads, valueHeads, qOffset, kOffset,
- * vOffset, qkvStride, aOffset, aStride, bOffset, bStride, zOffset, zStride, outOffset, outStride,
- * stateOffset, negAOffset, dtBiasOffset, normOffset (uints), eps (f32, byte 76), flags, stateStride,
- * rowOffset, convWOffset, convStateOffset, convStateStride: 104 B.
+ * qkv r, a r, b r, z r, params r, state rw, out w, runs r, conv state r, quantized out xq w, xscale w,
+ * xsum w; push S, keyHeads, valueHeads, qOffset, kOffset, vOffset, qkvStride, aOffset, aStride, bOffset,
+ * bStride, zOffset, zStride, outOffset, outStride, stateOffset, negAOffset, dtBiasOffset, normOffset
+ * (uints), eps (f32, byte 76), flags, stateStride, rowOffset, convWOffset, convStateOffset,
+ * convStateStride, qGroupsPerRow: 108 B.
  */
-export const DEC_DELTA_RULE: ShaderInterface = { name: "dec_delta_rule", storageBuffers: 9, pushConstantBytes: 104 };
+export const DEC_DELTA_RULE: ShaderInterface = { name: "dec_delta_rule", storageBuffers: 12, pushConstantBytes: 108 };
 export const DELTA_RULE_MAX_S = 64;
 /** State rows each invocation keeps in registers by default (keyDim / parts). */
 const DEFAULT_ROWS = 32;
@@ -93,6 +95,12 @@ export interface DeltaRuleArgs {
    * [channels][kernel − 1] at stateOffset, read only (with runs: sequence i's `stateStride` floats further).
    */
   conv?: DeltaRuleConv;
+  /**
+   * The output quantized too, as the integer-dot GEMVs read it (recurrent kernel only): token t's
+   * row t of the scratch, whose columns are the output's row (outStride), groups of 16 from
+   * outOffset (a multiple of 16, as valueDim must be).
+   */
+  quantized?: GgmlIdpScratch;
 }
 
 export interface DeltaRuleConv {
@@ -156,13 +164,19 @@ export class DeltaRuleKernel extends DecoderKernel {
       checkRuns("delta rule", a.runs, a.state, r.stateOffset, this.stateFloats(Hv));
     }
     const conv = a.conv ? this.resolveConv(a, r) : undefined;
-    const flags = (norm ? 1 : 0) | (given ? 2 : 0) | (a.runs ? 4 : 0) | (conv ? 8 : 0);
-    // without runs the table binding is unread, without conv the conv state: qkv stands in
-    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, a.params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv, a.conv?.state ?? a.qkv]);
+    const q = a.quantized;
+    if (q) {
+      if (q.cols !== r.outStride || q.maxTokens < S) throw new InvalidArgumentError(`delta rule quantized output: a scratch of ${q.maxTokens} tokens x ${q.cols} columns for ${S} tokens x ${r.outStride}`);
+      if (r.outOffset % 16 !== 0 || this.valueDim % 16 !== 0 || r.outOffset + Hv * this.valueDim > r.outStride) throw new InvalidArgumentError(`delta rule quantized output: heads at column ${r.outOffset} of ${this.valueDim} each must be whole groups of 16 inside a row of ${r.outStride}`);
+    }
+    const flags = (norm ? 1 : 0) | (given ? 2 : 0) | (a.runs ? 4 : 0) | (conv ? 8 : 0) | (q ? 16 : 0);
+    // without runs the table binding is unread, without conv the conv state: qkv stands in; without
+    // the quantized output its bindings are unwritten: out stands in
+    const set = this.setFor([a.qkv, a.a, a.b, norm?.z ?? a.qkv, a.params ?? a.qkv, a.state, a.out, a.runs?.table ?? a.qkv, a.conv?.state ?? a.qkv, q?.xq ?? a.out, q?.xscale ?? a.out, q?.xsum ?? a.out]);
     const pc = pushWords(
       [
         S, Hk, Hv, r.qOffset, r.kOffset, r.vOffset, r.qkvStride, r.aOffset, r.aStride, r.bOffset, r.bStride, r.zOffset, r.zStride, r.outOffset, r.outStride, r.stateOffset, r.negAOffset, r.dtBiasOffset, norm?.weightOffset ?? 0, norm?.eps ?? 0, flags, a.runs?.stateStride ?? 0,
-        conv?.rowOffset ?? 0, conv?.weightOffset ?? 0, conv?.stateOffset ?? 0, conv?.stateStride ?? 0,
+        conv?.rowOffset ?? 0, conv?.weightOffset ?? 0, conv?.stateOffset ?? 0, conv?.stateStride ?? 0, q ? r.outStride / 16 : 0,
       ],
       [19],
     );
@@ -339,6 +353,7 @@ export class DeltaRuleChunkedKernel extends DecoderKernel {
   recordCore(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
     if (a.conv) throw new InvalidArgumentError("the chunked delta rule takes the conv's output: the conv fold is the recurrent kernel's");
     if (a.runs) throw new InvalidArgumentError("the chunked delta rule runs one sequence: a batch (runs) takes the recurrent kernel");
+    if (a.quantized) throw new InvalidArgumentError("the chunked delta rule writes float rows only: the quantized output is the recurrent kernel's");
     const r = resolveDeltaRuleArgs(this.device, a, this.keyDim, this.valueDim);
     const slices = Math.ceil(this.valueDim / this.valueSlice);
     if (slices > this.device.info.limits.maxComputeWorkGroupCount[1]!) throw new InvalidArgumentError(`${slices} value slices are more workgroups than the device dispatches in y`);

@@ -140,6 +140,8 @@ export class HybridGraph implements Disposable {
   private readonly norm: NormFeed;
   /** o_proj's input quantized by the attention's combine, where the o matrices take the integer-dot path. */
   readonly attnQuant: GgmlIdpScratch | undefined;
+  /** The recurrent delta rule's output quantized for out_proj, where out_proj reads quantized rows (no quantize step of its own). */
+  readonly coreQuant: GgmlIdpScratch | undefined;
   private readonly conv1d: Conv1dKernel;
   private readonly deltaRule: DeltaRuleKernel;
   /** Prompt chunks of DELTA_RULE_CHUNKED_MIN_S tokens or more (not batches); absent where the device's shared memory is too small for it. */
@@ -260,6 +262,9 @@ export class HybridGraph implements Disposable {
       this.lmHead = up("lm_head", weights.lmHead);
       if (this.layers.some((L) => L.mixer.kind === "full" && L.mixer.o.takesQuantized(1))) {
         this.attnQuant = this.own(new GgmlIdpScratch(device, cfg.heads * cfg.headDim, this.linears.quantizedTokens));
+      }
+      if (this.layers.some((L) => L.mixer.kind === "linear" && L.mixer.out.takesQuantized(1))) {
+        this.coreQuant = this.own(new GgmlIdpScratch(device, Vd, this.linears.quantizedTokens));
       }
       const data = new Float32Array(at);
       let o = 0;
@@ -453,6 +458,8 @@ export class HybridGraph implements Disposable {
         }
         // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
         const g = m.groups, heads = VH / g;
+        // the recurrent kernel writes its rows quantized too where out_proj reads quantized rows (no quantize step there)
+        const coreQ = !chunked && this.coreQuant && S <= this.coreQuant.maxTokens && m.out.takesQuantized(S) ? this.coreQuant : undefined;
         const deltaArgs = (j: number): DeltaRuleArgs => ({
           S, keyHeads: g === 1 ? KH : heads, valueHeads: heads, qkv: fold ? s.mixed : s.conv, qOffset: 0, kOffset: Kd, vOffset: 2 * Kd + j * heads * vd, qkvStride: C,
           a: s.a, b: s.b, aOffset: j * heads, aStride: VH, bOffset: j * heads, bStride: VH,
@@ -462,6 +469,7 @@ export class HybridGraph implements Disposable {
           norm: { z: s.z, zOffset: j * heads * vd, zStride: Vd, weightOffset: m.norm, eps },
           runs: deltaRuns,
           ...(fold && { conv: { weightOffset: m.conv, state: state.conv, stateOffset: convArgs.stateOffset, stateStride: convRuns?.stateStride } }),
+          ...(coreQ && { quantized: coreQ }),
         });
         if (chunked) {
           // every group's delta rule, one barrier, then one gated norm over all value heads (the groups' outputs tile s.core)
@@ -473,7 +481,7 @@ export class HybridGraph implements Disposable {
         }
         op(fold ? "delta rule + gated norm (+ conv1d)" : "delta rule + gated norm", chunked ? g + 1 : g);
         cb.barrier("computeToCompute");
-        op("out_proj", lin(m.out, s.core, s.o));
+        op("out_proj", m.out.recordFrom(cb, s.core, coreQ, s.o, S));
         if (fold) {
           // beside out_proj, no barrier of its own: the conv state is next read by this layer's next call, and
           // `mixed` next written by the next layer's qkv, both behind the barriers that end this layer

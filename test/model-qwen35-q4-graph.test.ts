@@ -22,6 +22,7 @@ import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.
 import { shapeByName } from "../src/model/shapes.ts";
 import { decodeTokenCommands, processEnv } from "./support/graph-switches.ts";
 import { compareWithCpu } from "./support/logits.ts";
+import { nmse } from "../src/quant/metrics.ts";
 
 const VOCAB = 1024;
 const BOUND = 1e-6;
@@ -57,7 +58,7 @@ describe("the Qwen3.5 graph's decode folds on a Q4_0 file with random norms", ()
 
 describe("the shared expert as one more slot of the fused experts' call (VKMOE_SHARED_SLOT)", () => {
   // float atomics on: the fused call (one dispatch) is what takes the shared expert; its sums land in any order
-  test(`auto: the shared expert inside the experts' call, the post norm and the route in the router: two barriers and seven dispatches a layer fewer than off; both within NMSE ${BOUND} of the CPU decoder at every step; synchronization validation clean`, async () => {
+  test(`auto: the shared expert inside the experts' call, the post norm and the route in the router: two barriers and seven dispatches a layer fewer than off; both within NMSE ${BOUND} of the CPU decoder at every step, a batch's decode rounds too; synchronization validation clean`, async () => {
     using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
     const counts: Record<string, { dispatches: number; barriers: number }> = {};
     for (const slot of ["auto", "off"] as const) {
@@ -66,7 +67,23 @@ describe("the shared expert as one more slot of the fused experts' call (VKMOE_S
       expect(gpu.device.mode, gpu.device.why).toBe("resident");
       expect(gpu.device.why).toContain(slot === "auto" ? "fused MoE call (decode: the shared expert in it)" : "fused MoE call;");
       counts[slot] = decodeTokenCommands(gpu);
-      const worst = compareWithCpu(gpu, cpu, PROMPTS, { cache: "f16", bound: BOUND });
+      let worst = compareWithCpu(gpu, cpu, PROMPTS, { cache: "f16", bound: BOUND });
+      // a batch's decode rounds (3 sequences a replay: S = 3 fused calls) against each sequence's own CPU session
+      {
+        using batch = gpu.batch({ slots: 3, ctx: 64 });
+        expect(batch.path).toBe("device-batch");
+        const own = [0, 1, 2].map(() => cpu.session({ ctx: 64, cpuCache: "f16" }));
+        const starts = [PROMPTS[0]!, PROMPTS[1]!.slice(0, 7), PROMPTS[1]!.slice(5, 9)];
+        const first = batch.prefillMany(starts.map((ids, slot) => ({ slot, ids }))).map((x) => x.slice());
+        first.forEach((x, i) => (worst = Math.max(worst, nmse(own[i]!.prefill(starts[i]!), x))));
+        for (let r = 0; r < 4; r++) {
+          const ids = [11 + r, 300 + r, 700 + 5 * r];
+          const got = batch.step(ids.map((id, slot) => ({ slot, id }))).map((x) => x.slice());
+          got.forEach((x, i) => (worst = Math.max(worst, nmse(own[i]!.step(ids[i]!), x))));
+        }
+        for (const o of own) o[Symbol.dispose]();
+      }
+      expect(worst).toBeLessThanOrEqual(BOUND);
       expect(gpu.takeValidationMessages()).toEqual([]);
       console.log(`qwen3.5 Q4_0 random norms, VKMOE_SHARED_SLOT=${slot}: ${counts[slot]!.barriers} barriers and ${counts[slot]!.dispatches} dispatches a decode token, worst NMSE ${worst.toExponential(2)}`);
     }

@@ -106,9 +106,7 @@ float sharedSlotWeight(uint token) {
         if (gl_LocalInvocationIndex < n) gateSum[gl_LocalInvocationIndex] += gateSum[gl_LocalInvocationIndex + n];
         barrier();
     }
-    const float g = gateSum[0];
-    barrier();  // gateSum may be written again by the next call of this (none today)
-    return 1.0 / (1.0 + exp(-g));
+    return 1.0 / (1.0 + exp(-gateSum[0]));
 }
 #endif
 
@@ -161,7 +159,6 @@ bool waitForDoorbell(uint want) {
 // and in flight together, one memory latency instead of three in a row.
 void main() {
     const uint token = gl_WorkGroupID.z;
-    const uint slot = token * gl_NumWorkGroups.y + gl_WorkGroupID.y;
     const uint rowBase = gl_WorkGroupID.x * ROWS_PER_WG;
     uint seq;  // the call's sequence number, for the completion word
     if (PRELAUNCHED) {
@@ -181,6 +178,7 @@ void main() {
     float w = sharedSlot ? 1.0 : slotWeight[routedSlot];
     const uvec2 expert = sharedSlot ? uvec2(pc.sharedExpertLo, pc.sharedExpertHi) : slotExpert[routedSlot];
 #else
+    const uint slot = token * gl_NumWorkGroups.y + gl_WorkGroupID.y;
     const float w = slotWeight[slot];
     const uvec2 expert = slotExpert[slot];
 #endif

@@ -895,8 +895,8 @@ export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, 
   for (const l of w.layers) {
     const sh = l.shared;
     bytes += l.router.bytes + sh.gate.bytes + sh.up.bytes + sh.down.bytes + sh.scale.bytes + 8 * cfg.hidden;
-    // a q4/q8 shared expert's second copy, packed as an expert for the fused call (VKMOE_SHARED_SLOT; where its shape fits)
-    if (sharedSlot && (sh.gate.kind === "q4" || sh.gate.kind === "q8")) bytes += sh.gate.bytes + sh.up.bytes + sh.down.bytes + 4 * cfg.hidden;
+    // a q4/q8 shared expert of the routed experts' width: its second copy, packed as an expert for the fused call (VKMOE_SHARED_SLOT)
+    if (sharedSlot && (sh.gate.kind === "q4" || sh.gate.kind === "q8") && sh.gate.rows === cfg.expertIntermediate) bytes += sh.gate.bytes + sh.up.bytes + sh.down.bytes + 4 * cfg.hidden;
     // the conv taps once; each sequence's conv and recurrent states
     if (l.linear) bytes += l.linear.qkv.bytes + l.linear.z.bytes + l.linear.a.bytes + l.linear.b.bytes + l.linear.out.bytes + 4 * (C * convKernel + slots * (C * (convKernel - 1) + VH * kd * vd));
     if (l.attention) {

@@ -228,7 +228,7 @@ export class QuantGraphStage implements MoeGraphStage {
       const h = source(l);
       return h && fits(h.gate, I, D) && fits(h.up, I, D) && fits(h.down, D, I) && h.gateRow.length === D ? [{ l, h }] : [];
     });
-    if (hosts.length === 0 || !this.device.enabled.bufferFloat32AtomicAdd) return undefined;
+    if (hosts.length === 0) return undefined;
     const blobs = new Buffer(this.device, { size: BigInt(hosts.length * layout.bytes), memory: "device", deviceAddress: true, priority: 1 });
     this.owned.push(blobs);
     const gateRows = new Buffer(this.device, { size: BigInt(4 * hosts.length * D), memory: "device", priority: 1 });
@@ -247,7 +247,7 @@ export class QuantGraphStage implements MoeGraphStage {
     uploadBytes(this.device, blobs, 0n, bytes);
     uploadBytes(this.device, gateRows, 0n, new Uint8Array(rows.buffer));
     // last: the buffers above are owned (disposed with the stage) whatever happens here
-    const pipeline = createFusedSharedPipeline(this.device, this.layer.config, layout.shape, this.layer.pipelines.path)!;
+    const pipeline = createFusedSharedPipeline(this.device, this.layer.config, layout.shape, this.layer.pipelines.path);
     return { pipeline, gateRows, push };
   }
 

@@ -106,11 +106,10 @@ function fusedShader(device: Device, config: KernelConfig, shape: ExpertShape, p
 /**
  * The fused kernel with a layer's shared expert as one more slot a token (moe_fused_shared_*, see
  * shaders/moe.glsl SHARED_SLOT): the graph's decode calls of a Qwen3.5 MoE layer whose shared
- * expert has the routed experts' shape. BDA addressing only (the shared blob is located by its
- * address); undefined where the device has no float atomics (no fused kernel).
+ * expert has the routed experts' shape. Where the layer's fused kernel exists (float atomics), with
+ * BDA addressing (the shared blob is located by its address).
  */
-export function createFusedSharedPipeline(device: Device, config: KernelConfig, shape: ExpertShape, path: MoeGemvPath): ComputePipeline | undefined {
-  if (!device.enabled.bufferFloat32AtomicAdd) return undefined;
+export function createFusedSharedPipeline(device: Device, config: KernelConfig, shape: ExpertShape, path: MoeGemvPath): ComputePipeline {
   const { name, spec } = fusedShader(device, config, shape, path, FUSED_KERNEL, true);
   return new ComputePipeline(device, { spirv: shaderFile(`${name}_bda`), storageBuffers: MOE_FUSED_SHARED_BINDINGS, pushConstantBytes: MOE_FUSED_SHARED_PUSH_BYTES, specialization: spec });
 }

@@ -25,12 +25,17 @@
 //                rowsPrefetch (a lane's next slice read before the current one is computed): "idp pf µs"
 //     --cm       grouped lists (S > 4) also on the matrix cores (moe_ggml_cm), in the same run: "cm µs",
 //                "float/cm" and, with --idp, "idp/cm" (needs cooperative matrices: VKMOE_COOPMAT)
+//     --sizes A,B,..  the S values (1..512) instead of the default ones
+//     --item-slots N  grouped lists' items hold at most N slots (the graph's dec_group_experts maxSlots:
+//                8); default: one item an expert
+//     --cm-slots A,B,..  with --cm: moe_ggml_cm's slots a tile (8, 16, 32, 64; default 8), a column
+//                each; its lists' items hold at most that many slots
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
 import { readConfig } from "../src/config.ts";
 import { MoeBackend } from "../src/moe/backend.ts";
-import { ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
+import { CM_SLOT_TILES, ExpertQuantScratch, GgmlExpertKernels, GgmlExpertLayer, ggmlExpertBytes, writeWorkList, type GgmlExpertTensors } from "../src/moe/ggml-experts.ts";
 import { WorkList, type Routing } from "../src/moe/routing.ts";
 import { GGML_BLOCK_LAYOUTS, ggmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
 import { f32ToF16Bits } from "../src/quant/half.ts";
@@ -44,7 +49,7 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes", "--rows-per-lane"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes", "--rows-per-lane", "--sizes", "--item-slots", "--cm-slots"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
@@ -66,7 +71,10 @@ if (withCm && !device.enabled.cooperativeMatrix) fail(SCRIPT, `--cm: cooperative
 const cpuDevice = device.info.type === 4;
 const calls = opts.int("--calls", 1, 4096) ?? (cpuDevice ? 4 : 64);
 const ROUTINGS = 16;
-const SIZES = quick ? [1, 4] : prefillOnly ? [64] : [1, 4, 64];
+const SIZES = opts.ints("--sizes", 1, 512) ?? (quick ? [1, 4] : prefillOnly ? [64] : [1, 4, 64]);
+const itemSlots = opts.int("--item-slots", 1, 512) ?? 0;
+const cmSlots = opts.ints("--cm-slots", 8, 64) ?? [8];
+for (const n of cmSlots) if (!(CM_SLOT_TILES as readonly number[]).includes(n)) fail(SCRIPT, `--cm-slots: ${n} is not one of ${CM_SLOT_TILES.join(", ")}`);
 const PAIRS: [GgmlBlockType, GgmlBlockType][] = quick || prefillOnly ? [["Q4_K", "Q6_K"]] : [["Q4_K", "Q6_K"], ["Q4_K", "Q4_K"], ["Q5_0", "Q5_0"], ["Q6_K", "Q6_K"]];
 const SHAPES: ModelShape[] = quick ? [QWEN3_30B_A3B] : [QWEN3_30B_A3B, QWEN36_35B_A3B];
 // Routed experts only here (the GGML call has no shared expert): the Qwen3.6 shape without it.
@@ -97,7 +105,7 @@ interface CallSet extends Disposable {
 }
 
 /** ROUTINGS work lists of S tokens on `layer`, each in its own device buffers; x, h, ypair, y shared. */
-function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: number, slotOrder = false): CallSet {
+function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: number, slotOrder = false, maxSlots = itemSlots): CallSet {
   const k = model.topK, D = layer.D, I = layer.I, slots = S * k;
   const owned = new DisposableStack();
   const buf = (bytes: number) => owned.use(new Buffer(dev, { size: BigInt(Math.max(16, bytes)), memory: "device" }));
@@ -111,8 +119,14 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
     const r = router.next(S);
     const list = new WorkList(model.experts, slots);
     list.build(r, model.experts, false);
-    const work = new Uint32Array(4 * (1 + (slotOrder ? slots : list.items))), pairs = new Uint32Array(slots), sw = new Float32Array(slots);
+    let work: Uint32Array = new Uint32Array(4 * (1 + (slotOrder ? slots : list.items)));
+    const pairs = new Uint32Array(slots), sw = new Float32Array(slots);
     writeWorkList(list, S, i, work, pairs, sw);
+    let items = list.items;
+    if (!slotOrder && maxSlots > 0) {
+      work = splitItems(work, maxSlots);
+      items = work[2]!;
+    }
     if (slotOrder) {
       // dec_route's list in the decode graph: item u = slot u, one slot each
       work.set([S, k, slots, i]);
@@ -122,7 +136,7 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
         sw[u] = r.weights[u]!;
       }
     }
-    const l = { work: buf(work.byteLength), pairs: buf(pairs.byteLength), slotWeight: buf(sw.byteLength), items: slotOrder ? slots : list.items, r };
+    const l = { work: buf(work.byteLength), pairs: buf(pairs.byteLength), slotWeight: buf(sw.byteLength), items: slotOrder ? slots : items, r };
     upload(l.work, work);
     upload(l.pairs, pairs);
     upload(l.slotWeight, sw);
@@ -138,6 +152,17 @@ function callSet(dev: Device, layer: GgmlExpertLayer, model: ModelShape, S: numb
     },
     [Symbol.dispose]: () => owned.dispose(),
   };
+}
+
+/** A work list whose items hold at most `max` slots each (as dec_group_experts' maxSlots splits them). */
+function splitItems(work: Uint32Array, max: number): Uint32Array {
+  const out: number[] = [...work.subarray(0, 4)];
+  for (let u = 0; u < work[2]!; u++) {
+    const [e, , start, count] = work.subarray(4 * (1 + u), 4 * (2 + u));
+    for (let j = 0; j < count!; j += max) out.push(e!, 0, start! + j, Math.min(max, count! - j));
+  }
+  out[2] = out.length / 4 - 1;
+  return Uint32Array.from(out);
 }
 
 function timeCalls(kernels: GgmlExpertKernels, set: CallSet): number {
@@ -180,7 +205,7 @@ function q4Us(model: ModelShape): Map<number, number> {
   return out;
 }
 
-const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? ["cm µs", "float/cm", ...(withIdp ? ["idp/cm"] : [])] : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
+const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? cmSlots.flatMap((n) => [`cm${n} µs`, `float/cm${n}`, ...(withIdp ? [`idp/cm${n}`] : [])]) : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
 const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(rowsPerLaneArg !== undefined && { rowsPerLane: rowsPerLaneArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
@@ -192,7 +217,8 @@ for (const full of SHAPES) {
     using kernels = new GgmlExpertKernels(device, { gateUp: gu, down: dn }, options);
     using idpKernels = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true }) : undefined;
     using idpPrefetch = withIdp ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, integerDot: true, rowsPrefetch: true }) : undefined;
-    using cmKernels = withCm ? new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, matrixCores: true }) : undefined;
+    using cmKernels = new DisposableStack();
+    const cmBy = withCm ? cmSlots.map((n) => cmKernels.use(new GgmlExpertKernels(device, { gateUp: gu, down: dn }, { ...options, matrixCores: true, cmSlots: n }))) : [];
     shapeLine = `kernel: ${kernels.workgroupSize} lanes, ${kernels.tokensPerChunk} slots a chunk; rows per workgroup gate+up ${kernels.rowsPerWorkgroup(model.hidden)}, down ${kernels.rowsPerWorkgroup(model.intermediate)}; grouped lists on ${kernels.rowsForGrouped ? `moe_ggml_rows (lanes a row gate+up ${kernels.rowsLanesFor(model.hidden)}, down ${kernels.rowsLanesFor(model.intermediate)}; ${kernels.rowsTokens} slots a chunk)` : "the slice kernel"} (${model.name})`;
     console.log(shapeLine);
     for (const S of SIZES) {
@@ -213,8 +239,12 @@ for (const full of SHAPES) {
         const pfUs = S > 4 && idpPrefetch ? timeCalls(idpPrefetch, set) : undefined;
         row.push(pfUs === undefined ? "-" : fmt(pfUs), pfUs === undefined ? "-" : `${(us / pfUs).toFixed(2)}x`);
       }
-      if (cmKernels) {
-        const cmUs = S > 4 ? timeCalls(cmKernels, set) : undefined;
+      for (const cm of cmBy) {
+        let cmUs: number | undefined;
+        if (S > 4) {
+          using cmSet = callSet(device, layer, model, S, false, cm.cmSlots);
+          cmUs = timeCalls(cm, cmSet);
+        }
         row.push(cmUs === undefined ? "-" : fmt(cmUs), cmUs === undefined ? "-" : `${(us / cmUs).toFixed(2)}x`);
         if (withIdp) row.push(cmUs === undefined || idpUs === undefined ? "-" : `${(idpUs / cmUs).toFixed(2)}x`);
       }

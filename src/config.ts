@@ -23,6 +23,11 @@ const envSchema = z.strictObject({
    * VK_KHR_cooperative_matrix; "nv" / "khr": only that one), or never ("off").
    */
   VKMOE_COOPMAT: z.enum(["auto", "on", "off", "khr", "nv"]).default("auto"),
+  /**
+   * Prompt chunks' GGML-block experts (K-quant files) on the matrix cores where the dense GEMMs run
+   * there ("on": moe_ggml_cm), or on the integer-dot / float rows kernels ("off", the default).
+   */
+  VKMOE_MOE_COOPMAT: z.enum(["on", "off"]).default("off"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */

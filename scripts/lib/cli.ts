@@ -83,4 +83,19 @@ export class Args {
     }
     return undefined;
   }
+
+  /** A comma-separated list of integers (`--name 1,2,3`), or undefined when absent. */
+  ints(name: string, min = 1, max = Number.MAX_SAFE_INTEGER): number[] | undefined {
+    for (let i = 0; i < this.list.length; i++) {
+      const a = this.list[i]!;
+      let raw: string | undefined;
+      if (a === name) raw = this.list[i + 1];
+      else if (a.startsWith(`${name}=`)) raw = a.slice(name.length + 1);
+      else continue;
+      const ns = (raw ?? "").split(",").map(Number);
+      if (raw === undefined || raw === "" || ns.some((n) => !Number.isInteger(n) || n < min || n > max)) fail(this.script, `${name} needs integers in ${min}..${max}, comma-separated, got ${raw ?? "nothing"}`);
+      return ns;
+    }
+    return undefined;
+  }
 }

@@ -74,8 +74,7 @@ export interface GgmlMoeOptions {
   /**
    * Lists grouped by expert (prompt chunks) on the matrix cores, moe_ggml_cm, where cooperative
    * matrices are enabled (VKMOE_COOPMAT) and the self-check passes (ahead of integerDot for those
-   * lists). Default false: at a prompt chunk's few slots an expert it measured slower than the
-   * integer-dot rows kernel (README).
+   * lists). Default: VKMOE_MOE_COOPMAT ("off" unless set).
    */
   matrixCores?: boolean;
   /** After each layer's upload. */
@@ -209,7 +208,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       const layers: (GgmlExpertLayer | undefined)[] = Array.from({ length: o.layers }, () => undefined);
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the prompt chunks' path.
       const integerDot = device.info.subgroup.shuffle && device.enabled.integerDotProduct && (o.integerDot ?? planKernels(device, env).integerDot.on);
-      const matrixCores = o.matrixCores === true && device.enabled.cooperativeMatrix && matrixCoresPass(device);
+      const matrixCores = (o.matrixCores ?? env.VKMOE_MOE_COOPMAT === "on") && device.enabled.cooperativeMatrix && matrixCoresPass(device);
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {

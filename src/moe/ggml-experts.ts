@@ -18,7 +18,8 @@
  * quantized by quantize_act (groups of 16) into an ExpertQuantScratch: 4 int8 products an instruction.
  * Where the caller asks for the matrix cores (an option: at a prompt chunk's few slots an expert it
  * measured slower than the integer-dot rows kernel, README), those lists run shaders/moe_ggml_cm.comp
- * instead: 64-row x 64-slot tiles, each expert's weights dequantized once per 64 of its slots.
+ * instead: tiles of 64 gate + 64 up rows (or 128 down rows) x cmSlots slots, each expert's weights
+ * decoded once per cmSlots of its slots.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
@@ -43,8 +44,15 @@ export const MOE_GGML_ROWS: ShaderInterface = { name: "moe_ggml_rows", storageBu
 /** moe_ggml_rows' bindings and push constants on the matrix cores (shaders/moe_ggml_cm.comp), and its test variant (CM_EMULATE). */
 export const MOE_GGML_CM: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm" };
 export const MOE_GGML_CM_EMU: ShaderInterface = { ...MOE_GGML_ROWS, name: "moe_ggml_cm_emu" };
-/** moe_ggml_cm's rows a workgroup (gemm_coopmat_tile.glsl's BM). */
-const CM_TILE_ROWS = 64;
+/** moe_ggml_cm's output rows a workgroup: gate+up 64 (each with its gate and up row), down 128. */
+const CM_GATE_UP_ROWS = 64;
+const CM_DOWN_ROWS = 128;
+/** moe_ggml_cm's slots a tile (its specialization constant BN). */
+export const CM_SLOT_TILES = [8, 16, 32, 64] as const;
+/** moe_ggml_cm's shared memory at `slots` a tile: two weight tiles (128 rows of 80 B) or the f32 C tile, two x tiles, the slot list. */
+export function cmSharedBytes(slots: number): number {
+  return Math.max(2 * 128 * 80, slots * 128 * 4) + 2 * slots * 80 + 64 * 4;
+}
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };
 const SUM_WORKGROUP = 256;
@@ -259,6 +267,8 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
    * Default false. Takes precedence over integerDot for those lists.
    */
   matrixCores?: boolean | "emulated";
+  /** moe_ggml_cm's slots a tile, one of CM_SLOT_TILES (default 8: a 64-token chunk gives an expert about 4). */
+  cmSlots?: number;
   /**
    * Decode calls (itemPerSlot) may do the next layer's input norm in down's last workgroup (calls
    * that pass `normTail`; the graph stage's foldsNorm says so): the caller's decision, kept here with
@@ -351,6 +361,8 @@ export class GgmlExpertKernels implements Disposable {
   readonly integerDot: boolean;
   /** moe_ggml_cm's shader for lists grouped by expert (the KHR or NV build, or the emulation); undefined: matrix cores off. */
   private readonly cmShader: ShaderInterface | undefined;
+  /** moe_ggml_cm's slots a tile (GgmlExpertKernelOptions.cmSlots). */
+  readonly cmSlots: number;
   private quantizer: GgmlQuantizeKernel | undefined;
   /** Decode calls may carry the next layer's input norm (GgmlExpertKernelOptions.normTail). */
   readonly normTail: boolean;
@@ -388,6 +400,12 @@ export class GgmlExpertKernels implements Disposable {
     if (this.integerDot && !device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML experts need shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
     this.normTail = options.normTail ?? false;
+    this.cmSlots = options.cmSlots ?? 8;
+    if (!(CM_SLOT_TILES as readonly number[]).includes(this.cmSlots)) throw new InvalidArgumentError(`cmSlots must be one of ${CM_SLOT_TILES.join(", ")}, got ${this.cmSlots}`);
+    const cmShared = cmSharedBytes(this.cmSlots);
+    if (options.matrixCores && cmShared > device.info.limits.maxComputeSharedMemorySize) {
+      throw new InvalidArgumentError(`moe_ggml_cm at ${this.cmSlots} slots a tile needs ${cmShared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
+    }
     this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores).shader : undefined;
     this.sum = new MoeSumKernel(device, options);
   }
@@ -407,7 +425,7 @@ export class GgmlExpertKernels implements Disposable {
     const key = `cm:${gateUp ? "gu" : "down"}`;
     let k = this.modes.get(key);
     if (k === undefined) {
-      k = new MoeGgmlKernel(this.device, this.cmShader!, { 0: FORMAT_ID[gateUp ? this.gateUpType : this.downType], 1: gateUp ? 1 : 0 }, this.options);
+      k = new MoeGgmlKernel(this.device, this.cmShader!, { 0: FORMAT_ID[gateUp ? this.gateUpType : this.downType], 1: gateUp ? 1 : 0, 2: this.cmSlots }, this.options);
       this.modes.set(key, k);
     }
     return k;
@@ -482,10 +500,10 @@ export class GgmlExpertKernels implements Disposable {
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
     const single = c.singleSlotItems ?? c.items === slots;
     if (!single && !c.itemPerSlot && this.cmShader) {
-      this.cmMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / CM_TILE_ROWS), c.items);
+      this.cmMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / CM_GATE_UP_ROWS), c.items);
       mark("gate+up");
       cb.barrier("computeToCompute");
-      this.cmMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / CM_TILE_ROWS), c.items);
+      this.cmMode(false).record(cb, [c.h, ...common, c.ypair, c.slotWeight, L.blocks, L.table], D, I, Math.ceil(D / CM_DOWN_ROWS), c.items);
       mark("down");
       cb.barrier("computeToCompute");
       this.sum.record(cb, [c.ypair, c.work, c.y, c.slotWeight, c.done], D, c.S);

@@ -1,0 +1,158 @@
+// cm_slice_tile.glsl: the matrix-core tile of moe_ggml_cm and dec_gemm_ggml_cm (GGML block weights,
+// a prompt chunk's tokens or an expert's slots). A workgroup of 128 threads (4 subgroups of 32: the
+// device decision asks for subgroups of 32) computes C = W x^T over a tile of BM = 128 weight rows x
+// BN tokens (or slots), in steps of BK = 32 columns. Each step every thread decodes one row's
+// 32-weight slice (ggml_blocks.glsl: GGML's weights, rounded to f16 for the products) into the
+// weight tile and the threads convert the BN inputs' 32 columns to f16 into the x tile; the next
+// step's loads are issued before this step's products, and both tiles are double-buffered, so a
+// step has one barrier. Subgroup g computes weight rows 32g.. x all BN columns: 2 x BN/8
+// accumulators of the 16 x 8 x 16 f16 -> f32 shape. Weights and x become f16 (the products' inputs;
+// the sums are f32), as llama.cpp's matrix-core GEMM does: |x| past 65504 would overflow.
+//
+// The includer enables the extensions this needs first (GLSL takes them only before any
+// declaration), declares FORMAT (GGML_FMT_*) and BN (8, 16, 32 or 64), includes ggml_blocks.glsl and
+// this, sets rowAddr (byte address of this thread's weight row: row t of the tile) and xRow[m] (first
+// float of the input row of x vec4 m of this thread, NO_SLOT: zeros; see xInput), calls
+// tileSteps(uBegin, uEnd) and reads the tile's sums with CT(row, n) until its next barrier.
+// CM_EMULATE (tests on devices without cooperative matrices) replaces the matrix products with plain
+// sums over the same tiles.
+
+const uint BM = 128u;                      // weight rows a tile
+const uint BK = 32u;                       // columns a step
+const uint LDS = BK + 8u;                  // f16 stride of a tile row: 80 bytes (16-byte multiple, staggers the banks)
+const uint ROW_V = LDS / 8u;               // uvec4s a tile row
+const uint W_TILE = BM * ROW_V;            // uvec4s of one weight tile
+const uint X_TILE = BN * ROW_V;            // uvec4s of one x tile
+const uint X_VECS = BN * 8u;               // vec4s of x a step (BN inputs x 32 columns)
+const uint X_PER_THREAD = (X_VECS + 127u) / 128u;
+const uint CS = BM;                        // f32 stride of the C tile ([n][row])
+const uint C_TILE = BN * CS / 4u;          // uvec4s of the C tile
+// Shared memory, uvec4s (cooperative loads need 16-byte aligned starts: NVIDIA's 580 driver placed
+// an array of a smaller type 4 bytes off): two weight tiles, then two x tiles; the C tile reuses the
+// weight tiles' space once the steps are done (sized for the larger of the two).
+const uint W_SPACE = 2u * W_TILE > C_TILE ? 2u * W_TILE : C_TILE;
+shared uvec4 tiles[W_SPACE + 2u * X_TILE];
+const uint X_BASE = W_SPACE;
+#define WORD(i) tiles[(i) >> 2u][(i) & 3u]
+#define X2(buf, n, k) WORD(4u * (X_BASE + (buf) * X_TILE) + ((n) * LDS + (k)) / 2u)
+#define CT(row, n) uintBitsToFloat(WORD((n) * CS + (row)))
+
+const uint NO_SLOT = 0xffffffffu;
+const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
+const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
+const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
+const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to its second
+
+uint rowAddr;
+uint xRow[X_PER_THREAD];
+// x vec4 m of this thread is input n = (t + 128 m) / 8 of the tile, the step's columns ((t + 128 m) % 8) * 4 ..
+uint xInput(uint m) { return (gl_LocalInvocationIndex + 128u * m) / 8u; }
+// the next step's loads
+uvec4 nextQ0, nextQ1;
+vec2 nextD, nextM;
+vec4 nextX[X_PER_THREAD];
+
+void loadStep(uint u) {
+    const uint t = gl_LocalInvocationIndex;
+    const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
+    ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0, nextQ1, nextD, nextM);
+    const uint c0 = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+    [[unroll]] for (uint m = 0u; m < X_PER_THREAD; m++) {
+        const uint v = (t + 128u * m) % 8u;
+        const uint col = c0 + (v / 4u) * GAP + (v % 4u) * 4u;
+        nextX[m] = xRow[m] != NO_SLOT ? xv[(xRow[m] + col) >> 2u] : vec4(0.0);
+    }
+}
+
+void storeStep(uint buf) {
+    const uint t = gl_LocalInvocationIndex;
+    float w[32];
+    ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
+    const uint at = buf * W_TILE + t * ROW_V;
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        tiles[at + j] = uvec4(packHalf2x16(vec2(w[8u * j], w[8u * j + 1u])), packHalf2x16(vec2(w[8u * j + 2u], w[8u * j + 3u])),
+                              packHalf2x16(vec2(w[8u * j + 4u], w[8u * j + 5u])), packHalf2x16(vec2(w[8u * j + 6u], w[8u * j + 7u])));
+    }
+    [[unroll]] for (uint m = 0u; m < X_PER_THREAD; m++) {
+        const uint e = t + 128u * m;
+        if (e < X_VECS) {
+            const uint n = e / 8u, k = (e % 8u) * 4u;
+            X2(buf, n, k) = packHalf2x16(nextX[m].xy);
+            X2(buf, n, k + 2u) = packHalf2x16(nextX[m].zw);
+        }
+    }
+}
+
+#ifdef CM_EMULATE
+// Test hook: thread t's values are C elements t + 128 e ([n][row] order), plain f32 sums of the f16 tiles.
+const uint VALUES = BN;  // BM * BN / 128
+float emu[VALUES];
+
+void tileSteps(uint uBegin, uint uEnd) {
+    const uint t = gl_LocalInvocationIndex;
+    [[unroll]] for (uint e = 0u; e < VALUES; e++) emu[e] = 0.0;
+    if (uBegin < uEnd) loadStep(uBegin);
+    for (uint u = uBegin; u < uEnd; u++) {
+        const uint buf = u & 1u;
+        storeStep(buf);
+        barrier();
+        if (u + 1u < uEnd) loadStep(u + 1u);
+        for (uint e = 0u; e < VALUES; e++) {
+            const uint idx = e * 128u + t, row = idx % BM, n = idx / BM;
+            float acc = 0.0;
+            for (uint k = 0u; k < BK; k += 2u) {
+                const vec2 w = unpackHalf2x16(WORD(4u * (buf * W_TILE) + (row * LDS + k) / 2u));
+                const vec2 x = unpackHalf2x16(X2(buf, n, k));
+                acc += w.x * x.x + w.y * x.y;
+            }
+            emu[e] += acc;
+        }
+    }
+    barrier();  // the C tile reuses the weight tiles
+    [[unroll]] for (uint e = 0u; e < VALUES; e++) {
+        const uint idx = e * 128u + t;
+        WORD((idx / BM) * CS + idx % BM) = floatBitsToUint(emu[e]);
+    }
+    barrier();
+}
+#else
+// A and B must be distinct types (16 x 16 and 16 x 8): a driver may give the registers of a matrix
+// type one layout, and a 16 x 16 type used as both A and B then computes wrong sums.
+#define CM_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>  // M x K
+#define CM_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>   // K x N
+#define CM_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>   // M x N
+// The accumulators are named, not an array (an array of cooperative matrices indexed in a loop may
+// be kept in memory): c<i><j> rows r0 + 16 i, columns 8 j; those past BN are never used (the
+// specialization constant removes them).
+#define CM_STEP_J(j) if (BN > 8u * j) { \
+        CM_B b; coopMatLoadNV(b, tiles, xAt + (8u * j * LDS) / 8u, ROW_V, true); \
+        c0##j = coopMatMulAddNV(a0, b, c0##j); c1##j = coopMatMulAddNV(a1, b, c1##j); }
+#define CM_STORE_J(j) if (BN > 8u * j) { \
+        coopMatStoreNV(c0##j, tiles, (8u * j * CS + r0) / 4u, CS / 4u, true); \
+        coopMatStoreNV(c1##j, tiles, (8u * j * CS + r0 + 16u) / 4u, CS / 4u, true); }
+
+void tileSteps(uint uBegin, uint uEnd) {
+    const uint r0 = gl_SubgroupID * 32u;
+    CM_C c00 = CM_C(0.0), c01 = CM_C(0.0), c02 = CM_C(0.0), c03 = CM_C(0.0), c04 = CM_C(0.0), c05 = CM_C(0.0), c06 = CM_C(0.0), c07 = CM_C(0.0);
+    CM_C c10 = CM_C(0.0), c11 = CM_C(0.0), c12 = CM_C(0.0), c13 = CM_C(0.0), c14 = CM_C(0.0), c15 = CM_C(0.0), c16 = CM_C(0.0), c17 = CM_C(0.0);
+    if (uBegin < uEnd) loadStep(uBegin);
+    for (uint u = uBegin; u < uEnd; u++) {
+        const uint buf = u & 1u;
+        // The buffer written here was last read two steps ago, before the previous step's barrier.
+        storeStep(buf);
+        barrier();
+        if (u + 1u < uEnd) loadStep(u + 1u);
+        [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
+            CM_A a0, a1;
+            coopMatLoadNV(a0, tiles, buf * W_TILE + (r0 * LDS + kk) / 8u, ROW_V, false);
+            coopMatLoadNV(a1, tiles, buf * W_TILE + ((r0 + 16u) * LDS + kk) / 8u, ROW_V, false);
+            const uint xAt = X_BASE + buf * X_TILE + kk / 8u;
+            CM_STEP_J(0) CM_STEP_J(1) CM_STEP_J(2) CM_STEP_J(3) CM_STEP_J(4) CM_STEP_J(5) CM_STEP_J(6) CM_STEP_J(7)
+        }
+    }
+    barrier();  // the C tile reuses the weight tiles
+    // C (rows x n) column-major: element (row, n) at n * CS + row
+    CM_STORE_J(0) CM_STORE_J(1) CM_STORE_J(2) CM_STORE_J(3) CM_STORE_J(4) CM_STORE_J(5) CM_STORE_J(6) CM_STORE_J(7)
+    barrier();
+}
+#endif

@@ -83,8 +83,8 @@ export function splitRuns(cols: number, splits: number, blockCols = 32): { split
 }
 
 /**
- * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] (or [64 x 64] for the
- * matrix-core GEMMs: room for either) and a word per tile (zero between calls: the last workgroup
+ * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] (or the matrix-core GEMMs'
+ * 64 x 64 and 128 x 32 or 64: room for any) and a word per tile (zero between calls: the last workgroup
  * of a tile resets it). `blockCols`: what a run's columns are a
  * multiple of (splitRuns); the runs may come out fewer than asked, but at least 2.
  */
@@ -98,9 +98,10 @@ export class GemmSplitScratch implements Disposable {
     if (!Number.isInteger(splits) || splits < 2) throw new InvalidArgumentError(`a split scratch needs 2 or more splits, got ${splits}`);
     ({ splits: this.splits, splitCols: this.splitCols } = splitRuns(cols, splits, blockCols));
     if (this.splits < 2) throw new InvalidArgumentError(`${cols} columns in runs of whole ${blockCols}-column blocks leave 1 run for ${splits} splits`);
-    // 32-row tiles of rows rounded up to 64: the matrix-core GEMM's 64-row tiles fit too
-    const tiles = 2 * Math.ceil(rows / COOPMAT_GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS);
-    this.part = new Buffer(device, { size: BigInt(4 * tiles * this.splits * GEMM_ROWS * GEMM_TOKENS), memory: "device" });
+    // rows rounded up to 128 and tokens to 64: the 32 x 64 tiles, the matrix cores' 64 x 64 and 128 x 32 or 64 all fit
+    const floats = Math.ceil(rows / 128) * 128 * Math.ceil(maxTokens / GEMM_TOKENS) * GEMM_TOKENS;
+    const tiles = Math.max(Math.ceil(rows / GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS), Math.ceil(rows / 128) * Math.ceil(maxTokens / 32));
+    this.part = new Buffer(device, { size: BigInt(4 * floats * this.splits), memory: "device" });
     try {
       this.arrived = new Buffer(device, { size: BigInt(Math.max(16, 4 * tiles)), memory: "device" });
       uploadBytes(device, this.arrived, 0n, new Uint8Array(Number(this.arrived.size)));

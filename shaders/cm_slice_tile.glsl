@@ -1,21 +1,25 @@
-// cm_slice_tile.glsl: the matrix-core tile of moe_ggml_cm and dec_gemm_ggml_cm (GGML block weights,
-// a prompt chunk's tokens or an expert's slots). A workgroup of 128 threads (4 subgroups of 32: the
-// device decision asks for subgroups of 32) computes C = W x^T over a tile of BM = 128 weight rows x
-// BN tokens (or slots), in steps of BK = 32 columns. Each step every thread decodes one row's
-// 32-weight slice (ggml_blocks.glsl: GGML's weights, rounded to f16 for the products) into the
-// weight tile and the threads convert the BN inputs' 32 columns to f16 into the x tile; the next
-// step's loads are issued before this step's products, and both tiles are double-buffered, so a
-// step has one barrier. Subgroup g computes weight rows 32g.. x all BN columns: 2 x BN/8
-// accumulators of the 16 x 8 x 16 f16 -> f32 shape. Weights and x become f16 (the products' inputs;
-// the sums are f32), as llama.cpp's matrix-core GEMM does: |x| past 65504 would overflow.
+// cm_slice_tile.glsl: the matrix-core tile of the prompt chunks' GEMMs (moe_ggml_cm, dec_gemm_ggml_cm,
+// dec_gemm_quant_cm). A workgroup of 128 threads (4 subgroups of 32: the device decision asks for
+// subgroups of 32) computes C = W x^T over a tile of BM = 128 weight rows x BN tokens (or slots), in
+// steps of BK = 32 columns. Each step every thread forms its row's 32 weights (rounded to f16 for the
+// products) into the weight tile and the threads convert the BN inputs' 32 columns to f16 into the x
+// tile; the next step's loads are issued before this step's products, and both tiles are
+// double-buffered, so a step has one barrier. Subgroup g computes weight rows 32g.. x all BN
+// columns: 2 x BN/8 accumulators of the 16 x 8 x 16 f16 -> f32 shape. Weights and x become f16 (the
+// products' inputs; the sums are f32), as llama.cpp's matrix-core GEMM does: |x| past 65504 would
+// overflow.
 //
 // The includer enables the extensions this needs first (GLSL takes them only before any
-// declaration), declares FORMAT (GGML_FMT_*) and BN (8, 16, 32 or 64), includes ggml_blocks.glsl and
-// this, sets rowAddr (byte address of this thread's weight row: row t of the tile) and xRow[m] (first
-// float of the input row of x vec4 m of this thread, NO_SLOT: zeros; see xInput), calls
-// tileSteps(uBegin, uEnd) and reads the tile's sums with CT(row, n) until its next barrier.
-// CM_EMULATE (tests on devices without cooperative matrices) replaces the matrix products with plain
-// sums over the same tiles.
+// declaration: GL_EXT_control_flow_attributes, GL_NV_cooperative_matrix unless CM_EMULATE,
+// GL_KHR_memory_scope_semantics, GL_EXT_shader_explicit_arithmetic_types_float16,
+// GL_KHR_shader_subgroup_basic), declares BN (8, 16, 32 or 64) and defines, after including this:
+//   void tileLoadW(uint u)            loads step u's weights of this thread's row (tile row t) into its registers
+//   void tileWeights(out float w[32]) the loaded step's 32 weights, in the step's column order
+//   uint tileXCol(uint u, uint v)     the first column of x vec4 v (0..7) of step u, in that order
+//   vec4 tileLoadX(uint m, uint col)  x vec4 m of this thread (input xInput(m) of the tile), columns col..col+3
+// then calls tileSteps(uBegin, uEnd) and reads the tile's sums with CT(row, n) until its next
+// barrier. CM_EMULATE (tests on devices without cooperative matrices) replaces the matrix products
+// with plain sums over the same tiles.
 
 const uint BM = 128u;                      // weight rows a tile
 const uint BK = 32u;                       // columns a step
@@ -37,37 +41,27 @@ const uint X_BASE = W_SPACE;
 #define X2(buf, n, k) WORD(4u * (X_BASE + (buf) * X_TILE) + ((n) * LDS + (k)) / 2u)
 #define CT(row, n) uintBitsToFloat(WORD((n) * CS + (row)))
 
-const uint NO_SLOT = 0xffffffffu;
-const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
-const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
-const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
-const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to its second
-
-uint rowAddr;
-uint xRow[X_PER_THREAD];
-// x vec4 m of this thread is input n = (t + 128 m) / 8 of the tile, the step's columns ((t + 128 m) % 8) * 4 ..
+// x vec4 m of this thread is input n = (t + 128 m) / 8 of the tile, the step's vec4 (t + 128 m) % 8
 uint xInput(uint m) { return (gl_LocalInvocationIndex + 128u * m) / 8u; }
-// the next step's loads
-uvec4 nextQ0, nextQ1;
-vec2 nextD, nextM;
-vec4 nextX[X_PER_THREAD];
+vec4 nextX[X_PER_THREAD];  // the next step's x
+
+void tileLoadW(uint u);
+void tileWeights(out float w[32]);
+uint tileXCol(uint u, uint v);
+vec4 tileLoadX(uint m, uint col);
 
 void loadStep(uint u) {
     const uint t = gl_LocalInvocationIndex;
-    const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-    ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0, nextQ1, nextD, nextM);
-    const uint c0 = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+    tileLoadW(u);
     [[unroll]] for (uint m = 0u; m < X_PER_THREAD; m++) {
-        const uint v = (t + 128u * m) % 8u;
-        const uint col = c0 + (v / 4u) * GAP + (v % 4u) * 4u;
-        nextX[m] = xRow[m] != NO_SLOT ? xv[(xRow[m] + col) >> 2u] : vec4(0.0);
+        if (t + 128u * m < X_VECS) nextX[m] = tileLoadX(m, tileXCol(u, (t + 128u * m) % 8u));
     }
 }
 
 void storeStep(uint buf) {
     const uint t = gl_LocalInvocationIndex;
     float w[32];
-    ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w);
+    tileWeights(w);
     const uint at = buf * W_TILE + t * ROW_V;
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         tiles[at + j] = uvec4(packHalf2x16(vec2(w[8u * j], w[8u * j + 1u])), packHalf2x16(vec2(w[8u * j + 2u], w[8u * j + 3u])),

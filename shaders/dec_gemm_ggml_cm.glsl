@@ -44,31 +44,8 @@ layout(push_constant, std430) uniform PC {
 #define GGML_VEC4(i) wv[i]
 #include "ggml_blocks.glsl"
 #include "cm_slice_tile.glsl"
-
-shared bool lastToArrive;
-
-// The split ending (gemm_split.glsl's, over the C tile, with the memory model's scopes): stores this
-// workgroup's partial tile; true in the tile's last workgroup to arrive, the C tile then the sum of
-// every split's partial in split order (the same sum whichever workgroup is last).
-bool lastSplit(uint splits) {
-    const uint t = gl_LocalInvocationIndex;
-    const uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    const uint TILE = BM * BN;
-    for (uint idx = t; idx < TILE; idx += 128u) part[(tile * splits + gl_WorkGroupID.z) * TILE + idx] = CT(idx % BM, idx / BM);
-    // The Vulkan memory model (which cooperative matrices need) orders other threads' buffer stores
-    // before thread 0's atomic only through a barrier with device scope and buffer semantics.
-    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer | gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
-    if (t == 0u) lastToArrive = atomicAdd(arrived[tile], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquireRelease) == splits - 1u;
-    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer | gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
-    if (!lastToArrive) return false;  // uniform
-    for (uint idx = t; idx < TILE; idx += 128u) {
-        float v = 0.0;
-        for (uint z = 0u; z < splits; z++) v += part[(tile * splits + z) * TILE + idx];
-        WORD((idx / BM) * CS + idx % BM) = floatBitsToUint(v);  // this thread's own elements: no barrier needed
-    }
-    if (t == 0u) arrived[tile] = 0u;
-    return true;
-}
+#include "cm_ggml_loader.glsl"
+#include "cm_split.glsl"
 
 void main() {
     const uint t = gl_LocalInvocationIndex;
@@ -85,10 +62,5 @@ void main() {
     if (pc.splits > 1u) {  // uniform
         if (!lastSplit(pc.splits)) return;
     }
-    // value idx of the tile: row idx % BM, token idx / BM (rows contiguous); each thread reads back
-    // only the C elements it wrote in lastSplit, or any after tileSteps' closing barrier
-    for (uint idx = t; idx < BM * BN; idx += 128u) {
-        const uint row = rowBase + idx % BM, s = s0 + idx / BM;
-        if (row < pc.O && s < pc.S) yb[pc.yOffset + s * pc.O + row] = CT(idx % BM, idx / BM);
-    }
+    cmWriteTile(rowBase, s0, pc.O, pc.S, pc.yOffset);
 }

@@ -4,7 +4,7 @@
 // decode an expert's weights once per few slots, so their time grows with the slots; here a
 // workgroup decodes a weight slice once for BN slots and the products are the matrix cores'.
 //
-// A workgroup (cm_slice_tile.glsl's tile: 128 weight rows x BN slots, 32 columns a step): GATEUP:
+// A workgroup (cm_slice_tile.glsl's tile: 128 weight rows x BN slots, 32 columns a step; cm_ggml_loader.glsl): GATEUP:
 // the tile's rows are 64 gate rows then the same 64 up rows (one pass gives both, and the epilogue
 // forms silu(gate) * up), so a workgroup owns 64 output rows; down: 128 output rows. Items of more
 // than BN slots are walked BN at a time.
@@ -47,6 +47,7 @@ layout(push_constant, std430) uniform PC {
 #include "ggml_blocks.glsl"
 
 #include "cm_slice_tile.glsl"
+#include "cm_ggml_loader.glsl"
 
 const uint OUT_ROWS = GATEUP ? 64u : 128u;  // output rows a tile
 shared uint slotOf[64];  // the tile's slots (pairs[]), past the item's count: NO_SLOT

@@ -18,7 +18,7 @@ import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
-import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
+import { GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
 import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
 import { QuantGateUpKernel, QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
@@ -151,7 +151,7 @@ export class LinearKernels implements Disposable {
   readonly quantizedTokens: number;
   /** Column runs a matrix's prompt-chunk GEMM is split into (LinearKernelsOptions.gemmSplits). */
   readonly gemmSplits: (rows: number, cols: number, tileRows: number) => number;
-  /** GGML blocks' matrix-core GEMM on its 64 x 64 tiles of before cm_slice_tile.glsl (VKMOE_GEMM_TILE=old: an A/B only). */
+  /** The matrix-core GEMMs on their 64 x 64 tiles of before cm_slice_tile.glsl (VKMOE_GEMM_TILE=old: an A/B only). */
   private readonly oldGemmTile = readConfig().VKMOE_GEMM_TILE === "old";
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
@@ -207,7 +207,7 @@ export class LinearKernels implements Disposable {
   gemmKernel(m: QuantLinear["matrix"], matrixCores = false): QuantGemmKernel {
     const key = `${m.format}/${m.scaleType}/${m.groupSize}/${matrixCores}`;
     let k = this.gemm.get(key);
-    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: matrixCores && this.matrixCores })));
+    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: matrixCores && this.matrixCores, oldTile: this.oldGemmTile })));
     return k;
   }
 
@@ -299,7 +299,7 @@ export class DeviceLinear implements Disposable {
     this.rows = linear.rows;
     this.cols = linear.cols;
     this.onMatrixCores = kernels.matrixCores && (linear instanceof QuantLinear || (linear instanceof GgmlBlockLinear && kernels.ggmlGemm)) && linear.rows >= MATRIX_CORE_MIN_DIM && linear.cols >= MATRIX_CORE_MIN_DIM;
-    const tileRows = !this.onMatrixCores ? GEMM_ROWS : linear instanceof GgmlBlockLinear ? kernels.ggmlGemmKernel(linear.tensor.type, true).tileRows : COOPMAT_GEMM_ROWS;
+    const tileRows = !this.onMatrixCores ? GEMM_ROWS : linear instanceof GgmlBlockLinear ? kernels.ggmlGemmKernel(linear.tensor.type, true).tileRows : linear instanceof QuantLinear ? kernels.gemmKernel(linear.matrix, true).tileRows : GEMM_ROWS;
     const limit = device.info.limits.maxStorageBufferRange;
     if (linear.bytes > limit) throw new GraphUnsupportedError(`${name} takes ${linear.bytes} bytes, past this device's maxStorageBufferRange of ${limit}`);
     if (linear instanceof FloatLinear) {

@@ -21,7 +21,7 @@ import type { Device } from "../../vk/device.ts";
 import { DEC_GEMM_GGML_IDP, type ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import { GGML_IDP_GROUP, GgmlIdpScratch, GgmlQuantizeKernel, type DeviceGgmlMatrix, type GgmlGemvArgs, type QuantizedRows } from "./ggml-gemv.ts";
-import { chunkGemmTile, GEMM_ROWS, GEMM_TOKENS, type ChunkGemmOptions, type GemmSplitScratch } from "./quant-gemm.ts";
+import { chunkGemmTile, CM_TILE_ROWS, cmTileTokens, COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, type ChunkGemmOptions, type GemmSplitScratch } from "./quant-gemm.ts";
 
 /**
  * blocks `uint[]` r, x r, y w, partial tiles rw, arrival words rw; push O, I, S, blockOffset (bytes),
@@ -34,12 +34,7 @@ export const DEC_GEMM_GGML_CM: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_
 export const DEC_GEMM_GGML_CM_EMU: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_cm_emu" };
 /** dec_gemm_ggml_cm before cm_slice_tile.glsl (64 x 64 tiles), for an A/B only (VKMOE_GEMM_TILE=old). */
 const DEC_GEMM_GGML_OLD_CM: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_old_cm" };
-/** dec_gemm_ggml_cm's rows a tile (cm_slice_tile.glsl's BM). */
-export const GGML_CM_TILE_ROWS = 128;
-/** dec_gemm_ggml_cm's shared memory at `tokens` a tile (cm_slice_tile.glsl: two weight tiles or the f32 C tile, two x tiles). */
-export function ggmlCmSharedBytes(tokens: number): number {
-  return Math.max(2 * 128 * 80, tokens * 128 * 4) + 2 * tokens * 80 + 16;
-}
+
 /** Rows and tokens of one workgroup's tile (dec_gemm_quant's: GemmSplitScratch's tiles fit both). */
 export const GGML_GEMM_ROWS = GEMM_ROWS;
 export const GGML_GEMM_TOKENS = GEMM_TOKENS;
@@ -84,15 +79,14 @@ export class GgmlGemmKernel extends DecoderKernel {
   readonly tileRows: number;
   readonly tileTokens: number;
 
-  constructor(device: Device, readonly type: GgmlBlockType, options: ChunkGemmOptions & { oldTile?: boolean } = {}) {
+  constructor(device: Device, readonly type: GgmlBlockType, options: ChunkGemmOptions = {}) {
     if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMM for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
     const old = options.oldTile === true && options.matrixCores === true;
     const { shader } = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: old ? DEC_GEMM_GGML_OLD_CM : DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
-    // the matrix cores' tiles: 64 tokens where the shared memory allows (NVIDIA's 48 KiB), else 32
     const cm = options.matrixCores !== undefined && options.matrixCores !== false && !old;
-    const tokens = ggmlCmSharedBytes(64) <= device.info.limits.maxComputeSharedMemorySize ? 64 : 32;
+    const tokens = cmTileTokens(device);
     super(device, shader, cm ? { 0: FORMAT_ID[type], 1: tokens } : { 0: FORMAT_ID[type] }, options);
-    this.tileRows = old ? 64 : cm ? GGML_CM_TILE_ROWS : GGML_GEMM_ROWS;
+    this.tileRows = old ? COOPMAT_GEMM_ROWS : cm ? CM_TILE_ROWS : GGML_GEMM_ROWS;
     this.tileTokens = cm ? tokens : GGML_GEMM_TOKENS;
   }
 

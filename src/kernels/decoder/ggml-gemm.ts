@@ -82,7 +82,7 @@ export class GgmlGemmKernel extends DecoderKernel {
   constructor(device: Device, readonly type: GgmlBlockType, options: ChunkGemmOptions = {}) {
     if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMM for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
     const old = options.oldTile === true && options.matrixCores === true;
-    const { shader } = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: old ? DEC_GEMM_GGML_OLD_CM : DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
+    const shader = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: old ? DEC_GEMM_GGML_OLD_CM : DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
     const cm = options.matrixCores !== undefined && options.matrixCores !== false && !old;
     const tokens = cmTileTokens(device);
     super(device, shader, cm ? { 0: FORMAT_ID[type], 1: tokens } : { 0: FORMAT_ID[type] }, options);

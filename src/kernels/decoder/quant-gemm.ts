@@ -58,19 +58,18 @@ export function cmTileTokens(device: Device): number {
   return cmTileSharedBytes(64) <= device.info.limits.maxComputeSharedMemorySize ? 64 : 32;
 }
 
-/** The shader and tile rows of a chunk GEMM, checked against the device's features. */
+/** The shader of a chunk GEMM (f32 tiles, the matrix cores' or their emulation), checked against the device's features. */
 export function chunkGemmTile(
   device: Device, shaders: { f32: ShaderInterface; cm: ShaderInterface; emulated: ShaderInterface }, matrixCores: boolean | "emulated" | undefined,
-): { shader: ShaderInterface; tileRows: number } {
-  if (!matrixCores) return { shader: shaders.f32, tileRows: GEMM_ROWS };
+): ShaderInterface {
+  if (!matrixCores) return shaders.f32;
   if (matrixCores === "emulated") {
     if (!device.enabled.shaderFloat16 || !device.enabled.vulkanMemoryModel) throw new InvalidArgumentError(`the emulated matrix-core GEMM needs shaderFloat16 and vulkanMemoryModel, not enabled on ${device.info.name}`);
-    return { shader: shaders.emulated, tileRows: COOPMAT_GEMM_ROWS };
+    return shaders.emulated;
   }
   if (!device.enabled.cooperativeMatrix) throw new InvalidArgumentError(`the matrix-core GEMM needs VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
   // on VK_KHR_cooperative_matrix: NAME_cmk.spv, the shader build's KHR rewrite of NAME_cm.spv
-  const shader = device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
-  return { shader, tileRows: COOPMAT_GEMM_ROWS };
+  return device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
 }
 
 /** Workgroups a split call aims at (a few per core on a large GPU), and the fewest columns a split run takes. */
@@ -141,7 +140,7 @@ export class QuantGemmKernel extends DecoderKernel {
   constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: ChunkGemmOptions = {}) {
     if (![32, 64, 128].includes(groupSize)) throw new InvalidArgumentError(`groupSize must be 32, 64 or 128, got ${groupSize}`);
     const old = options.oldTile === true && options.matrixCores === true;
-    const { shader } = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: old ? DEC_GEMM_QUANT_OLD_CM : DEC_GEMM_QUANT_CM, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
+    const shader = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: old ? DEC_GEMM_QUANT_OLD_CM : DEC_GEMM_QUANT_CM, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
     const cm = options.matrixCores !== undefined && options.matrixCores !== false && !old;
     const tokens = cmTileTokens(device);
     const spec: Record<number, number> = { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize };

@@ -25,7 +25,7 @@ import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "../kernels/decoder/common.ts";
 import { GgmlQuantizeKernel, QuantizedRowsBuffers } from "../kernels/decoder/ggml-gemv.ts";
-import { chunkGemmTile } from "../kernels/decoder/quant-gemm.ts";
+import { chunkGemmTile, cmTileSharedBytes } from "../kernels/decoder/quant-gemm.ts";
 import { MOE_GGML_ROWS_IDP, type ShaderInterface } from "../kernels/shaders.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
@@ -49,9 +49,9 @@ const CM_GATE_UP_ROWS = 64;
 const CM_DOWN_ROWS = 128;
 /** moe_ggml_cm's slots a tile (its specialization constant BN). */
 export const CM_SLOT_TILES = [8, 16, 32, 64] as const;
-/** moe_ggml_cm's shared memory at `slots` a tile: two weight tiles (128 rows of 80 B) or the f32 C tile, two x tiles, the slot list. */
+/** moe_ggml_cm's (and moe_pool_cm's) shared memory at `slots` a tile: cm_slice_tile.glsl's, and the slot list. */
 export function cmSharedBytes(slots: number): number {
-  return Math.max(2 * 128 * 80, slots * 128 * 4) + 2 * slots * 80 + 64 * 4;
+  return cmTileSharedBytes(slots) + 64 * 4;
 }
 /** ypair, work, y, slot weights, completion word; push D. */
 const MOE_SUM: ShaderInterface = { name: "moe_sum", storageBuffers: 5, pushConstantBytes: 4 };

@@ -1,3 +1,8 @@
+/** moe_pool_cm's slots a tile (its BN), and output rows a workgroup: gate+up 64 (each with its gate and up row), down 128. */
+const POOL_CM_SLOTS = 8;
+const POOL_CM_GATE_UP_ROWS = 64;
+const POOL_CM_DOWN_ROWS = 128;
+
 /**
  * The MoE layer inside the decode graph (src/graph/): the same kernels as a GpuLayer call, but
  * the slot tables are written on the device by the router kernel (dec_route) from a table of
@@ -18,12 +23,14 @@ import type { VulkanContext } from "../vk/context.ts";
 import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
-import { GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
+import { groupedItemsMax, GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
+import { chunkGemmTile } from "../kernels/decoder/quant-gemm.ts";
+import { MOE_BINDINGS, MOE_PUSH_BYTES, shaderFile } from "../kernels/shaders.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import { packExpert, type ExpertLayout } from "../pool/expert-layout.ts";
 import type { QuantMatrix } from "../quant/types.ts";
-import type { ComputePipeline } from "../vk/pipeline.ts";
-import type { MoeNormTail } from "./ggml-experts.ts";
+import { ComputePipeline } from "../vk/pipeline.ts";
+import { cmSharedBytes, type MoeNormTail } from "./ggml-experts.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
 import { createFusedSharedPipeline, QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
 
@@ -64,6 +71,12 @@ export interface MoeGraphStageOptions {
    */
   rowsForGrouped?: boolean;
   /**
+   * Calls regrouped by expert run on the matrix cores (shaders/moe_pool_cm.glsl: true, where the
+   * device has cooperative matrices enabled; "emulated": its test variant), ahead of
+   * rowsForGrouped. Default false.
+   */
+  matrixCores?: boolean | "emulated";
+  /**
    * A layer's shared expert (Qwen3.5 MoE), for the fused decode calls to run as one more slot a
    * token: taken where the stage runs fused calls with BDA addressing and the matrices have the
    * routed experts' shape (QuantGraphStage; runsShared says where it did). Undefined: none.
@@ -80,7 +93,7 @@ export interface SharedExpertHost {
 }
 
 /** What a caller may choose of a graph stage's kernels (MoeGraphStageOptions' choices). */
-export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped" | "sharedExperts">;
+export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped" | "sharedExperts" | "matrixCores">;
 
 /**
  * What the whole-token graphs (decode-graph.ts, hybrid-graph.ts) record for a MoE layer, whichever
@@ -160,6 +173,8 @@ export class QuantGraphStage implements MoeGraphStage {
   private readonly groupKernel: GroupExpertsKernel;
   private readonly sets = new Map<string, bigint[]>();
   private readonly owned: Buffer[] = [];
+  /** moe_pool_cm's gate+up and down pipelines (MoeGraphStageOptions.matrixCores). */
+  private readonly cm: { gateUp: ComputePipeline; down: ComputePipeline } | undefined;
   /** The shared experts' blobs and gate rows, the fused kernel that runs them, and each layer's push constants. */
   private readonly shared: { pipeline: ComputePipeline; gateRows: Buffer; push: Map<number, Uint32Array> } | undefined;
 
@@ -214,6 +229,45 @@ export class QuantGraphStage implements MoeGraphStage {
     this.descriptors = new DescriptorPool(device, 16, 16 * (10 + p.maxSlabs));
     this.groupKernel = new GroupExpertsKernel(device);
     this.shared = this.mode === "fused" && bda && opts.sharedExperts ? this.placeShared(pool.layout, opts.moeLayers, opts.sharedExperts) : undefined;
+    try {
+      this.cm = opts.matrixCores ? this.createCm(pool, opts.matrixCores) : undefined;
+    } catch (e) {
+      this[Symbol.dispose]();
+      throw e;
+    }
+  }
+
+  /** Whether calls regrouped by expert run on the matrix cores (moe_pool_cm). */
+  get matrixCores(): boolean {
+    return this.cm !== undefined;
+  }
+
+  /** moe_pool_cm's pipelines for this pool's shape and addressing (the rows kernels' bindings and push constants). */
+  private createCm(pool: ExpertPool, matrixCores: true | "emulated") {
+    const { format, scaleType, groupSize } = pool.layout.shape;
+    const shader = chunkGemmTile(this.device, {
+      f32: { name: "", storageBuffers: 0, pushConstantBytes: 0 },
+      cm: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
+      emulated: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm_emu`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
+    }, matrixCores);
+    const shared = cmSharedBytes(POOL_CM_SLOTS);
+    if (shared > this.device.info.limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`moe_pool_cm needs ${shared} B of shared memory (limit ${this.device.info.limits.maxComputeSharedMemorySize})`);
+    const maxSlabs = this.layer.pipelines.maxSlabs;
+    const make = (gateUp: boolean) => {
+      const spec: Record<number, number> = { 1: gateUp ? 1 : 0, 2: format === "q4" ? 4 : 8, 3: scaleType === "f16" ? 1 : 0, 4: groupSize, 5: POOL_CM_SLOTS };
+      if (maxSlabs === 0) return new ComputePipeline(this.device, { spirv: shaderFile(shader.name), storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES, specialization: spec });
+      return new ComputePipeline(this.device, {
+        spirv: shaderFile(shader.name), storageBuffers: MOE_BINDINGS + 1, pushConstantBytes: MOE_PUSH_BYTES,
+        descriptorCounts: [...Array.from({ length: MOE_BINDINGS }, () => 1), maxSlabs], specialization: { ...spec, 8: maxSlabs },
+      });
+    };
+    const gateUp = make(true);
+    try {
+      return { gateUp, down: make(false) };
+    } catch (e) {
+      gateUp[Symbol.dispose]();
+      throw e;
+    }
   }
 
   /**
@@ -274,17 +328,18 @@ export class QuantGraphStage implements MoeGraphStage {
     return this.layer.pipelines.maxSlabs > 0 ? [...stage, this.layer.slabArray(this.gate)] : stage;
   }
 
-  private setsFor(x: Buffer, y: Buffer, kernels: "fused" | "fused-shared" | "grouped" | "rows"): bigint[] {
+  private setsFor(x: Buffer, y: Buffer, kernels: "fused" | "fused-shared" | "grouped" | "rows" | "cm"): bigint[] {
     const key = `${x.handle}/${y.handle}/${kernels}`;
     let sets = this.sets.get(key);
     if (sets) return sets;
     const p = this.layer.pipelines;
     const b = (buffer: Buffer) => ({ buffer });
-    if (kernels === "rows") {
+    if (kernels === "rows" || kernels === "cm") {
       // The float path's gate+up bindings (x itself, not its quantized rows), whatever the path.
+      const [gu, dn] = kernels === "cm" ? [this.cm!.gateUp, this.cm!.down] : [p.rowsGateUp, p.rowsDown];
       sets = [
-        this.descriptors.allocate(p.rowsGateUp, this.slabs([x, this.work, this.pairs, this.h, this.slotWeight].map(b))),
-        this.descriptors.allocate(p.rowsDown, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b))),
+        this.descriptors.allocate(gu, this.slabs([x, this.work, this.pairs, this.h, this.slotWeight].map(b))),
+        this.descriptors.allocate(dn, this.slabs([this.h, this.work, this.pairs, this.ypair, this.slotWeight].map(b))),
         this.descriptors.allocate(p.sum, [this.ypair, this.work, y, this.slotWeight, this.done].map(b)),
       ];
     } else if (kernels === "fused") {
@@ -326,7 +381,8 @@ export class QuantGraphStage implements MoeGraphStage {
       routing?.mark?.("fused + shared expert");
       return;
     }
-    const sets = this.setsFor(x, y, path === "fused" ? "fused" : rows ? "rows" : "grouped");
+    const cm = path === "by-expert" ? this.cm : undefined;
+    const sets = this.setsFor(x, y, path === "fused" ? "fused" : cm ? "cm" : rows ? "rows" : "grouped");
     if (path === "fused") {
       cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
       routing?.mark?.("fused");
@@ -338,12 +394,23 @@ export class QuantGraphStage implements MoeGraphStage {
       this.groupKernel.record(cb, {
         chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
         S, E: this.experts, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer),
+        ...(cm && { maxSlots: POOL_CM_SLOTS }),
       });
       routing.mark?.("group");
       cb.barrier("computeToCompute");
-      items = Math.min(items, this.experts);
+      // moe_pool_cm: items of at most one slot tile (an expert many tokens chose is split over workgroups)
+      items = cm ? groupedItemsMax(S, this.experts, K, POOL_CM_SLOTS) : Math.min(items, this.experts);
     }
     const mark = (step: string) => routing?.mark?.(step);
+    if (cm) {
+      cb.bind(cm.gateUp, sets[0]!).pushConstants(cm.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / POOL_CM_GATE_UP_ROWS), items);
+      mark("gate+up");
+      cb.barrier("computeToCompute").bind(cm.down, sets[1]!).pushConstants(cm.down, L.pushDown).dispatch(Math.ceil(L.D / POOL_CM_DOWN_ROWS), items);
+      mark("down");
+      cb.barrier("computeToCompute").bind(p.sum, sets[2]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
+      mark("sum");
+      return;
+    }
     if (rows) {
       cb.bind(p.rowsGateUp, sets[0]!).pushConstants(p.rowsGateUp, L.pushGateUp).dispatch(Math.ceil(L.I / ROWS_WORKGROUP), items);
       mark("gate+up");
@@ -379,7 +446,7 @@ export class QuantGraphStage implements MoeGraphStage {
   dispatches(S = 1): number {
     const path = this.pathFor(S);
     if (path === "fused") return 1;
-    if (path === "by-expert" && this.rowsForGrouped) return 4;  // group, rows gate+up, rows down, sum
+    if (path === "by-expert" && (this.rowsForGrouped || this.cm)) return 4;  // group, rows (or cm) gate+up and down, sum
     // [quantize x] + gate+up + [quantize h] + down + sum (+ the regrouping)
     const p = this.layer.pipelines;
     return 3 + (p.quantize ? 1 : 0) + (this.quantizeH ? 1 : 0) + (path === "by-expert" ? 1 : 0);
@@ -391,6 +458,8 @@ export class QuantGraphStage implements MoeGraphStage {
 
   [Symbol.dispose](): void {
     this.shared?.pipeline[Symbol.dispose]();
+    this.cm?.gateUp[Symbol.dispose]();
+    this.cm?.down[Symbol.dispose]();
     this.groupKernel[Symbol.dispose]();
     this.descriptors[Symbol.dispose]();
     for (const b of this.owned) b[Symbol.dispose]();

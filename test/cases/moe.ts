@@ -338,3 +338,48 @@ export function runReplay(spec: ReplaySpec): ReplayResult {
   while (pending.length) settle();
   return { pooled, staleChecks, staleDetected, distinctS: seen.size, maxS };
 }
+
+/** Slots an expert may take in one call (items of 1..MAX_ITEM_SLOTS slots). */
+export const MAX_ITEM_SLOTS = 20;
+/** Slot id dec_route writes for a token with no expert (NaN logits). */
+export const NONE = 0xffffffff;
+
+
+/**
+ * S tokens, k distinct experts each, drawn with a skewed popularity (expert e weighs 1 / (1 + e/3))
+ * and at most MAX_ITEM_SLOTS slots an expert, so a call's items range from 1 slot to the cap.
+ * `none`: that slot gets no expert (id NONE).
+ */
+export function skewedRouting(rnd: () => number, S: number, k: number, E: number, none = -1): { chosen: Uint32Array; r: Routing } {
+  const count = new Int32Array(E);
+  const chosen = new Uint32Array(S * k), ids = new Int32Array(S * k), weights = new Float32Array(S * k);
+  for (let t = 0; t < S; t++) {
+    const taken = new Set<number>();
+    for (let j = 0; j < k; j++) {
+      const open = Array.from({ length: E }, (_, e) => e).filter((e) => !taken.has(e) && count[e]! < MAX_ITEM_SLOTS);
+      const w = open.map((e) => 1 / (1 + e / 3));
+      let u = rnd() * w.reduce((a, b) => a + b, 0), at = 0;
+      while (at < open.length - 1 && (u -= w[at]!) > 0) at++;
+      const e = open[at]!;
+      taken.add(e);
+      count[e]!++;
+      const slot = t * k + j;
+      chosen[slot] = e;
+      ids[slot] = e;
+      weights[slot] = rnd() < 1 / 32 ? 0 : Math.fround(rnd() * 1.5 - 0.25);
+    }
+  }
+  if (none >= 0) {
+    // dec_group_experts sets its weight to 0; the reference adds 0 x a real expert's output.
+    chosen[none] = NONE;
+    weights[none] = 0;
+  }
+  return { chosen, r: { S, k, ids, weights } };
+}
+
+/** Sizes of the items dec_group_experts makes from `chosen` (distinct experts, slots each). */
+export function itemSizes(chosen: Uint32Array, E: number): number[] {
+  const c = new Map<number, number>();
+  for (const e of chosen) if (e < E) c.set(e, (c.get(e) ?? 0) + 1);
+  return [...c.values()];
+}

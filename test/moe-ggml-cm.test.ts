@@ -11,7 +11,7 @@
  * Shapes: the format pairs a K-quant file mixes, partial row tiles (I 96, D 96), items of 64 slots
  * (walked a tile of cmSlots at a time), a top-8 chunk of 64 tokens; sentinels past every output;
  * every slot tile size (cmSlots 8, 16, 32, 64) on some of them.
- * Negative controls (by hand, Lavapipe, 2026-12-06): the SwiGLU without the silu, and down without
+ * Negative controls (by hand, Lavapipe; 2026-12-06 on the 64 x 64 tile, 2026-12-07 on this one): the SwiGLU without the silu, and down without
  * the slot weight, each failed every case (NMSE 0.3..1).
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";

@@ -7,8 +7,7 @@
 // DeviceLinear); a batch rotating through more matrices than the last-level cache holds, clocks warmed
 // by streaming reads before each shape, the kernels alternated over rounds, best batch. Prints
 // float µs / idp µs (> 1: the integer-dot GEMM is faster), and where the device has cooperative
-// matrices the matrix-core dec_gemm_quant_cm (128-row tiles, split as gemmSplits splits those), float / cm,
-// and the 64 x 64 tiles of before (cm old).
+// matrices the matrix-core dec_gemm_quant_cm (64-row tiles, split as gemmSplits splits those) and float / cm.
 //   bun scripts/bench-gemm-pool.ts [--quick]
 import { readConfig } from "../src/config.ts";
 import { GgmlIdpScratch } from "../src/kernels/decoder/ggml-gemv.ts";
@@ -58,7 +57,7 @@ function randomMatrix(format: QuantFormat, rows: number, cols: number, seed: num
 
 const coopmat = device.enabled.cooperativeMatrix;
 if (!coopmat) console.log(`note: no matrix-core GEMM here (${device.decisions.find((d) => d.name === "cooperativeMatrix")?.reason})`);
-const rows: string[][] = [["matrix (I->O)", "fmt", "runs", "float µs", "idp µs", "idp alone µs", "float / idp", "float / idp alone", ...(coopmat ? ["cm runs", "cm µs", "float / cm", "cm old runs", "cm old µs"] : [])]];
+const rows: string[][] = [["matrix (I->O)", "fmt", "runs", "float µs", "idp µs", "idp alone µs", "float / idp", "float / idp alone", ...(coopmat ? ["cm runs", "cm µs", "float / cm"] : [])]];
 using x = new Buffer(device, { size: BigInt(4 * S * 4096), memory: "device" });
 uploadBytes(device, x, 0n, new Uint8Array(randomActivations(S, 4096, 11).buffer));
 using y = new Buffer(device, { size: BigInt(4 * S * 8192), memory: "device" });
@@ -66,8 +65,6 @@ for (const format of ["q4", "q8"] as const) {
   using floatGemm = new QuantGemmKernel(device, format, true, 32);
   using idpGemm = new QuantGemmIdpKernel(device, format, true, 32);
   using cmGemm = coopmat ? new QuantGemmKernel(device, format, true, 32, { matrixCores: true }) : undefined;
-  // the 64 x 64 tiles of before cm_slice_tile.glsl, for the A/B
-  using cmOld = coopmat ? new QuantGemmKernel(device, format, true, 32, { matrixCores: true, oldTile: true }) : undefined;
   for (const c of SHAPES) {
     const one = randomMatrix(format, c.O, c.I, c.O + c.I);
     const bytes = one.weights.byteLength + one.scales.byteLength;
@@ -77,10 +74,8 @@ for (const format of ["q4", "q8"] as const) {
     using scratch = new GgmlIdpScratch(device, c.I, S);
     const splits = gemmSplits(device, c.O, c.I);
     const split = splits > 1 && splitRuns(c.I, splits).splits > 1 ? stack.use(new GemmSplitScratch(device, c.O, c.I, S, splits)) : undefined;
-    const cmSplits = gemmSplits(device, c.O, c.I, cmGemm?.tileRows);
+    const cmSplits = gemmSplits(device, c.O, c.I, COOPMAT_GEMM_ROWS);
     const cmSplit = cmSplits > 1 && splitRuns(c.I, cmSplits).splits > 1 ? stack.use(new GemmSplitScratch(device, c.O, c.I, S, cmSplits)) : undefined;
-    const oldSplits = gemmSplits(device, c.O, c.I, COOPMAT_GEMM_ROWS);
-    const oldSplit = oldSplits > 1 && splitRuns(c.I, oldSplits).splits > 1 ? stack.use(new GemmSplitScratch(device, c.O, c.I, S, oldSplits)) : undefined;
     const reps = cpuDevice ? 2 : Math.max(count, 64);
     const batch = (call: (cb: CommandBuffer, m: DeviceMatrix) => void) => (cb: CommandBuffer) => {
       for (let r = 0; r < reps; r++) call(cb, mats[r % count]!);
@@ -90,14 +85,13 @@ for (const format of ["q4", "q8"] as const) {
       batch((cb, matrix) => idpGemm.record(cb, { matrix, x, y, S, scratch }, split).barrier("computeToCompute")),
       batch((cb, matrix) => idpGemm.recordQuantized(cb, { matrix, y, S, scratch }, split).barrier("computeToCompute")),
       ...(cmGemm ? [batch((cb, matrix) => cmGemm.record(cb, { matrix, x, y, S }, cmSplit).barrier("computeToCompute"))] : []),
-      ...(cmOld ? [batch((cb, matrix) => cmOld.record(cb, { matrix, x, y, S }, oldSplit).barrier("computeToCompute"))] : []),
     ];
     if (!cpuDevice) readBandwidth(device, 1024 * MiB, 100); // clocks up (an idle H200 runs at ~345 MHz)
     const best = calls.map(() => Infinity);
     for (let round = 0; round < (cpuDevice ? 1 : 3); round++) calls.forEach((body, i) => (best[i] = Math.min(best[i]!, timeOnGpu(device, body, cpuDevice ? 1 : 5) / reps)));
-    const [f, q, a, cm, old] = best.map((ns) => ns / 1e3) as [number, number, number, number | undefined, number | undefined];
+    const [f, q, a, cm] = best.map((ns) => ns / 1e3) as [number, number, number, number | undefined];
     rows.push([c.label, format, String(split?.splits ?? 1), f.toFixed(1), q.toFixed(1), a.toFixed(1), `${(f / q).toFixed(2)}x`, `${(f / a).toFixed(2)}x`,
-      ...(cm === undefined ? [] : [String(cmSplit?.splits ?? 1), cm.toFixed(1), `${(f / cm).toFixed(2)}x`, String(oldSplit?.splits ?? 1), old!.toFixed(1)])]);
+      ...(cm === undefined ? [] : [String(cmSplit?.splits ?? 1), cm.toFixed(1), `${(f / cm).toFixed(2)}x`])]);
     console.error(`${SCRIPT}: ${rows.at(-1)!.join(" | ")}`);
   }
 }

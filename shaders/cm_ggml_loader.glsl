@@ -1,4 +1,4 @@
-// cm_ggml_loader.glsl: cm_slice_tile.glsl's loaders over GGML block rows (moe_ggml_cm, dec_gemm_ggml_cm):
+// cm_ggml_loader.glsl: cm_slice_tile.glsl's loaders over GGML block rows (moe_ggml_cm):
 // step u is 32-weight slice u of the row (ggml_blocks.glsl: GGML's weights), its columns in the
 // slice's order (two runs of 16, GGML_SLICE_GAP apart), and x read as vec4s (I a multiple of the
 // block's elements, input rows 16-byte aligned). The includer declares FORMAT (GGML_FMT_*) and the

@@ -28,8 +28,6 @@ const envSchema = z.strictObject({
    * there ("on": moe_ggml_cm), or on the integer-dot / float rows kernels ("off", the default).
    */
   VKMOE_MOE_COOPMAT: z.enum(["on", "off"]).default("off"),
-  /** The dense prompt GEMMs on the matrix cores: 128-row tiles ("new", the default) or the 64 x 64 tiles before them ("old": for an A/B). */
-  VKMOE_GEMM_TILE: z.enum(["new", "old"]).default("new"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */

@@ -32,7 +32,7 @@ import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { COOPMAT_CHECK_BOUND, coopmatSelfCheck } from "../src/kernels/decoder/coopmat-check.ts";
 import { GgmlGemmKernel } from "../src/kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix } from "../src/kernels/decoder/ggml-gemv.ts";
-import { CM_TILE_ROWS, GemmSplitScratch, QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
+import { COOPMAT_GEMM_ROWS, GemmSplitScratch, QuantGemmKernel } from "../src/kernels/decoder/quant-gemm.ts";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
 import { GgmlBlockLinear, QuantLinear } from "../src/model/linear.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
@@ -222,12 +222,12 @@ describe("the matrix-core decision", () => {
   }, 120_000);
 
   test("the GEMMs' tile and LinearKernels follow device.enabled.cooperativeMatrix and the self-check; asking for the matrix cores without the feature is refused", () => {
-    expect(CM_TILE_ROWS).toBe(128);
+    expect(COOPMAT_GEMM_ROWS).toBe(64);
     using lk = new LinearKernels(device);
     expect(lk.matrixCores).toBe(on && coopmatSelfCheck(device).ok);
     if (on) {
-      expect(quantKernel(quantize({ dtype: "f32", data: randomGaussianF32(64, 1) }, 2, 32, { format: "q8", scaleType: "f16", groupSize: 32 })).tileRows).toBe(CM_TILE_ROWS);
-      expect(ggmlKernel("Q6_K").tileRows).toBe(CM_TILE_ROWS);
+      expect(quantKernel(quantize({ dtype: "f32", data: randomGaussianF32(64, 1) }, 2, 32, { format: "q8", scaleType: "f16", groupSize: 32 })).tileRows).toBe(64);
+      expect(ggmlKernel("Q6_K").tileRows).toBe(64);
       return;
     }
     console.log(`  ${device.info.name}: cooperativeMatrix off (${why}); LinearKernels keeps the f32 / integer-dot GEMMs`);

@@ -18,7 +18,7 @@ import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { planKernels } from "../kernels/setup.ts";
-import { GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
+import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
 import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
 import { QuantGateUpKernel, QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
@@ -151,8 +151,6 @@ export class LinearKernels implements Disposable {
   readonly quantizedTokens: number;
   /** Column runs a matrix's prompt-chunk GEMM is split into (LinearKernelsOptions.gemmSplits). */
   readonly gemmSplits: (rows: number, cols: number, tileRows: number) => number;
-  /** The matrix-core GEMMs on their 64 x 64 tiles of before cm_slice_tile.glsl (VKMOE_GEMM_TILE=old: an A/B only). */
-  private readonly oldGemmTile = readConfig().VKMOE_GEMM_TILE === "old";
   /**
    * A CPU device (Lavapipe) runs a workgroup's barriers as context switches: one subgroup of 8
    * threads per workgroup, 8 rows each, took lm_head (151936 x 64, Q8_0) from 4.5 s to 0.29 s
@@ -207,7 +205,7 @@ export class LinearKernels implements Disposable {
   gemmKernel(m: QuantLinear["matrix"], matrixCores = false): QuantGemmKernel {
     const key = `${m.format}/${m.scaleType}/${m.groupSize}/${matrixCores}`;
     let k = this.gemm.get(key);
-    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: matrixCores && this.matrixCores, oldTile: this.oldGemmTile })));
+    if (!k) this.gemm.set(key, (k = new QuantGemmKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256, matrixCores: matrixCores && this.matrixCores })));
     return k;
   }
 
@@ -230,7 +228,7 @@ export class LinearKernels implements Disposable {
   ggmlGemmKernel(type: GgmlBlockType, matrixCores = false): GgmlGemmKernel {
     const key = `${type}/${matrixCores}`;
     let k = this.ggmlGemmKernels.get(key);
-    if (!k) this.ggmlGemmKernels.set(key, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256, matrixCores: matrixCores && this.matrixCores, oldTile: this.oldGemmTile })));
+    if (!k) this.ggmlGemmKernels.set(key, (k = new GgmlGemmKernel(this.device, type, { maxSets: 256, matrixCores: matrixCores && this.matrixCores })));
     return k;
   }
 
@@ -299,7 +297,7 @@ export class DeviceLinear implements Disposable {
     this.rows = linear.rows;
     this.cols = linear.cols;
     this.onMatrixCores = kernels.matrixCores && (linear instanceof QuantLinear || (linear instanceof GgmlBlockLinear && kernels.ggmlGemm)) && linear.rows >= MATRIX_CORE_MIN_DIM && linear.cols >= MATRIX_CORE_MIN_DIM;
-    const tileRows = !this.onMatrixCores ? GEMM_ROWS : linear instanceof GgmlBlockLinear ? kernels.ggmlGemmKernel(linear.tensor.type, true).tileRows : linear instanceof QuantLinear ? kernels.gemmKernel(linear.matrix, true).tileRows : GEMM_ROWS;
+    const tileRows = this.onMatrixCores ? COOPMAT_GEMM_ROWS : GEMM_ROWS;
     const limit = device.info.limits.maxStorageBufferRange;
     if (linear.bytes > limit) throw new GraphUnsupportedError(`${name} takes ${linear.bytes} bytes, past this device's maxStorageBufferRange of ${limit}`);
     if (linear instanceof FloatLinear) {

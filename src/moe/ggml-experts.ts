@@ -406,7 +406,7 @@ export class GgmlExpertKernels implements Disposable {
     if (options.matrixCores && cmShared > device.info.limits.maxComputeSharedMemorySize) {
       throw new InvalidArgumentError(`moe_ggml_cm at ${this.cmSlots} slots a tile needs ${cmShared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
     }
-    this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores) : undefined;
+    this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores).shader : undefined;
     this.sum = new MoeSumKernel(device, options);
   }
 

@@ -245,7 +245,7 @@ export class QuantGraphStage implements MoeGraphStage {
   /** moe_pool_cm's pipelines for this pool's shape and addressing (the rows kernels' bindings and push constants). */
   private createCm(pool: ExpertPool, matrixCores: true | "emulated") {
     const { format, scaleType, groupSize } = pool.layout.shape;
-    const shader = chunkGemmTile(this.device, {
+    const { shader } = chunkGemmTile(this.device, {
       f32: { name: "", storageBuffers: 0, pushConstantBytes: 0 },
       cm: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
       emulated: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm_emu`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },

@@ -21,7 +21,7 @@ import type { Device } from "../../vk/device.ts";
 import { DEC_GEMM_GGML_IDP, type ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import { GGML_IDP_GROUP, GgmlIdpScratch, GgmlQuantizeKernel, type DeviceGgmlMatrix, type GgmlGemvArgs, type QuantizedRows } from "./ggml-gemv.ts";
-import { chunkGemmTile, CM_TILE_ROWS, cmTileTokens, COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, type ChunkGemmOptions, type GemmSplitScratch } from "./quant-gemm.ts";
+import { chunkGemmTile, GEMM_ROWS, GEMM_TOKENS, type ChunkGemmOptions, type GemmSplitScratch } from "./quant-gemm.ts";
 
 /**
  * blocks `uint[]` r, x r, y w, partial tiles rw, arrival words rw; push O, I, S, blockOffset (bytes),
@@ -32,9 +32,6 @@ export const DEC_GEMM_GGML: ShaderInterface = { name: "dec_gemm_ggml", storageBu
 export const DEC_GEMM_GGML_CM: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_cm" };
 /** Its test variant (dec_gemm_ggml_cm_emu.comp), as DEC_GEMM_QUANT_CM_EMU. */
 export const DEC_GEMM_GGML_CM_EMU: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_cm_emu" };
-/** dec_gemm_ggml_cm before cm_slice_tile.glsl (64 x 64 tiles), for an A/B only (VKMOE_GEMM_TILE=old). */
-const DEC_GEMM_GGML_OLD_CM: ShaderInterface = { ...DEC_GEMM_GGML, name: "dec_gemm_ggml_old_cm" };
-
 /** Rows and tokens of one workgroup's tile (dec_gemm_quant's: GemmSplitScratch's tiles fit both). */
 export const GGML_GEMM_ROWS = GEMM_ROWS;
 export const GGML_GEMM_TOKENS = GEMM_TOKENS;
@@ -60,9 +57,9 @@ function checkSplit(m: DeviceGgmlMatrix, S: number, split: GemmSplitScratch | un
   if (split.splitCols % block !== 0) throw new InvalidArgumentError(`split runs of ${split.splitCols} columns: not whole ${m.type} blocks of ${block}`);
 }
 
-/** The GEMMs' grid: ceil(rows / tileRows) x ceil(S / tileTokens) tiles x the split's runs, refused past the device's workgroup counts. */
-function gemmGrid(device: Device, m: DeviceGgmlMatrix, S: number, split: GemmSplitScratch | undefined, tileRows = GGML_GEMM_ROWS, tileTokens = GGML_GEMM_TOKENS): [number, number, number] {
-  const gx = Math.ceil(m.rows / tileRows), gy = Math.ceil(S / tileTokens), gz = split?.splits ?? 1;
+/** The GEMMs' grid: ceil(rows / tileRows) x ceil(S / 64) tiles x the split's runs, refused past the device's workgroup counts. */
+function gemmGrid(device: Device, m: DeviceGgmlMatrix, S: number, split: GemmSplitScratch | undefined, tileRows = GGML_GEMM_ROWS): [number, number, number] {
+  const gx = Math.ceil(m.rows / tileRows), gy = Math.ceil(S / GGML_GEMM_TOKENS), gz = split?.splits ?? 1;
   const [maxX, maxY, maxZ] = device.info.limits.maxComputeWorkGroupCount;
   if (gx > maxX!) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
   if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);
@@ -75,23 +72,18 @@ const splitWords = (m: DeviceGgmlMatrix, split: GemmSplitScratch | undefined) =>
 
 /** One pipeline per GGML type (make one object per type): f32 tiles or the matrix cores' (options.matrixCores). */
 export class GgmlGemmKernel extends DecoderKernel {
-  /** Rows and tokens of one workgroup's tile. */
+  /** Rows of one workgroup's tile. */
   readonly tileRows: number;
-  readonly tileTokens: number;
 
   constructor(device: Device, readonly type: GgmlBlockType, options: ChunkGemmOptions = {}) {
     if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMM for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
-    const old = options.oldTile === true && options.matrixCores === true;
-    const shader = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: old ? DEC_GEMM_GGML_OLD_CM : DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
-    const cm = options.matrixCores !== undefined && options.matrixCores !== false && !old;
-    const tokens = cmTileTokens(device);
-    super(device, shader, cm ? { 0: FORMAT_ID[type], 1: tokens } : { 0: FORMAT_ID[type] }, options);
-    this.tileRows = old ? COOPMAT_GEMM_ROWS : cm ? CM_TILE_ROWS : GGML_GEMM_ROWS;
-    this.tileTokens = cm ? tokens : GGML_GEMM_TOKENS;
+    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
+    super(device, shader, { 0: FORMAT_ID[type] }, options);
+    this.tileRows = tileRows;
   }
 
   /**
-   * Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ, grid ceil(rows / tileRows) x ceil(S / tileTokens), split over
+   * Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ, grid ceil(rows / tileRows) x ceil(S / 64), split over
    * the columns with `split` (the matrix's own: calls on one scratch must not overlap). The caller
    * places barriers around it.
    */
@@ -103,7 +95,7 @@ export class GgmlGemmKernel extends DecoderKernel {
     if (xOffset % 4 !== 0) throw new InvalidArgumentError(`xOffset must be a multiple of 4 floats (vec4 loads), got ${xOffset}`);
     checkRange("ggml gemm x", a.x, xOffset, S * m.cols);
     checkRange("ggml gemm y", a.y, yOffset, S * m.rows);
-    const grid = gemmGrid(this.device, m, S, split, this.tileRows, this.tileTokens);
+    const grid = gemmGrid(this.device, m, S, split, this.tileRows);
     // without a split the partials' bindings are y (never read: splits is 1)
     const set = this.setFor([m.buffer, a.x, a.y, split?.part ?? a.y, split?.arrived ?? a.y]);
     const pc = pushWords([m.rows, m.cols, S, 0, xOffset, yOffset, ...splitWords(m, split)]);

@@ -26,8 +26,6 @@ export const DEC_GEMM_QUANT: ShaderInterface = { name: "dec_gemm_quant", storage
 /** The same on the matrix cores (shaders/dec_gemm_quant_cm.comp, gemm_coopmat_tile.glsl): bindings and push constants as dec_gemm_quant's. */
 export const DEC_GEMM_QUANT_CM: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cm" };
 /** Its test variant: the same tiles with plain sums in place of the matrix products (dec_gemm_quant_cm_emu.comp). */
-/** dec_gemm_quant_cm before cm_slice_tile.glsl (64 x 64 tiles), for an A/B only (ChunkGemmOptions.oldTile). */
-const DEC_GEMM_QUANT_OLD_CM: ShaderInterface = { name: "dec_gemm_quant_old_cm", storageBuffers: 6, pushConstantBytes: 44 };
 export const DEC_GEMM_QUANT_CM_EMU: ShaderInterface = { ...DEC_GEMM_QUANT, name: "dec_gemm_quant_cm_emu" };
 /** Rows and tokens of one workgroup's tile. */
 export const GEMM_ROWS = 32;
@@ -37,39 +35,32 @@ export const COOPMAT_GEMM_ROWS = 64;
 
 export interface ChunkGemmOptions extends DecoderKernelOptions {
   /**
-   * true: on the matrix cores (the device's cooperativeMatrix feature): cm_slice_tile.glsl's tiles of
-   * 128 rows x cmTileTokens tokens, weights and x rounded to f16 for the products, f32 sums.
-   * "emulated" (tests): the same tiles and f16 rounding with plain sums in place of the matrix
-   * products, on any device with shaderFloat16 and the Vulkan memory model. Default false: the f32 tiles.
+   * true: on the matrix cores (the device's cooperativeMatrix feature): 64-row tiles, weights and x
+   * rounded to f16 for the products, f32 sums. "emulated" (tests): the same tiles and f16 rounding with
+   * plain sums in place of the matrix products, on any device with shaderFloat16 and the Vulkan memory
+   * model. Default false: the f32 tiles.
    */
   matrixCores?: boolean | "emulated";
-  /** With matrixCores true: the 64 x 64 tiles of before cm_slice_tile.glsl (VKMOE_GEMM_TILE=old, an A/B only). */
-  oldTile?: boolean;
 }
 
-/** cm_slice_tile.glsl's rows a tile. */
-export const CM_TILE_ROWS = 128;
-/** cm_slice_tile.glsl's shared memory at `tokens` a tile: two weight tiles (128 rows of 80 B) or the f32 C tile, two x tiles, a flag word. */
-export function cmTileSharedBytes(tokens: number): number {
-  return Math.max(2 * CM_TILE_ROWS * 80, tokens * CM_TILE_ROWS * 4) + 2 * tokens * 80 + 16;
-}
-/** The dense GEMMs' tokens a matrix-core tile: 64 where the shared memory allows (NVIDIA's 48 KiB), else 32. */
-export function cmTileTokens(device: Device): number {
-  return cmTileSharedBytes(64) <= device.info.limits.maxComputeSharedMemorySize ? 64 : 32;
-}
-
-/** The shader of a chunk GEMM (f32 tiles, the matrix cores' or their emulation), checked against the device's features. */
+/** The shader and tile rows of a chunk GEMM (f32 tiles, the matrix cores' or their emulation), checked against the device's features. */
 export function chunkGemmTile(
   device: Device, shaders: { f32: ShaderInterface; cm: ShaderInterface; emulated: ShaderInterface }, matrixCores: boolean | "emulated" | undefined,
-): ShaderInterface {
-  if (!matrixCores) return shaders.f32;
+): { shader: ShaderInterface; tileRows: number } {
+  if (!matrixCores) return { shader: shaders.f32, tileRows: GEMM_ROWS };
   if (matrixCores === "emulated") {
     if (!device.enabled.shaderFloat16 || !device.enabled.vulkanMemoryModel) throw new InvalidArgumentError(`the emulated matrix-core GEMM needs shaderFloat16 and vulkanMemoryModel, not enabled on ${device.info.name}`);
-    return shaders.emulated;
+    return { shader: shaders.emulated, tileRows: COOPMAT_GEMM_ROWS };
   }
   if (!device.enabled.cooperativeMatrix) throw new InvalidArgumentError(`the matrix-core GEMM needs VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
   // on VK_KHR_cooperative_matrix: NAME_cmk.spv, the shader build's KHR rewrite of NAME_cm.spv
-  return device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
+  const shader = device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
+  return { shader, tileRows: COOPMAT_GEMM_ROWS };
+}
+
+/** cm_slice_tile.glsl's shared memory at `tokens` a tile (the experts' matrix-core kernels): two weight tiles (128 rows of 80 B) or the f32 C tile, two x tiles, a word. */
+export function cmTileSharedBytes(tokens: number): number {
+  return Math.max(2 * 128 * 80, tokens * 128 * 4) + 2 * tokens * 80 + 16;
 }
 
 /** Workgroups a split call aims at (a few per core on a large GPU), and the fewest columns a split run takes. */
@@ -97,8 +88,8 @@ export function splitRuns(cols: number, splits: number, blockCols = 32): { split
 }
 
 /**
- * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] (or the matrix-core GEMMs'
- * 64 x 64 and 128 x 32 or 64: room for any) and a word per tile (zero between calls: the last workgroup
+ * One matrix's split-call scratch: partial tiles [tile][split][32 x 64] (or [64 x 64] for the
+ * matrix-core GEMMs: room for either) and a word per tile (zero between calls: the last workgroup
  * of a tile resets it). `blockCols`: what a run's columns are a
  * multiple of (splitRuns); the runs may come out fewer than asked, but at least 2.
  */
@@ -112,10 +103,9 @@ export class GemmSplitScratch implements Disposable {
     if (!Number.isInteger(splits) || splits < 2) throw new InvalidArgumentError(`a split scratch needs 2 or more splits, got ${splits}`);
     ({ splits: this.splits, splitCols: this.splitCols } = splitRuns(cols, splits, blockCols));
     if (this.splits < 2) throw new InvalidArgumentError(`${cols} columns in runs of whole ${blockCols}-column blocks leave 1 run for ${splits} splits`);
-    // rows rounded up to 128 and tokens to 64: the 32 x 64 tiles, the matrix cores' 64 x 64 and 128 x 32 or 64 all fit
-    const floats = Math.ceil(rows / 128) * 128 * Math.ceil(maxTokens / GEMM_TOKENS) * GEMM_TOKENS;
-    const tiles = Math.max(Math.ceil(rows / GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS), Math.ceil(rows / 128) * Math.ceil(maxTokens / 32));
-    this.part = new Buffer(device, { size: BigInt(4 * floats * this.splits), memory: "device" });
+    // 32-row tiles of rows rounded up to 64: the matrix-core GEMM's 64-row tiles fit too
+    const tiles = 2 * Math.ceil(rows / COOPMAT_GEMM_ROWS) * Math.ceil(maxTokens / GEMM_TOKENS);
+    this.part = new Buffer(device, { size: BigInt(4 * tiles * this.splits * GEMM_ROWS * GEMM_TOKENS), memory: "device" });
     try {
       this.arrived = new Buffer(device, { size: BigInt(Math.max(16, 4 * tiles)), memory: "device" });
       uploadBytes(device, this.arrived, 0n, new Uint8Array(Number(this.arrived.size)));
@@ -133,21 +123,14 @@ export class GemmSplitScratch implements Disposable {
 
 /** One pipeline per (format, scale type, group size), as QuantGemvKernel; f32 tiles or the matrix cores' (options.matrixCores). */
 export class QuantGemmKernel extends DecoderKernel {
-  /** Rows and tokens of one workgroup's tile. */
+  /** Rows of one workgroup's tile. */
   readonly tileRows: number;
-  readonly tileTokens: number;
 
   constructor(device: Device, readonly format: QuantFormat, readonly scaleF16: boolean, readonly groupSize: number, options: ChunkGemmOptions = {}) {
     if (![32, 64, 128].includes(groupSize)) throw new InvalidArgumentError(`groupSize must be 32, 64 or 128, got ${groupSize}`);
-    const old = options.oldTile === true && options.matrixCores === true;
-    const shader = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: old ? DEC_GEMM_QUANT_OLD_CM : DEC_GEMM_QUANT_CM, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
-    const cm = options.matrixCores !== undefined && options.matrixCores !== false && !old;
-    const tokens = cmTileTokens(device);
-    const spec: Record<number, number> = { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize };
-    if (cm) spec[3] = tokens;
-    super(device, shader, spec, options);
-    this.tileRows = old ? COOPMAT_GEMM_ROWS : cm ? CM_TILE_ROWS : GEMM_ROWS;
-    this.tileTokens = cm ? tokens : GEMM_TOKENS;
+    const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_QUANT, cm: DEC_GEMM_QUANT_CM, emulated: DEC_GEMM_QUANT_CM_EMU }, options.matrixCores);
+    super(device, shader, { 0: format === "q4" ? 4 : 8, 1: scaleF16 ? 1 : 0, 2: groupSize }, options);
+    this.tileRows = tileRows;
   }
 
   /**
@@ -174,7 +157,7 @@ export class QuantGemmKernel extends DecoderKernel {
  * matrix's kind against the kernel's, S, the split scratch's shape, the grid. Returns the grid's x, y.
  */
 export function checkQuantGemmCall(
-  kernel: { device: Device; format: QuantFormat; scaleF16: boolean; groupSize: number; tileRows?: number; tileTokens?: number }, d: DeviceMatrix, S: number, split: GemmSplitScratch | undefined,
+  kernel: { device: Device; format: QuantFormat; scaleF16: boolean; groupSize: number; tileRows?: number }, d: DeviceMatrix, S: number, split: GemmSplitScratch | undefined,
 ): [number, number] {
   const m = d.matrix;
   if (m.format !== kernel.format || (m.scaleType === "f16") !== kernel.scaleF16 || m.groupSize !== kernel.groupSize) {
@@ -184,7 +167,7 @@ export function checkQuantGemmCall(
   if (split && (split.rows !== m.rows || split.cols !== m.cols || split.maxTokens < S)) {
     throw new InvalidArgumentError(`a split scratch of ${split.rows} x ${split.cols} for ${split.maxTokens} tokens on a ${m.rows} x ${m.cols} call of ${S}`);
   }
-  const gx = Math.ceil(m.rows / (kernel.tileRows ?? GEMM_ROWS)), gy = Math.ceil(S / (kernel.tileTokens ?? GEMM_TOKENS));
+  const gx = Math.ceil(m.rows / (kernel.tileRows ?? GEMM_ROWS)), gy = Math.ceil(S / GEMM_TOKENS);
   const maxX = kernel.device.info.limits.maxComputeWorkGroupCount[0]!;
   if (gx > maxX) throw new InvalidArgumentError(`${m.rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
   return [gx, gy];

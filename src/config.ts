@@ -28,6 +28,11 @@ const envSchema = z.strictObject({
    * there ("on": moe_ggml_cm), or on the integer-dot / float rows kernels ("off", the default).
    */
   VKMOE_MOE_COOPMAT: z.enum(["on", "off"]).default("off"),
+  /**
+   * Tokens a prompt chunk's replay takes at most in the Qwen3-MoE graph (64, the default; 128, 256
+   * or 512: each weight read once for that many, the attention run 64 tokens at a time within it).
+   */
+  VKMOE_PREFILL_CHUNK: z.enum(["64", "128", "256", "512"]).default("64"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */

@@ -44,8 +44,13 @@ import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 /** What a replay ends with: nothing (a prompt chunk), the last token's logits in host memory, or its greedy id. */
 export type GraphOutput = "none" | "logits" | "argmax";
 
-/** Tokens one replay runs at most (a prompt in chunks of this many; the MoE call's and the attention kernel's limit). */
+/** Tokens one replay runs at most (a prompt in chunks of this many; the MoE call's and the attention kernel's limit), unless a graph takes longer prompt chunks (prefillChunk). */
 export const GRAPH_MAX_TOKENS = MAX_ATTENTION_TOKENS;
+
+/** Tokens a prompt chunk's replay takes in the Qwen3-MoE graph (VKMOE_PREFILL_CHUNK, from the process env when the graph is made). */
+export function prefillChunk(): number {
+  return Number(readConfig().VKMOE_PREFILL_CHUNK);
+}
 const OUTPUTS: readonly GraphOutput[] = ["none", "logits", "argmax"];
 
 interface LayerOnDevice {
@@ -113,10 +118,21 @@ export class DecodeGraph implements Disposable {
     xn: Float32Array; router: Float32Array; ffn: Float32Array;
   };
 
-  /** `stage` undefined: the experts are not all resident, and the graph runs split, layer by layer (the host runs the experts). */
-  constructor(device: Device, cfg: Qwen3MoeConfig, private readonly weights: ModelWeights, readonly stage: MoeGraphStage | undefined) {
+  /** Tokens one replay runs at most: the stage's maxTokens (GRAPH_MAX_TOKENS, or prefillChunk's longer prompt chunks). */
+  readonly maxTokens: number;
+
+  /**
+   * `stage` undefined: the experts are not all resident, and the graph runs split, layer by layer
+   * (the host runs the experts). `maxTokens`: what the stage was made for (a multiple of
+   * MAX_ATTENTION_TOKENS past it: the attention runs that many tokens at a time).
+   */
+  constructor(device: Device, cfg: Qwen3MoeConfig, private readonly weights: ModelWeights, readonly stage: MoeGraphStage | undefined, maxTokens = GRAPH_MAX_TOKENS) {
     this.device = device;
     this.cfg = cfg;
+    if (!Number.isInteger(maxTokens) || maxTokens < 1 || (maxTokens > MAX_ATTENTION_TOKENS && maxTokens % MAX_ATTENTION_TOKENS !== 0)) {
+      throw new InvalidArgumentError(`maxTokens must be 1..${MAX_ATTENTION_TOKENS} or a multiple of it, got ${maxTokens}`);
+    }
+    this.maxTokens = maxTokens;
     if (!(ATTENTION_HEAD_DIMS as readonly number[]).includes(cfg.headDim)) throw new GraphUnsupportedError(`head_dim ${cfg.headDim}: the GPU attention takes ${ATTENTION_HEAD_DIMS.join(", ")}`);
     if (!(ATTENTION_GQA as readonly number[]).includes(cfg.heads / cfg.kvHeads)) throw new GraphUnsupportedError(`${cfg.heads / cfg.kvHeads} query heads per KV head: the GPU attention takes ${ATTENTION_GQA.join(", ")}`);
     const dense = weights.layers.findIndex((l) => !l.router);
@@ -166,7 +182,7 @@ export class DecodeGraph implements Disposable {
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
-      const K = cfg.topK, T = GRAPH_MAX_TOKENS;
+      const K = cfg.topK, T = maxTokens;
       this.s = {
         embed: this.buffer(4 * T * D, "upload"), positions: this.buffer(4 * (BATCH_WORDS + T), "upload"),
         h: this.buffer(4 * T * D), xn: this.buffer(4 * T * D), q: this.buffer(4 * T * H * hd), k: this.buffer(4 * T * KV * hd), v: this.buffer(4 * T * KV * hd),
@@ -248,7 +264,8 @@ export class DecodeGraph implements Disposable {
     r: { first: number; end: number; start: boolean; output?: GraphOutput; split: boolean; batch?: BatchOutputs },
     mark: (op: string) => void = () => {},
   ): number {
-    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
+    if (!Number.isInteger(S) || S < 1 || S > this.maxTokens) throw new InvalidArgumentError(`S must be an integer in 1..${this.maxTokens}, got ${S}`);
+    if (r.batch !== undefined && S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a batched replay takes 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
     const cfg = this.cfg, s = this.s, st = this.stage;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, rmsEps: eps, experts: E, topK: K } = cfg;
     const ffn = r.split ? s.ffnHost : s.ffn;
@@ -294,8 +311,22 @@ export class DecodeGraph implements Disposable {
       }
       // o reads the combine's quantized rows where it takes the integer-dot path
       const oq = this.attnQuant && L.o.takesQuantized(S) ? this.attnQuant : undefined;
-      kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined, ...(fold && { rope: { norm } }) });
-      op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", kv.attention.dispatches(S));
+      if (S <= MAX_ATTENTION_TOKENS) {
+        kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined, ...(fold && { rope: { norm } }) });
+        op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", kv.attention.dispatches(S));
+      } else {
+        // a longer prompt chunk: its tokens' keys and values are all in the cache (the RoPE step
+        // above), so MAX_ATTENTION_TOKENS of its queries at a time see theirs; one after another
+        // (they share the partials scratch)
+        let dispatches = 0;
+        for (let t0 = 0; t0 < S; t0 += MAX_ATTENTION_TOKENS) {
+          const n = Math.min(MAX_ATTENTION_TOKENS, S - t0);
+          if (t0 > 0) cb.barrier("computeToCompute");
+          kv.attention.record(cb, kv.bindings[l]!, { n: 1 + t0, S: n, maxPositions: kv.ctx, posIndex: 0, qOffset: t0 * H * hd, outOffset: t0 * H * hd });
+          dispatches += kv.attention.dispatches(n);
+        }
+        op("attention", dispatches);
+      }
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
@@ -320,7 +351,7 @@ export class DecodeGraph implements Disposable {
       }
       const route = {
         table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
-        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
+        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * this.maxTokens * K,
       };
       if (normFold) {
         const norm = { h: s.h, add: s.o, weights: this.norms, weightOffset: L.postNorm, eps, xn: s.xn };
@@ -352,7 +383,7 @@ export class DecodeGraph implements Disposable {
           normDone = { xq: quantized };
         }
       }
-      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`), ...(normTail && { normTail }) });
+      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`), ...(normTail && { normTail }) });
       n += st!.dispatches(S);
       cb.barrier("computeToCompute");
     }
@@ -431,7 +462,7 @@ export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: nu
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
   const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", combineTail: readConfig().VKMOE_COMBINE_TAIL !== "off", ...shape }));
-  const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
+  const partials = buffer(attention.partialBytesUpTo(ctx, Math.min(graph.maxTokens, MAX_ATTENTION_TOKENS)));
   const s = graph.s;
   const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.norms } } : {};
   const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, ...fold, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
@@ -491,6 +522,11 @@ export class GraphSequence implements Disposable {
 
   private readonly hostExperts: HostExperts | undefined;
 
+  /** Tokens runTokens takes at most (the graph's maxTokens). */
+  get maxChunk(): number {
+    return this.graph.maxTokens;
+  }
+
   constructor(private readonly graph: DecodeGraph, ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}) {
     this.hostExperts = options.hostExperts;
     const cfg = graph.cfg, device = graph.device;
@@ -521,7 +557,7 @@ export class GraphSequence implements Disposable {
   private recording(output: GraphOutput, S = 1, segment?: number | "head") {
     const L = this.graph.cfg.layers;
     const part = segment === undefined ? 0 : segment === "head" ? 1 : segment + 2;
-    const index = (OUTPUTS.indexOf(output) * (GRAPH_MAX_TOKENS + 1) + S) * (L + 2) + part;
+    const index = (OUTPUTS.indexOf(output) * (this.graph.maxTokens + 1) + S) * (L + 2) + part;
     let r = this.recorded[index];
     if (!r) {
       const cb = this.commands.allocate().begin();
@@ -576,7 +612,7 @@ export class GraphSequence implements Disposable {
   private readonly single = [0];
 
   /**
-   * Runs 1..GRAPH_MAX_TOKENS consecutive tokens from `position` in one replay (a prompt chunk:
+   * Runs 1..maxChunk consecutive tokens from `position` in one replay (a prompt chunk:
    * each weight read once for all of them); the output is the last token's.
    */
   runTokens(ids: ArrayLike<number>, position: number, output: GraphOutput): { logits?: Float32Array; id?: number; value?: number } {
@@ -635,7 +671,7 @@ export class GraphSequence implements Disposable {
    */
   profile(ids: readonly number[], position: number, output: GraphOutput): { op: string; us: number }[] {
     const S = ids.length;
-    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a profile runs 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
+    if (!Number.isInteger(S) || S < 1 || S > this.maxChunk) throw new InvalidArgumentError(`a profile runs 1..${this.maxChunk} tokens, got ${S}`);
     if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
     const device = this.graph.device;
     const names: string[] = [];
@@ -658,7 +694,7 @@ export class GraphSequence implements Disposable {
     return names.map((op, i) => ({ op, us: (Number(t[i + 1]! - t[i]!) * this.tick) / 1000 }));
   }
 
-  /** Expert ids the router chose at every layer for the tokens of the last run: [layers][GRAPH_MAX_TOKENS][topK], the first S rows of each layer filled. */
+  /** Expert ids the router chose at every layer for the tokens of the last run: [layers][maxChunk][topK], the first S rows of each layer filled. */
   lastRouting(): Int32Array {
     return this.graph.views.chosen;
   }

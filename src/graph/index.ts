@@ -7,7 +7,7 @@ import type { Qwen3MoeConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import { VkmoeError } from "../errors.ts";
 import { DeviceLostError } from "../vk/errors.ts";
-import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
+import { DecodeGraph, GRAPH_MAX_TOKENS, prefillChunk, type GraphOutput, type HostExperts } from "./decode-graph.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type SharedExpertHost } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
@@ -37,9 +37,11 @@ export interface DeviceSequence extends Disposable {
   readonly cacheBytes: number;
   /** Runs token `id` at `position`: one submit, one wait. Throws DeviceLostError when the device is lost. */
   run(id: number, position: number, output: GraphOutput): TokenResult;
-  /** Runs 1..GRAPH_MAX_TOKENS consecutive tokens in one replay (a prompt chunk); the output is the last one's. */
+  /** Tokens runTokens takes at most (absent: GRAPH_MAX_TOKENS). */
+  readonly maxChunk?: number;
+  /** Runs 1..maxChunk consecutive tokens in one replay (a prompt chunk); the output is the last one's. */
   runTokens(ids: ArrayLike<number>, position: number, output: GraphOutput): TokenResult;
-  /** Expert ids chosen at every layer for the tokens of the last run, [layers][GRAPH_MAX_TOKENS][topK]. */
+  /** Expert ids chosen at every layer for the tokens of the last run, [layers][maxChunk][topK]. */
   lastRouting(): Int32Array;
   /** Dispatches one replay of `output` records. */
   dispatchesOf(output: GraphOutput): number;
@@ -123,16 +125,18 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
   // Lavapipe, tiny fixture: 175 ms a token replayed against 14 ms on the CPU decoder (2-core host).
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
+  // prompt chunks of VKMOE_PREFILL_CHUNK tokens where the experts are resident (split runs keep GRAPH_MAX_TOKENS)
+  const chunk = prefillChunk();
   let stage: MoeGraphStage | undefined, notResident = "";
   try {
-    stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS);
+    stage = backend.graphStage(moeLayers, chunk);
   } catch (e) {
     if (e instanceof ExpertsNotResidentError) notResident = e.message;
     else if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
     else throw e;
   }
   try {
-    const graph = new DecodeGraph(ctx.device, cfg, weights, stage);
+    const graph = new DecodeGraph(ctx.device, cfg, weights, stage, stage ? chunk : GRAPH_MAX_TOKENS);
     // split runs submit between the MoE calls: a pre-launched kernel would hold their barriers
     if (!stage) {
       backend.stopPrelaunch("the decode graph's split runs share the queue");

@@ -115,8 +115,8 @@ export class Session implements Disposable {
     this.checkRoom(ids.length);
     this.checkIds(ids);
     if (this.device) {
-      // chunks of up to GRAPH_MAX_TOKENS tokens a replay, each weight read once per chunk
-      const r = this.onDevice(ids, GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(Array.prototype.slice.call(ids, i, i + n) as number[], pos, i + n === ids.length ? "logits" : "none").logits);
+      // chunks of up to maxChunk tokens a replay, each weight read once per chunk
+      const r = this.onDevice(ids, this.device.maxChunk ?? GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(Array.prototype.slice.call(ids, i, i + n) as number[], pos, i + n === ids.length ? "logits" : "none").logits);
       if (r) return r;
     }
     this.onCpu(ids, (i, n) => (i + n === ids.length ? { rows: 1, into: this.logits } : undefined));
@@ -236,7 +236,7 @@ export class Session implements Disposable {
   }
 
   private reportRouting(d: DeviceSequence, S: number): void {
-    const k = this.config.topK, chosen = d.lastRouting(), per = GRAPH_MAX_TOKENS * k;
+    const k = this.config.topK, chosen = d.lastRouting(), per = (d.maxChunk ?? GRAPH_MAX_TOKENS) * k;
     this.config.moeLayers.forEach((moe, l) => {
       if (moe) this.observer!.routing!(l, chosen.subarray(l * per, l * per + S * k), S, k);
     });
@@ -272,7 +272,7 @@ export class Session implements Disposable {
         if (!isDeviceLost(e)) throw e;
         this.toCpu(0);
       }
-      if (this.device && kept.length > 0) this.onDevice(kept, GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(kept.slice(i, i + n), pos, "none"));
+      if (this.device && kept.length > 0) this.onDevice(kept, this.device.maxChunk ?? GRAPH_MAX_TOKENS, (d, i, n, pos) => d.runTokens(kept.slice(i, i + n), pos, "none"));
       if (this.device) {
         Object.assign(this.counts, counts); // a re-run, not new tokens
         return;

@@ -209,10 +209,13 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the prompt chunks' path.
       const integerDot = device.info.subgroup.shuffle && device.enabled.integerDotProduct && (o.integerDot ?? planKernels(device, env).integerDot.on);
       const matrixCores = (o.matrixCores ?? env.VKMOE_MOE_COOPMAT === "on") && device.enabled.cooperativeMatrix && matrixCoresPass(device);
+      // slots a matrix-core tile: as many as a prompt chunk gives an expert (bench:moe-ggml, H100, 2026-12-07:
+      // 32 the fastest at 256 and 512 tokens, 8 at 64)
+      const chunk = Number(env.VKMOE_PREFILL_CHUNK), cmSlots = chunk >= 256 ? 32 : chunk >= 128 ? 16 : 8;
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, normTail: env.VKMOE_NORM_TAIL === "on" });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, cmSlots, normTail: env.VKMOE_NORM_TAIL === "on" });
           made.push(k);
           kernels.set(key, k);
         }
@@ -404,6 +407,8 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly control: Buffer;
   private readonly quantized: ExpertQuantScratch | undefined;
   private readonly group: GroupExpertsKernel;
+  /** Slots a work item of a call regrouped by expert holds at most (dec_group_experts' maxSlots). */
+  private readonly itemSlots: number;
   private readonly owned = new DisposableStack();
 
   constructor(
@@ -434,6 +439,9 @@ export class GgmlGraphStage implements MoeGraphStage {
       const idp = [...kernels.values()].some((k) => k.integerDot && !k.matrixCores);
       this.quantized = idp && opts.maxTokens > PER_SLOT_TOKENS ? this.owned.use(new ExpertQuantScratch(device, D, I, opts.maxTokens, K)) : undefined;
       this.group = this.owned.use(new GroupExpertsKernel(device, { maxSets: opts.layers + 4 }));
+      // the matrix cores' kernel takes items of one slot tile each; the rows kernels ITEM_SLOTS
+      const cm = [...kernels.values()].find((k) => k.matrixCores);
+      this.itemSlots = cm ? cm.cmSlots : ITEM_SLOTS;
     } catch (e) {
       this.owned.dispose();
       throw e;
@@ -458,11 +466,11 @@ export class GgmlGraphStage implements MoeGraphStage {
     if (this.byExpert(S)) {
       this.group.record(cb, {
         chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
-        S, E, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer), maxSlots: ITEM_SLOTS,
+        S, E, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer), maxSlots: this.itemSlots,
       });
       routing.mark?.("group");
       cb.barrier("computeToCompute");
-      items = groupedItemsMax(S, E, K, ITEM_SLOTS); // moe_ggml's workgroups past the list's count return at once
+      items = groupedItemsMax(S, E, K, this.itemSlots); // moe_ggml's workgroups past the list's count return at once
     }
     this.kernels.get(pairKey(L.gateUpType, L.downType))!.record(cb, {
       layer: L, S, items, slotsPerToken: K, x, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight, h: this.h, ypair: this.ypair, y, done: this.done,

@@ -20,6 +20,8 @@ export interface Routing {
 }
 
 export const MAX_TOKENS = 64;
+/** Tokens a graph's prompt-chunk replay takes at most (VKMOE_PREFILL_CHUNK): the graphs' route and regrouping kernels take that many. */
+export const CHUNK_MAX_TOKENS = 512;
 export const MAX_TOP_K = 16;
 export const MAX_EXPERTS = 512;
 

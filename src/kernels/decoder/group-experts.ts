@@ -6,7 +6,10 @@
  * prefix sum over the experts, in parallel.
  */
 import { InvalidArgumentError } from "../../errors.ts";
-import { MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K } from "../../moe/routing.ts";
+import { CHUNK_MAX_TOKENS, MAX_EXPERTS, MAX_TOP_K } from "../../moe/routing.ts";
+
+/** Tokens a call takes at most (a graph's longest prompt chunk). */
+export const GROUP_MAX_TOKENS = CHUNK_MAX_TOKENS;
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
@@ -58,7 +61,7 @@ export class GroupExpertsKernel extends DecoderKernel {
   /** Records one dispatch. The caller orders dec_route's writes before it and the MoE kernels' reads after. */
   record(cb: CommandBuffer, a: GroupExpertsArgs): CommandBuffer {
     const { S, E, k } = a;
-    if (!Number.isInteger(S) || S < 1 || S > MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${MAX_TOKENS}, got ${S}`);
+    if (!Number.isInteger(S) || S < 1 || S > GROUP_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GROUP_MAX_TOKENS}, got ${S}`);
     if (!Number.isInteger(E) || E < 1 || E > MAX_EXPERTS) throw new InvalidArgumentError(`E must be an integer in 1..${MAX_EXPERTS}, got ${E}`);
     if (!Number.isInteger(k) || k < 1 || k > Math.min(MAX_TOP_K, E)) throw new InvalidArgumentError(`k must be an integer in 1..${Math.min(MAX_TOP_K, E)}, got ${k}`);
     const chosenOffset = a.chosenOffset ?? 0, tableOffset = a.tableOffset ?? 0, seq = a.seq ?? 0, maxSlots = a.maxSlots ?? 0;

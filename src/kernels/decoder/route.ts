@@ -6,7 +6,7 @@
  * rank (no rounds of reductions: 3 workgroup barriers, 4 when E exceeds the workgroup size).
  */
 import { InvalidArgumentError } from "../../errors.ts";
-import { MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K } from "../../moe/routing.ts";
+import { CHUNK_MAX_TOKENS, MAX_EXPERTS, MAX_TOP_K } from "../../moe/routing.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
@@ -19,7 +19,7 @@ import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from 
  */
 export const DEC_ROUTE: ShaderInterface = { name: "dec_route", storageBuffers: 7, pushConstantBytes: 32 };
 /** Tokens per dispatch (workgroups), experts and experts per token the shader takes. */
-export const ROUTE_MAX_S = MAX_TOKENS;
+export const ROUTE_MAX_S = CHUNK_MAX_TOKENS;
 export const ROUTE_MAX_E = MAX_EXPERTS;
 export const ROUTE_MAX_K = MAX_TOP_K;
 

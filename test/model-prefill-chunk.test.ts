@@ -1,0 +1,82 @@
+/**
+ * Longer prompt chunks in the Qwen3-MoE graph (VKMOE_PREFILL_CHUNK): a replay of up to 128 tokens,
+ * its attention run 64 queries at a time over keys the chunk's RoPE step has all written, its
+ * experts regrouped over all of them. make-model random tiny files of both expert stages (Q4_K_M:
+ * the GGML experts; Q4_0: the q4 pool's), a 150-token prompt (a 128-token chunk, then 22) and 4
+ * greedy steps, against the CPU decoder on the same file (f16 KV cache): every step's logits
+ * within NMSE 1e-6 (the float path: VKMOE_IDP=off), greedy ids equal where the CPU's margin is
+ * >= 0.01; and against the same file at 64-token chunks. Validation layer on.
+ * Negative control (by hand, Lavapipe, 2026-12-07): every attention sub-chunk seeing the first's
+ * positions (n = 1) failed both files.
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { readConfig, type VkmoeEnv } from "../src/config.ts";
+import { truncateBpeTokenizer } from "../src/formats/bpe-truncate.ts";
+import { Model } from "../src/model/model.ts";
+import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
+import { shapeByName } from "../src/model/shapes.ts";
+import { nmse } from "../src/quant/metrics.ts";
+import { processEnv } from "./support/graph-switches.ts";
+import { top } from "./support/logits.ts";
+
+const VOCAB = 1024;
+const BOUND = 1e-6;
+const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o });
+const tmp = mkdtempSync(join(tmpdir(), "vkmoe-chunk-"));
+const files = { q4_k_m: join(tmp, "tiny.Q4_K_M.gguf"), q4_0: join(tmp, "tiny.Q4_0.gguf") };
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+beforeAll(async () => {
+  const shape = { ...shapeByName("tiny")!, vocab: VOCAB };
+  const tokenizer = truncateBpeTokenizer(qwen3TokenizerFiles(), VOCAB);
+  for (const [type, path] of Object.entries(files)) await writeRandomModel({ shape, fileType: type as "q4_k_m" | "q4_0", path, seed: 9, tokenizer });
+}, 120_000);
+
+const PROMPT = Array.from({ length: 150 }, (_, i) => (53 * i + 7) % VOCAB);
+
+/** The prompt's logits and 4 greedy steps' (the CPU's ids fed to both), each within BOUND of the CPU's. */
+function steps(gpu: Model, cpu: Model, label: string): Float32Array[] {
+  using a = gpu.session({ ctx: 256 });
+  using b = cpu.session({ ctx: 256, cpuCache: "f16" });
+  let x = a.prefill(PROMPT).slice(), y = b.prefill(PROMPT).slice();
+  const out: Float32Array[] = [];
+  let worst = 0;
+  for (let step = 0; ; step++) {
+    out.push(x);
+    const e = nmse(y, x);
+    worst = Math.max(worst, e);
+    expect({ label, step, e: e <= BOUND }).toEqual({ label, step, e: true });
+    const want = top(y);
+    if (want.margin >= 0.01) expect({ label, step, id: top(x).id }).toEqual({ label, step, id: want.id });
+    if (step === 4) break;
+    x = a.step(want.id).slice();
+    y = b.step(want.id).slice();
+  }
+  console.log(`  ${label}: worst NMSE ${worst.toExponential(2)} over the prompt and 4 steps`);
+  return out;
+}
+
+describe("prompt chunks of 128 tokens in the Qwen3-MoE graph (VKMOE_PREFILL_CHUNK=128)", () => {
+  for (const [type, path] of Object.entries(files)) {
+    test(`${type}: a 150-token prompt in chunks of 128 within NMSE ${BOUND} of the CPU decoder, as at 64`, async () => {
+      using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
+      const runs: Float32Array[][] = [];
+      for (const chunk of ["128", "64"] as const) {
+        using restore = processEnv("VKMOE_PREFILL_CHUNK", chunk); // the graph reads it from the process env when it is made
+        using gpu = await Model.load(path, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_PREFILL_CHUNK: chunk }), log: () => {} });
+        expect(gpu.device.mode, gpu.device.why).toBe("resident");
+        {
+          using probe = gpu.session({ ctx: 256 });
+          probe.prefill(PROMPT);
+          expect(probe.counts.submits).toBe(chunk === "128" ? 2 : 3);
+        }
+        runs.push(steps(gpu, cpu, `${type}, chunks of ${chunk}`));
+        expect(gpu.takeValidationMessages()).toEqual([]);
+      }
+      // the same sums either way but the experts' (regrouped over other tokens): near, not equal
+      runs[0]!.forEach((x, i) => expect(nmse(runs[1]![i]!, x)).toBeLessThanOrEqual(BOUND));
+    }, 300_000);
+  }
+});

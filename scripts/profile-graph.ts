@@ -8,7 +8,7 @@
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { z } from "zod";
-import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
+import { CHUNK_MAX_TOKENS } from "../src/moe/routing.ts";
 import { Model } from "../src/model/model.ts";
 import { args, fail, oneLine } from "./lib/cli.ts";
 import { runLlamaPerf } from "./lib/llama-perf.ts";
@@ -19,7 +19,7 @@ const count = (min: number) => z.coerce.number().int().min(min);
 let flags: { model: string; context: number; reps: number; warm: number; tokens: number; "llama-bench"?: string | undefined };
 try {
   const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" }, tokens: { type: "string" }, "llama-bench": { type: "string" } }, strict: true, allowPositionals: false });
-  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), tokens: count(1).max(GRAPH_MAX_TOKENS).default(1), "llama-bench": z.string().min(1).optional() }).safeParse(values);
+  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), tokens: count(1).max(CHUNK_MAX_TOKENS).default(1), "llama-bench": z.string().min(1).optional() }).safeParse(values);
   if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
   flags = parsed.data;
 } catch (e) {

@@ -153,7 +153,7 @@ export class Session implements Disposable {
     return this.profileChunk([id]);
   }
 
-  /** As profileStep for a prompt chunk of 1..GRAPH_MAX_TOKENS tokens in one replay. */
+  /** As profileStep for a prompt chunk of 1..maxChunk tokens in one replay. */
   profileChunk(ids: readonly number[]): { op: string; us: number }[] {
     if (!this.device) throw new InvalidArgumentError(`profiling needs the whole token on the GPU (this session runs on the ${this.path})`);
     this.checkRoom(ids.length);

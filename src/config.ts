@@ -24,15 +24,17 @@ const envSchema = z.strictObject({
    */
   VKMOE_COOPMAT: z.enum(["auto", "on", "off", "khr", "nv"]).default("auto"),
   /**
-   * Prompt chunks' GGML-block experts (K-quant files) on the matrix cores where the dense GEMMs run
-   * there ("on": moe_ggml_cm), or on the integer-dot / float rows kernels ("off", the default).
+   * Prompt chunks' experts on the matrix cores where the dense GEMMs run there (moe_ggml_cm,
+   * moe_pool_cm): "auto" for calls of 256 tokens or more (src/moe/prefill-plan.ts), "on" for every
+   * call regrouped by expert, "off" never.
    */
-  VKMOE_MOE_COOPMAT: z.enum(["on", "off"]).default("off"),
+  VKMOE_MOE_COOPMAT: z.enum(["auto", "on", "off"]).default("auto"),
   /**
-   * Tokens a prompt chunk's replay takes at most in the Qwen3-MoE graph (64, the default; 128, 256
-   * or 512: each weight read once for that many, the attention run 64 tokens at a time within it).
+   * Tokens a prompt chunk's replay takes at most in the Qwen3-MoE graph: "auto" 512 where the
+   * experts run on the matrix cores (VKMOE_MOE_COOPMAT), else 64; or 64, 128, 256, 512 (each weight
+   * read once for that many, the attention run 64 tokens at a time within it).
    */
-  VKMOE_PREFILL_CHUNK: z.enum(["64", "128", "256", "512"]).default("64"),
+  VKMOE_PREFILL_CHUNK: z.enum(["auto", "64", "128", "256", "512"]).default("auto"),
   VKMOE_PRELAUNCH: mode3.default("auto"),
   VKMOE_STAGED: mode3.default("auto"),
   /** Decode attention does the q/k head norms, RoPE and KV append itself ("auto"), or after its own dispatch ("off"). */

@@ -6,6 +6,9 @@
  * greedy steps, against the CPU decoder on the same file (f16 KV cache): every step's logits
  * within NMSE 1e-6 (the float path: VKMOE_IDP=off), greedy ids equal where the CPU's margin is
  * >= 0.01; and against the same file at 64-token chunks. Validation layer on.
+ * The prefill plan (src/moe/prefill-plan.ts) on this device: "auto" takes 512-token chunks and the
+ * matrix-core experts from CM_EXPERTS_MIN_TOKENS tokens only where the device has cooperative
+ * matrices that pass the self-check, else 64-token chunks; explicit chunks are taken as given.
  * Negative control (by hand, Lavapipe, 2026-12-07): every attention sub-chunk seeing the first's
  * positions (n = 1) failed both files.
  */
@@ -19,7 +22,9 @@ import { Model } from "../src/model/model.ts";
 import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
 import { shapeByName } from "../src/model/shapes.ts";
 import { nmse } from "../src/quant/metrics.ts";
+import { CM_EXPERTS_MIN_TOKENS, prefillPlan } from "../src/moe/prefill-plan.ts";
 import { processEnv } from "./support/graph-switches.ts";
+import { finish, openTestContext } from "./support/gpu.ts";
 import { top } from "./support/logits.ts";
 
 const VOCAB = 1024;
@@ -78,5 +83,21 @@ describe("prompt chunks of 128 tokens in the Qwen3-MoE graph (VKMOE_PREFILL_CHUN
       // the same sums either way but the experts' (regrouped over other tokens): near, not equal
       runs[0]!.forEach((x, i) => expect(nmse(runs[1]![i]!, x)).toBeLessThanOrEqual(BOUND));
     }, 300_000);
+  }
+});
+
+test("the prefill plan: 512-token chunks and the matrix-core experts only where the matrix cores pass, else 64; explicit chunks as given", () => {
+  const ctx = openTestContext();
+  try {
+    const device = ctx.device;
+    const cm = device.enabled.cooperativeMatrix; // and the self-check: it passes wherever it is enabled in this suite
+    const auto = prefillPlan(device, readConfig({}));
+    expect(auto).toEqual(cm ? { chunk: 512, expertsOnMatrixCoresFrom: CM_EXPERTS_MIN_TOKENS, cmSlots: 32 } : { chunk: 64, expertsOnMatrixCoresFrom: undefined, cmSlots: 8 });
+    expect(prefillPlan(device, readConfig({ VKMOE_PREFILL_CHUNK: "128" }))).toEqual({ chunk: 128, expertsOnMatrixCoresFrom: cm ? CM_EXPERTS_MIN_TOKENS : undefined, cmSlots: 16 });
+    expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "off" }))).toEqual({ chunk: 64, expertsOnMatrixCoresFrom: undefined, cmSlots: 8 });
+    expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "on", VKMOE_PREFILL_CHUNK: "256" }))).toEqual({ chunk: 256, expertsOnMatrixCoresFrom: cm ? 1 : undefined, cmSlots: 32 });
+    console.log(`  ${device.info.name}: cooperative matrices ${cm ? "on" : "off"}; auto plan ${JSON.stringify(auto)}`);
+  } finally {
+    finish(ctx);
   }
 });

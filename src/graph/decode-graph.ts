@@ -44,13 +44,8 @@ import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 /** What a replay ends with: nothing (a prompt chunk), the last token's logits in host memory, or its greedy id. */
 export type GraphOutput = "none" | "logits" | "argmax";
 
-/** Tokens one replay runs at most (a prompt in chunks of this many; the MoE call's and the attention kernel's limit), unless a graph takes longer prompt chunks (prefillChunk). */
+/** Tokens one replay runs at most (a prompt in chunks of this many; the MoE call's and the attention kernel's limit), unless a graph takes longer prompt chunks (moe/prefill-plan.ts). */
 export const GRAPH_MAX_TOKENS = MAX_ATTENTION_TOKENS;
-
-/** Tokens a prompt chunk's replay takes in the Qwen3-MoE graph (VKMOE_PREFILL_CHUNK, from the process env when the graph is made). */
-export function prefillChunk(): number {
-  return Number(readConfig().VKMOE_PREFILL_CHUNK);
-}
 const OUTPUTS: readonly GraphOutput[] = ["none", "logits", "argmax"];
 
 interface LayerOnDevice {
@@ -118,7 +113,7 @@ export class DecodeGraph implements Disposable {
     xn: Float32Array; router: Float32Array; ffn: Float32Array;
   };
 
-  /** Tokens one replay runs at most: the stage's maxTokens (GRAPH_MAX_TOKENS, or prefillChunk's longer prompt chunks). */
+  /** Tokens one replay runs at most: the stage's maxTokens (GRAPH_MAX_TOKENS, or the prefill plan's longer prompt chunks). */
   readonly maxTokens: number;
 
   /**

@@ -7,7 +7,8 @@ import type { Qwen3MoeConfig } from "../model/config.ts";
 import type { ModelWeights } from "../model/weights.ts";
 import { VkmoeError } from "../errors.ts";
 import { DeviceLostError } from "../vk/errors.ts";
-import { DecodeGraph, GRAPH_MAX_TOKENS, prefillChunk, type GraphOutput, type HostExperts } from "./decode-graph.ts";
+import { DecodeGraph, GRAPH_MAX_TOKENS, type GraphOutput, type HostExperts } from "./decode-graph.ts";
+import { prefillPlan } from "../moe/prefill-plan.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type SharedExpertHost } from "../moe/graph-stage.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { GraphBatch, type BatchEntry } from "./graph-batch.ts";
@@ -125,8 +126,9 @@ export function openDeviceDecoder(cfg: Qwen3MoeConfig, weights: ModelWeights, ba
   // Lavapipe, tiny fixture: 175 ms a token replayed against 14 ms on the CPU decoder (2-core host).
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
-  // prompt chunks of VKMOE_PREFILL_CHUNK tokens where the experts are resident (split runs keep GRAPH_MAX_TOKENS)
-  const chunk = prefillChunk();
+  // prompt chunks of the prefill plan's length where the experts are resident (split runs keep GRAPH_MAX_TOKENS);
+  // VKMOE_PREFILL_CHUNK from the process env when the graph is made, as the folds' switches
+  const chunk = prefillPlan(ctx.device, readConfig()).chunk;
   let stage: MoeGraphStage | undefined, notResident = "";
   try {
     stage = backend.graphStage(moeLayers, chunk);

@@ -6,6 +6,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { readConfig, type VkmoeEnv } from "../config.ts";
+import { MATRIX_CORE_CHUNK } from "../moe/prefill-plan.ts";
 import { GraphUnsupportedError, hybridGraphReserveBytes, openDeviceDecoder, openHybridDecoder, type DeviceBatch, type DeviceDecoder } from "../graph/index.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { openTensorFile } from "../formats/index.ts";
@@ -147,7 +148,9 @@ export class Model implements Disposable {
         return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, deviceDecoder, whyNot, log);
       }
       const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
-      const reserveBytes = graphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions));
+      // the graph's prompt chunk is the device's to decide (prefill-plan.ts): "auto" is counted at its longest
+      const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? MATRIX_CORE_CHUNK : Number(env.VKMOE_PREFILL_CHUNK);
+      const reserveBytes = graphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions), chunk);
       const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
       let deviceDecoder: DeviceDecoder | undefined, whyNot = "";
       const backend = experts.gpuBackend;
@@ -259,18 +262,21 @@ export class Model implements Disposable {
   }
 }
 
-/** Device bytes the decode graph takes beside the experts: dense weights, norms, and an f16 KV cache of ctx positions. */
-function graphReserveBytes(cfg: Qwen3MoeConfig, w: ModelWeights, ctx: number): number {
+/** Device bytes the decode graph takes beside the experts: dense weights, norms, an f16 KV cache of ctx positions, and prompt chunks of `chunk` tokens. */
+function graphReserveBytes(cfg: Qwen3MoeConfig, w: ModelWeights, ctx: number, chunk: number): number {
   let bytes = w.lmHead.bytes + 4 * cfg.hidden * (1 + 2 * cfg.layers);
   for (const l of w.layers) {
     const a = l.attention;
     bytes += a.q.bytes + a.k.bytes + a.v.bytes + a.o.bytes + (l.router?.bytes ?? 0) + 8 * cfg.headDim;
   }
   // the attention's partial records (decode: a record per 32 positions for 4 tokens; a prompt
-  // chunk: 16 a row for 64 tokens) and about 16 MiB of activations and MoE tables for 64 tokens
+  // chunk: 16 a row for 64 tokens), a chunk's activations (the residual, norms, q/k/v, attention,
+  // router logits) and its experts' gate/up and down rows, and about 8 MiB of tables and scratch
   const record = 4 * cfg.heads * (cfg.headDim + 4);
   const partials = Math.max(4 * Math.ceil(ctx / 32), 64 * 16) * record;
-  return bytes + 2 * cfg.layers * ctx * cfg.kvHeads * cfg.headDim * 2 + partials + 16 * 2 ** 20;
+  const D = cfg.hidden, qd = cfg.heads * cfg.headDim, kvd = cfg.kvHeads * cfg.headDim;
+  const perToken = 4 * (6 * D + 2 * qd + 2 * kvd + cfg.experts + cfg.topK * (cfg.expertIntermediate + D));
+  return bytes + 2 * cfg.layers * ctx * kvd * 2 + partials + chunk * perToken + 8 * 2 ** 20;
 }
 
 function readJson(path: string): Record<string, unknown> {

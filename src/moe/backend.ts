@@ -7,7 +7,7 @@
  */
 import { z } from "zod";
 import { readConfig, type VkmoeEnv } from "../config.ts";
-import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
+import { prefillPlan } from "./prefill-plan.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { planKernels } from "../kernels/setup.ts";
 import { chooseMoeKernelConfig } from "../kernels/tuning.ts";
@@ -127,8 +127,8 @@ interface GpuState {
   layer: GpuLayer;
   /** Why pre-launch is off (the driver policy, VKMOE_PRELAUNCH, or another submitter); undefined where it runs. */
   prelaunchOff: string | undefined;
-  /** Graph stages run prompt chunks' experts on the matrix cores (VKMOE_MOE_COOPMAT=on). */
-  moeCoopmat: boolean;
+  /** The configuration it was opened with (graph stages' prefill plan). */
+  env: VkmoeEnv;
 }
 
 /**
@@ -214,7 +214,7 @@ export class MoeBackend implements Disposable, MoeStageSource {
       layer.waitStyle = this.options.wait;
       this.missing.byteLength = pool.layout.bytes;
       this.missing.layout = pool.layout;
-      return { ctx, pool, layer, prelaunchOff: prelaunch.on ? undefined : prelaunch.why, moeCoopmat: env.VKMOE_MOE_COOPMAT === "on" };
+      return { ctx, pool, layer, prelaunchOff: prelaunch.on ? undefined : prelaunch.why, env };
     } catch (e) {
       pool?.[Symbol.dispose]();
       ctx[Symbol.dispose]();
@@ -272,10 +272,11 @@ export class MoeBackend implements Disposable, MoeStageSource {
     const g = this.gpu;
     if (!g) throw new InvalidArgumentError(`the MoE layer runs on the CPU (${this.whyCpu})`);
     if (this.options.shared) throw new InvalidArgumentError("a shared expert is not in the decode graph yet");
-    // prompt chunks' experts on the matrix cores where asked (VKMOE_MOE_COOPMAT) and the device's matrix-core GEMM passes its self-check
+    // prompt chunks' experts on the matrix cores (prefill-plan.ts: VKMOE_MOE_COOPMAT, the device's matrix-core GEMM passing its self-check)
     const device = g.ctx.device;
-    const matrixCores = choices.matrixCores ?? (g.moeCoopmat && device.enabled.cooperativeMatrix && matrixCoresPass(device));
-    return new QuantGraphStage(device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens, ...choices, matrixCores });
+    const from = choices.matrixCores === undefined ? prefillPlan(device, g.env).expertsOnMatrixCoresFrom : undefined;
+    const cm = from !== undefined ? { matrixCores: true, matrixCoresFrom: from } : {};
+    return new QuantGraphStage(device, g.pool, g.layer, { layers: this.options.layers, experts: this.options.experts, topK: this.options.topK, moeLayers, maxTokens, ...cm, ...choices });
   }
 
   /** Everything about a call's input but x's values (checkValues). */

@@ -29,6 +29,7 @@ import type { MoeStats } from "./backend.ts";
 import { ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type StageRouting } from "./graph-stage.ts";
 import { checkRouting, MAX_TOKENS, WorkList, type Routing } from "./routing.ts";
+import { prefillPlan } from "./prefill-plan.ts";
 
 const MiB = 2 ** 20, GiB = 2 ** 30;
 const size = (bytes: number) => (bytes >= GiB ? `${(bytes / GiB).toFixed(1)} GiB` : `${(bytes / MiB).toFixed(1)} MiB`);
@@ -208,14 +209,15 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       const layers: (GgmlExpertLayer | undefined)[] = Array.from({ length: o.layers }, () => undefined);
       // The integer-dot decision of the GEMV kernels (VKMOE_IDP, blocklist, child-process probe) picks the prompt chunks' path.
       const integerDot = device.info.subgroup.shuffle && device.enabled.integerDotProduct && (o.integerDot ?? planKernels(device, env).integerDot.on);
-      const matrixCores = (o.matrixCores ?? env.VKMOE_MOE_COOPMAT === "on") && device.enabled.cooperativeMatrix && matrixCoresPass(device);
-      // slots a matrix-core tile: as many as a prompt chunk gives an expert (bench:moe-ggml, H100, 2026-12-07:
-      // 32 the fastest at 256 and 512 tokens, 8 at 64)
-      const chunk = Number(env.VKMOE_PREFILL_CHUNK), cmSlots = chunk >= 256 ? 32 : chunk >= 128 ? 16 : 8;
+      // prompt chunks' experts on the matrix cores (prefill-plan.ts: calls of 256 tokens or more under
+      // VKMOE_MOE_COOPMAT=auto); an explicit matrixCores takes every grouped call
+      const plan = prefillPlan(device, env);
+      const from = o.matrixCores === undefined ? plan.expertsOnMatrixCoresFrom : o.matrixCores && device.enabled.cooperativeMatrix && matrixCoresPass(device) ? 1 : undefined;
+      const matrixCores = from !== undefined, cmSlots = plan.cmSlots;
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
-          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, cmSlots, normTail: env.VKMOE_NORM_TAIL === "on" });
+          const k = new GgmlExpertKernels(device, t, { maxSets: 4 * o.layers + 8, integerDot, matrixCores, cmSlots, matrixCoresFrom: from, normTail: env.VKMOE_NORM_TAIL === "on" });
           made.push(k);
           kernels.set(key, k);
         }
@@ -224,7 +226,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
         layers[l] = layer;
         o.progress?.(l);
       }
-      const call = new CallBuffers(device, D, I, MAX_TOKENS * o.topK, integerDot && !matrixCores);
+      const call = new CallBuffers(device, D, I, MAX_TOKENS * o.topK, integerDot && !(matrixCores && from === 1));
       made.push(call);
       return { ctx, layers, kernels, call, bytes };
     } catch (e) {
@@ -407,8 +409,13 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly control: Buffer;
   private readonly quantized: ExpertQuantScratch | undefined;
   private readonly group: GroupExpertsKernel;
-  /** Slots a work item of a call regrouped by expert holds at most (dec_group_experts' maxSlots). */
-  private readonly itemSlots: number;
+  /** The layers' kernels on the matrix cores, if any (one slot tile an item for the calls they take). */
+  private readonly cm: GgmlExpertKernels | undefined;
+
+  /** Slots a work item of a call of S tokens regrouped by expert holds at most (dec_group_experts' maxSlots): a matrix-core tile's, else the rows kernels' ITEM_SLOTS. */
+  private itemSlots(S: number): number {
+    return this.cm?.cmFor(S) ? this.cm.cmSlots : ITEM_SLOTS;
+  }
   private readonly owned = new DisposableStack();
 
   constructor(
@@ -435,13 +442,11 @@ export class GgmlGraphStage implements MoeGraphStage {
       this.control = buf(4);
       // Zeroed, so that no kernel ever reads undefined memory (and the arrival word starts at 0).
       for (const b of [this.work, this.pairs, this.slotWeight, this.slotExpert, this.h, this.ypair, this.done, this.control]) uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
-      // the matrix cores take lists grouped by expert ahead of the integer-dot kernel: no quantized x or h then
-      const idp = [...kernels.values()].some((k) => k.integerDot && !k.matrixCores);
+      // the matrix cores take lists grouped by expert ahead of the integer-dot kernel: no quantized x or h where they take every call
+      const idp = [...kernels.values()].some((k) => k.integerDot && !k.cmFor(PER_SLOT_TOKENS + 1));
       this.quantized = idp && opts.maxTokens > PER_SLOT_TOKENS ? this.owned.use(new ExpertQuantScratch(device, D, I, opts.maxTokens, K)) : undefined;
       this.group = this.owned.use(new GroupExpertsKernel(device, { maxSets: opts.layers + 4 }));
-      // the matrix cores' kernel takes items of one slot tile each; the rows kernels ITEM_SLOTS
-      const cm = [...kernels.values()].find((k) => k.matrixCores);
-      this.itemSlots = cm ? cm.cmSlots : ITEM_SLOTS;
+      this.cm = [...kernels.values()].find((k) => k.matrixCores);
     } catch (e) {
       this.owned.dispose();
       throw e;
@@ -466,11 +471,11 @@ export class GgmlGraphStage implements MoeGraphStage {
     if (this.byExpert(S)) {
       this.group.record(cb, {
         chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
-        S, E, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer), maxSlots: this.itemSlots,
+        S, E, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer), maxSlots: this.itemSlots(S),
       });
       routing.mark?.("group");
       cb.barrier("computeToCompute");
-      items = groupedItemsMax(S, E, K, this.itemSlots); // moe_ggml's workgroups past the list's count return at once
+      items = groupedItemsMax(S, E, K, this.itemSlots(S)); // moe_ggml's workgroups past the list's count return at once
     }
     this.kernels.get(pairKey(L.gateUpType, L.downType))!.record(cb, {
       layer: L, S, items, slotsPerToken: K, x, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight, h: this.h, ypair: this.ypair, y, done: this.done,
@@ -503,7 +508,7 @@ export class GgmlGraphStage implements MoeGraphStage {
     if (!this.byExpert(S)) return 3;
     // dec_group_experts, then the call (the integer-dot one also quantizes x and h)
     const k = this.kernels.values().next().value;
-    return 1 + (k ? k.groupedDispatches() : 3);
+    return 1 + (k ? k.groupedDispatches(S) : 3);
   }
 
   [Symbol.dispose](): void {

@@ -269,6 +269,8 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   matrixCores?: boolean | "emulated";
   /** moe_ggml_cm's slots a tile, one of CM_SLOT_TILES (default 8: a 64-token chunk gives an expert about 4). */
   cmSlots?: number;
+  /** With matrixCores: only calls of at least this many tokens take moe_ggml_cm, shorter ones the other kernels (default 1: every grouped call). */
+  matrixCoresFrom?: number;
   /**
    * Decode calls (itemPerSlot) may do the next layer's input norm in down's last workgroup (calls
    * that pass `normTail`; the graph stage's foldsNorm says so): the caller's decision, kept here with
@@ -363,6 +365,8 @@ export class GgmlExpertKernels implements Disposable {
   private readonly cmShader: ShaderInterface | undefined;
   /** moe_ggml_cm's slots a tile (GgmlExpertKernelOptions.cmSlots). */
   readonly cmSlots: number;
+  /** Grouped calls of at least this many tokens take moe_ggml_cm (GgmlExpertKernelOptions.matrixCoresFrom). */
+  readonly matrixCoresFrom: number;
   private quantizer: GgmlQuantizeKernel | undefined;
   /** Decode calls may carry the next layer's input norm (GgmlExpertKernelOptions.normTail). */
   readonly normTail: boolean;
@@ -401,6 +405,8 @@ export class GgmlExpertKernels implements Disposable {
     if (this.integerDot && !this.rowsForGrouped) throw new InvalidArgumentError("the integer-dot GGML experts run the rows kernel: rowsForGrouped must be on");
     this.normTail = options.normTail ?? false;
     this.cmSlots = options.cmSlots ?? 8;
+    this.matrixCoresFrom = options.matrixCoresFrom ?? 1;
+    if (!Number.isInteger(this.matrixCoresFrom) || this.matrixCoresFrom < 1) throw new InvalidArgumentError(`matrixCoresFrom must be a positive integer, got ${this.matrixCoresFrom}`);
     if (!(CM_SLOT_TILES as readonly number[]).includes(this.cmSlots)) throw new InvalidArgumentError(`cmSlots must be one of ${CM_SLOT_TILES.join(", ")}, got ${this.cmSlots}`);
     const cmShared = cmSharedBytes(this.cmSlots);
     if (options.matrixCores && cmShared > device.info.limits.maxComputeSharedMemorySize) {
@@ -410,9 +416,14 @@ export class GgmlExpertKernels implements Disposable {
     this.sum = new MoeSumKernel(device, options);
   }
 
-  /** Dispatches record() makes for a list grouped by expert (the per-slot lists: 2 or 3). */
-  groupedDispatches(): number {
-    return this.integerDot && !this.cmShader ? 5 : 3;
+  /** Dispatches record() makes for a list grouped by expert of S tokens (the per-slot lists: 2 or 3). */
+  groupedDispatches(S = 1): number {
+    return this.integerDot && !this.cmFor(S) ? 5 : 3;
+  }
+
+  /** Whether a grouped call of S tokens takes moe_ggml_cm. */
+  cmFor(S: number): boolean {
+    return this.cmShader !== undefined && S >= this.matrixCoresFrom;
   }
 
   /** Lists grouped by expert run on the matrix cores (moe_ggml_cm, or its emulation). */
@@ -499,7 +510,7 @@ export class GgmlExpertKernels implements Disposable {
     // As many items as slots: one slot each (decode's per-slot lists). A 1-slot pipeline then: its
     // registers are sized for one slot, not tokensPerChunk (more workgroups resident per core).
     const single = c.singleSlotItems ?? c.items === slots;
-    if (!single && !c.itemPerSlot && this.cmShader) {
+    if (!single && !c.itemPerSlot && this.cmFor(c.S)) {
       this.cmMode(true).record(cb, [c.x, ...common, c.h, c.slotWeight, L.blocks, L.table], I, D, Math.ceil(I / CM_GATE_UP_ROWS), c.items);
       mark("gate+up");
       cb.barrier("computeToCompute");

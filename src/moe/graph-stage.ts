@@ -1,5 +1,4 @@
-/** moe_pool_cm's slots a tile (its BN), and output rows a workgroup: gate+up 64 (each with its gate and up row), down 128. */
-const POOL_CM_SLOTS = 8;
+/** moe_pool_cm's output rows a workgroup: gate+up 64 (each with its gate and up row), down 128. */
 const POOL_CM_GATE_UP_ROWS = 64;
 const POOL_CM_DOWN_ROWS = 128;
 
@@ -76,6 +75,8 @@ export interface MoeGraphStageOptions {
    * rowsForGrouped. Default false.
    */
   matrixCores?: boolean | "emulated";
+  /** With matrixCores: only calls of at least this many tokens run there (default 1: every call regrouped by expert). */
+  matrixCoresFrom?: number;
   /**
    * A layer's shared expert (Qwen3.5 MoE), for the fused decode calls to run as one more slot a
    * token: taken where the stage runs fused calls with BDA addressing and the matrices have the
@@ -93,7 +94,7 @@ export interface SharedExpertHost {
 }
 
 /** What a caller may choose of a graph stage's kernels (MoeGraphStageOptions' choices). */
-export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped" | "sharedExperts" | "matrixCores">;
+export type GraphStageChoices = Pick<MoeGraphStageOptions, "rowsForGrouped" | "sharedExperts" | "matrixCores" | "matrixCoresFrom">;
 
 /**
  * What the whole-token graphs (decode-graph.ts, hybrid-graph.ts) record for a MoE layer, whichever
@@ -173,8 +174,10 @@ export class QuantGraphStage implements MoeGraphStage {
   private readonly groupKernel: GroupExpertsKernel;
   private readonly sets = new Map<string, bigint[]>();
   private readonly owned: Buffer[] = [];
-  /** moe_pool_cm's gate+up and down pipelines (MoeGraphStageOptions.matrixCores). */
-  private readonly cm: { gateUp: ComputePipeline; down: ComputePipeline } | undefined;
+  /** moe_pool_cm's gate+up and down pipelines (MoeGraphStageOptions.matrixCores) and its slots a tile (BN): as many as a prompt chunk of maxTokens gives an expert. */
+  private readonly cm: { gateUp: ComputePipeline; down: ComputePipeline; slots: number } | undefined;
+  /** Calls of at least this many tokens take `cm` (MoeGraphStageOptions.matrixCoresFrom). */
+  private readonly cmFrom: number;
   /** The shared experts' blobs and gate rows, the fused kernel that runs them, and each layer's push constants. */
   private readonly shared: { pipeline: ComputePipeline; gateRows: Buffer; push: Map<number, Uint32Array> } | undefined;
 
@@ -229,32 +232,33 @@ export class QuantGraphStage implements MoeGraphStage {
     this.descriptors = new DescriptorPool(device, 16, 16 * (10 + p.maxSlabs));
     this.groupKernel = new GroupExpertsKernel(device);
     this.shared = this.mode === "fused" && bda && opts.sharedExperts ? this.placeShared(pool.layout, opts.moeLayers, opts.sharedExperts) : undefined;
+    this.cmFrom = opts.matrixCoresFrom ?? 1;
     try {
-      this.cm = opts.matrixCores ? this.createCm(pool, opts.matrixCores) : undefined;
+      this.cm = opts.matrixCores ? this.createCm(pool, opts.matrixCores, opts.maxTokens >= 256 ? 32 : opts.maxTokens >= 128 ? 16 : 8) : undefined;
     } catch (e) {
       this[Symbol.dispose]();
       throw e;
     }
   }
 
-  /** Whether calls regrouped by expert run on the matrix cores (moe_pool_cm). */
+  /** Whether calls regrouped by expert (of matrixCoresFrom tokens or more) run on the matrix cores (moe_pool_cm). */
   get matrixCores(): boolean {
     return this.cm !== undefined;
   }
 
   /** moe_pool_cm's pipelines for this pool's shape and addressing (the rows kernels' bindings and push constants). */
-  private createCm(pool: ExpertPool, matrixCores: true | "emulated") {
+  private createCm(pool: ExpertPool, matrixCores: true | "emulated", slots: number) {
     const { format, scaleType, groupSize } = pool.layout.shape;
     const { shader } = chunkGemmTile(this.device, {
       f32: { name: "", storageBuffers: 0, pushConstantBytes: 0 },
       cm: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
       emulated: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm_emu`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
     }, matrixCores);
-    const shared = cmSharedBytes(POOL_CM_SLOTS);
+    const shared = cmSharedBytes(slots);
     if (shared > this.device.info.limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`moe_pool_cm needs ${shared} B of shared memory (limit ${this.device.info.limits.maxComputeSharedMemorySize})`);
     const maxSlabs = this.layer.pipelines.maxSlabs;
     const make = (gateUp: boolean) => {
-      const spec: Record<number, number> = { 1: gateUp ? 1 : 0, 2: format === "q4" ? 4 : 8, 3: scaleType === "f16" ? 1 : 0, 4: groupSize, 5: POOL_CM_SLOTS };
+      const spec: Record<number, number> = { 1: gateUp ? 1 : 0, 2: format === "q4" ? 4 : 8, 3: scaleType === "f16" ? 1 : 0, 4: groupSize, 5: slots };
       if (maxSlabs === 0) return new ComputePipeline(this.device, { spirv: shaderFile(shader.name), storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES, specialization: spec });
       return new ComputePipeline(this.device, {
         spirv: shaderFile(shader.name), storageBuffers: MOE_BINDINGS + 1, pushConstantBytes: MOE_PUSH_BYTES,
@@ -263,7 +267,7 @@ export class QuantGraphStage implements MoeGraphStage {
     };
     const gateUp = make(true);
     try {
-      return { gateUp, down: make(false) };
+      return { gateUp, down: make(false), slots };
     } catch (e) {
       gateUp[Symbol.dispose]();
       throw e;
@@ -381,7 +385,7 @@ export class QuantGraphStage implements MoeGraphStage {
       routing?.mark?.("fused + shared expert");
       return;
     }
-    const cm = path === "by-expert" ? this.cm : undefined;
+    const cm = path === "by-expert" && S >= this.cmFrom ? this.cm : undefined;
     const sets = this.setsFor(x, y, path === "fused" ? "fused" : cm ? "cm" : rows ? "rows" : "grouped");
     if (path === "fused") {
       cb.bind(p.fused!, sets[0]!).pushConstants(p.fused!, L.pushFused).dispatch(Math.ceil(L.I / p.fusedBlockRows), K, S);
@@ -394,12 +398,12 @@ export class QuantGraphStage implements MoeGraphStage {
       this.groupKernel.record(cb, {
         chosen: routing.chosen, table: this.table, work: this.work, pairs: this.pairs, slotWeight: this.slotWeight,
         S, E: this.experts, k: K, seq: GRAPH_SEQ, chosenOffset: routing.chosenOffset, tableOffset: this.tableOffset(routing.layer),
-        ...(cm && { maxSlots: POOL_CM_SLOTS }),
+        ...(cm && { maxSlots: cm.slots }),
       });
       routing.mark?.("group");
       cb.barrier("computeToCompute");
       // moe_pool_cm: items of at most one slot tile (an expert many tokens chose is split over workgroups)
-      items = cm ? groupedItemsMax(S, this.experts, K, POOL_CM_SLOTS) : Math.min(items, this.experts);
+      items = cm ? groupedItemsMax(S, this.experts, K, cm.slots) : Math.min(items, this.experts);
     }
     const mark = (step: string) => routing?.mark?.(step);
     if (cm) {
@@ -446,7 +450,7 @@ export class QuantGraphStage implements MoeGraphStage {
   dispatches(S = 1): number {
     const path = this.pathFor(S);
     if (path === "fused") return 1;
-    if (path === "by-expert" && (this.rowsForGrouped || this.cm)) return 4;  // group, rows (or cm) gate+up and down, sum
+    if (path === "by-expert" && (this.rowsForGrouped || (this.cm && S >= this.cmFrom))) return 4;  // group, rows (or cm) gate+up and down, sum
     // [quantize x] + gate+up + [quantize h] + down + sum (+ the regrouping)
     const p = this.layer.pipelines;
     return 3 + (p.quantize ? 1 : 0) + (this.quantizeH ? 1 : 0) + (path === "by-expert" ? 1 : 0);

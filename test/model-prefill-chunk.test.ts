@@ -1,8 +1,9 @@
 /**
- * Longer prompt chunks in the Qwen3-MoE graph (VKMOE_PREFILL_CHUNK): a replay of up to 128 tokens,
- * its attention run 64 queries at a time over keys the chunk's RoPE step has all written, its
- * experts regrouped over all of them. make-model random tiny files of both expert stages (Q4_K_M:
- * the GGML experts; Q4_0: the q4 pool's), a 150-token prompt (a 128-token chunk, then 22) and 4
+ * Longer prompt chunks in the graphs (VKMOE_PREFILL_CHUNK): a replay of up to 128 tokens, its
+ * attention run 64 queries at a time over keys the chunk's RoPE step has all written, the Qwen3.5
+ * graph's delta rule 64 tokens at a time carrying its state, the experts regrouped over all of
+ * them. make-model random tiny files of both expert stages (Q4_K_M: the GGML experts; Q4_0: the q4
+ * pool's) and a random qwen3.5-tiny Q4_0 file (3 linear layers, 1 full), a 150-token prompt (a 128-token chunk, then 22) and 4
  * greedy steps, against the CPU decoder on the same file (f16 KV cache): every step's logits
  * within NMSE 1e-6 (the float path: VKMOE_IDP=off), greedy ids equal where the CPU's margin is
  * >= 0.01; and against the same file at 64-token chunks. Validation layer on.
@@ -31,12 +32,14 @@ const VOCAB = 1024;
 const BOUND = 1e-6;
 const env = (o: Partial<VkmoeEnv>): VkmoeEnv => ({ ...readConfig(), ...o });
 const tmp = mkdtempSync(join(tmpdir(), "vkmoe-chunk-"));
-const files = { q4_k_m: join(tmp, "tiny.Q4_K_M.gguf"), q4_0: join(tmp, "tiny.Q4_0.gguf") };
+const files = { q4_k_m: join(tmp, "tiny.Q4_K_M.gguf"), q4_0: join(tmp, "tiny.Q4_0.gguf"), "qwen3.5 q4_0": join(tmp, "qwen3.5-tiny.Q4_0.gguf") };
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 beforeAll(async () => {
-  const shape = { ...shapeByName("tiny")!, vocab: VOCAB };
   const tokenizer = truncateBpeTokenizer(qwen3TokenizerFiles(), VOCAB);
-  for (const [type, path] of Object.entries(files)) await writeRandomModel({ shape, fileType: type as "q4_k_m" | "q4_0", path, seed: 9, tokenizer });
+  for (const [what, path] of Object.entries(files)) {
+    const shape = { ...shapeByName(what.startsWith("qwen3.5") ? "qwen3.5-tiny" : "tiny")!, vocab: VOCAB };
+    await writeRandomModel({ shape, fileType: what.endsWith("q4_k_m") ? "q4_k_m" : "q4_0", path, seed: 9, tokenizer });
+  }
 }, 120_000);
 
 const PROMPT = Array.from({ length: 150 }, (_, i) => (53 * i + 7) % VOCAB);
@@ -63,7 +66,7 @@ function steps(gpu: Model, cpu: Model, label: string): Float32Array[] {
   return out;
 }
 
-describe("prompt chunks of 128 tokens in the Qwen3-MoE graph (VKMOE_PREFILL_CHUNK=128)", () => {
+describe("prompt chunks of 128 tokens in the graphs (VKMOE_PREFILL_CHUNK=128)", () => {
   for (const [type, path] of Object.entries(files)) {
     test(`${type}: a 150-token prompt in chunks of 128 within NMSE ${BOUND} of the CPU decoder, as at 64`, async () => {
       using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });

@@ -39,9 +39,9 @@
 import { readConfig } from "../config.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
-import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, type AttentionBinding } from "../kernels/decoder/attention.ts";
+import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
 import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
-import { DELTA_RULE_CHUNKED_MIN_S, DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../kernels/decoder/delta-rule.ts";
+import { DELTA_RULE_CHUNKED_MIN_S, DELTA_RULE_MAX_S, DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../kernels/decoder/delta-rule.ts";
 import { GatingKernel } from "../kernels/decoder/gating.ts";
 import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
@@ -194,10 +194,18 @@ export class HybridGraph implements Disposable {
   /** Batches not yet disposed (likewise: their recordings use the scratch). */
   readonly liveBatches = new Set<Disposable>();
 
-  constructor(device: Device, cfg: Qwen35MoeConfig, private readonly weights: HybridWeights, stage: MoeGraphStage | undefined) {
+  /** Tokens one replay runs at most: the stage's maxTokens (GRAPH_MAX_TOKENS, or the prefill plan's longer prompt chunks). */
+  readonly maxTokens: number;
+
+  /** `maxTokens`: what the stage was made for (past MAX_ATTENTION_TOKENS a multiple of it: the attention and the delta rule run that many tokens at a time). */
+  constructor(device: Device, cfg: Qwen35MoeConfig, private readonly weights: HybridWeights, stage: MoeGraphStage | undefined, maxTokens = GRAPH_MAX_TOKENS) {
     this.device = device;
     this.cfg = cfg;
     this.stage = stage;
+    if (!Number.isInteger(maxTokens) || maxTokens < 1 || (maxTokens > MAX_ATTENTION_TOKENS && maxTokens % MAX_ATTENTION_TOKENS !== 0)) {
+      throw new InvalidArgumentError(`maxTokens must be 1..${MAX_ATTENTION_TOKENS} or a multiple of it, got ${maxTokens}`);
+    }
+    this.maxTokens = maxTokens;
     const { hidden: D, heads: H, kvHeads: KV, headDim: hd, vocab: V, experts: E, topK: K, sharedIntermediate: F } = cfg;
     const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd, convKernel } = cfg.linear;
     const Kd = KH * kd, Vd = VH * vd, C = 2 * Kd + Vd;
@@ -297,7 +305,7 @@ export class HybridGraph implements Disposable {
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
       this.convStateFloats = C * (convKernel - 1);
       this.deltaStateFloats = this.deltaRule.stateFloats(VH);
-      const T = GRAPH_MAX_TOKENS, b = (floats: number) => this.buffer(4 * floats);
+      const T = maxTokens, b = (floats: number) => this.buffer(4 * floats);
       this.s = {
         embed: this.buffer(4 * T * D, "upload"), positions: this.buffer(4 * (BATCH_WORDS + T), "upload"),
         h: b(T * D), xn: b(T * D), o: b(T * D), ffn: b(T * D),
@@ -402,8 +410,9 @@ export class HybridGraph implements Disposable {
     end: { first: number; end: number; start: boolean; split: boolean; output?: GraphOutput; batch?: BatchOutputs },
     mark: (op: string) => void,
   ): number {
-    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`S must be an integer in 1..${GRAPH_MAX_TOKENS}, got ${S}`);
+    if (!Number.isInteger(S) || S < 1 || S > this.maxTokens) throw new InvalidArgumentError(`S must be an integer in 1..${this.maxTokens}, got ${S}`);
     const batched = end.batch !== undefined;
+    if (batched && S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a batched replay takes 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
     // a batch: each token's sequence's conv and recurrent states, a slot's states slotConv / slotDelta floats apart
     const convRuns: RunsBinding | undefined = batched ? { table: this.s.runs, stateStride: state.slotConvFloats, states: state.slots } : undefined;
     const deltaRuns: RunsBinding | undefined = batched ? { table: this.s.runs, stateStride: state.slotDeltaFloats, states: state.slots } : undefined;
@@ -471,7 +480,27 @@ export class HybridGraph implements Disposable {
           ...(fold && { conv: { weightOffset: m.conv, state: state.conv, stateOffset: convArgs.stateOffset, stateStride: convRuns?.stateStride } }),
           ...(coreQ && { quantized: coreQ }),
         });
-        if (chunked) {
+        let deltaDispatches = chunked ? g + 1 : g;
+        if (chunked && S > DELTA_RULE_MAX_S) {
+          // a longer prompt chunk: DELTA_RULE_MAX_S tokens at a time, each carrying the recurrent state on to the next
+          deltaDispatches = 0;
+          for (let t0 = 0; t0 < S; t0 += DELTA_RULE_MAX_S) {
+            const n = Math.min(DELTA_RULE_MAX_S, S - t0);
+            const at = (j: number): DeltaRuleArgs => {
+              const a = deltaArgs(j);
+              return {
+                ...a, S: n, qOffset: (a.qOffset ?? 0) + t0 * C, kOffset: (a.kOffset ?? 0) + t0 * C, vOffset: (a.vOffset ?? 0) + t0 * C,
+                aOffset: (a.aOffset ?? 0) + t0 * VH, bOffset: (a.bOffset ?? 0) + t0 * VH, outOffset: (a.outOffset ?? 0) + t0 * Vd,
+                norm: { ...a.norm!, zOffset: (a.norm!.zOffset ?? 0) + t0 * Vd },
+              };
+            };
+            if (t0 > 0) cb.barrier("computeToCompute");
+            for (let j = 0; j < g; j++) chunked.recordCore(cb, at(j));
+            cb.barrier("computeToCompute");
+            chunked.recordNorm(cb, { ...at(0), keyHeads: KH, valueHeads: VH });
+            deltaDispatches += g + 1;
+          }
+        } else if (chunked) {
           // every group's delta rule, one barrier, then one gated norm over all value heads (the groups' outputs tile s.core)
           for (let j = 0; j < g; j++) chunked.recordCore(cb, deltaArgs(j));
           cb.barrier("computeToCompute");
@@ -479,7 +508,7 @@ export class HybridGraph implements Disposable {
         } else {
           for (let j = 0; j < g; j++) this.deltaRule.record(cb, deltaArgs(j));
         }
-        op(fold ? "delta rule + gated norm (+ conv1d)" : "delta rule + gated norm", chunked ? g + 1 : g);
+        op(fold ? "delta rule + gated norm (+ conv1d)" : "delta rule + gated norm", deltaDispatches);
         cb.barrier("computeToCompute");
         op("out_proj", m.out.recordFrom(cb, s.core, coreQ, s.o, S));
         if (fold) {
@@ -507,17 +536,30 @@ export class HybridGraph implements Disposable {
         // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass (the binding's gate)
         // o_proj reads the combine's quantized rows where it takes the integer-dot path
         const oq = this.attnQuant && m.o.takesQuantized(S) ? this.attnQuant : undefined;
-        state.attention.record(cb, state.bindings[m.slot]!, {
-          n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined, ...(fold && { rope: { norm, rotaryDim: cfg.rotaryDim } }),
-        });
-        op(fold ? "attention + output gate (+ q/k norms, partial rope, kv append)" : "attention + output gate", state.attention.dispatches(S));
+        if (S <= MAX_ATTENTION_TOKENS) {
+          state.attention.record(cb, state.bindings[m.slot]!, {
+            n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined, ...(fold && { rope: { norm, rotaryDim: cfg.rotaryDim } }),
+          });
+          op(fold ? "attention + output gate (+ q/k norms, partial rope, kv append)" : "attention + output gate", state.attention.dispatches(S));
+        } else {
+          // a longer prompt chunk: its keys and values are all in the cache (the RoPE step above), so
+          // MAX_ATTENTION_TOKENS of its queries at a time see theirs, one after another (they share the partials scratch)
+          let dispatches = 0;
+          for (let t0 = 0; t0 < S; t0 += MAX_ATTENTION_TOKENS) {
+            const n = Math.min(MAX_ATTENTION_TOKENS, S - t0);
+            if (t0 > 0) cb.barrier("computeToCompute");
+            state.attention.record(cb, state.bindings[m.slot]!, { n: 1 + t0, S: n, maxPositions: state.ctx, posIndex: 0, qOffset: t0 * H * hd, outOffset: t0 * H * hd, gateOffset: t0 * H * hd });
+            dispatches += state.attention.dispatches(n);
+          }
+          op("attention + output gate", dispatches);
+        }
         cb.barrier("computeToCompute");
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
       cb.barrier("computeToCompute");
       const route = st && {
         table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
-        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * GRAPH_MAX_TOKENS * K,
+        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * this.maxTokens * K,
       };
       const routerWeights = L.router.floatWeights;
       // decode calls of the fused experts' kernel run the shared expert as one more slot a token (VKMOE_SHARED_SLOT)
@@ -573,7 +615,7 @@ export class HybridGraph implements Disposable {
       // their last (no step of its own), where the call has a barrier inside
       const downQ = !sharedInCall && !st!.oneStep(S) ? L.sharedDown.recordQuantize(cb, s.sharedG, S) : undefined;
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
-      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * GRAPH_MAX_TOKENS * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
+      st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);
       if (!sharedInCall) op("shared down_proj", (downQ ? 1 : 0) + L.sharedDown.recordFrom(cb, s.sharedG, downQ, s.sharedOut, S));
       cb.barrier("computeToCompute");
@@ -676,7 +718,7 @@ export function openSequenceState(graph: HybridGraph, ctx: number, owned: Dispos
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
   const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", combineTail: readConfig().VKMOE_COMBINE_TAIL !== "off", ...shape }));
-  const partials = buffer(attention.partialBytesUpTo(ctx, GRAPH_MAX_TOKENS));
+  const partials = buffer(attention.partialBytesUpTo(ctx, Math.min(graph.maxTokens, MAX_ATTENTION_TOKENS)));
   const s = graph.s;
   const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.params } } : {};
   const bindings = keys.map((k, l) => attention.bind({ q: s.q, keys: k, values: values[l]!, partials, out: s.attn, positions: s.positions, gate: s.gate, ...fold, ...(graph.attnQuant && { quantized: graph.attnQuant }) }));
@@ -706,6 +748,11 @@ export class HybridSequence implements Disposable {
   lastGpuUs = 0;
   private disposed = false;
   private readonly hostExperts: HostExperts | undefined;
+
+  /** Tokens runTokens takes at most (the graph's maxTokens). */
+  get maxChunk(): number {
+    return this.graph.maxTokens;
+  }
 
   constructor(private readonly graph: HybridGraph, ctx: number, options: { timing?: boolean; hostExperts?: HostExperts } = {}) {
     if (!Number.isInteger(ctx) || ctx < 1) throw new InvalidArgumentError(`ctx must be a positive integer, got ${ctx}`);
@@ -746,7 +793,7 @@ export class HybridSequence implements Disposable {
   private recording(output: GraphOutput, S: number, segment?: number) {
     const L = this.graph.cfg.layers;
     const part = segment === undefined ? 0 : segment + 1;
-    const index = (OUTPUTS.indexOf(output) * (GRAPH_MAX_TOKENS + 1) + S) * (L + 2) + part;
+    const index = (OUTPUTS.indexOf(output) * (this.graph.maxTokens + 1) + S) * (L + 2) + part;
     let r = this.recorded[index];
     if (!r) {
       const cb = this.commands.allocate().begin();
@@ -838,7 +885,7 @@ export class HybridSequence implements Disposable {
     this.check();
     if (!this.graph.stage) throw new GraphUnsupportedError("a profile records the whole token in one submit: this sequence runs split (not every expert is resident)");
     const S = ids.length;
-    if (!Number.isInteger(S) || S < 1 || S > GRAPH_MAX_TOKENS) throw new InvalidArgumentError(`a profile runs 1..${GRAPH_MAX_TOKENS} tokens, got ${S}`);
+    if (!Number.isInteger(S) || S < 1 || S > this.maxChunk) throw new InvalidArgumentError(`a profile runs 1..${this.maxChunk} tokens, got ${S}`);
     if (!Number.isInteger(position) || position < 0 || position + S > this.ctx) throw new InvalidArgumentError(`positions ${position}..${position + S - 1} are outside the context 0..${this.ctx - 1}`);
     const device = this.graph.device, names: string[] = [];
     using queries = new QueryPool(device, 8 + 24 * this.graph.cfg.layers);
@@ -884,9 +931,10 @@ export class HybridSequence implements Disposable {
 /**
  * Device bytes the hybrid graph takes beside the experts: dense weights, parameters, the full
  * layers' KV cache of ctx positions and the linear layers' states for each of `slots` sequences
- * (a HybridBatch's; 1: one session), ~16 MiB of scratch.
+ * (a HybridBatch's; 1: one session), a prompt chunk's activations and experts' rows (chunks of
+ * `chunk` tokens), ~8 MiB of scratch.
  */
-export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, ctx: number, slots = 1): number {
+export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, ctx: number, slots = 1, chunk = GRAPH_MAX_TOKENS): number {
   let bytes = w.lmHead.bytes;
   const { keyHeads: KH, valueHeads: VH, keyDim: kd, valueDim: vd, convKernel } = cfg.linear;
   const sharedSlot = readConfig().VKMOE_SHARED_SLOT !== "off";
@@ -906,5 +954,9 @@ export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, 
   }
   const record = 4 * cfg.heads * (cfg.headDim + 4);
   const partials = Math.max(4 * Math.ceil(ctx / 32), 64 * 16) * record;
-  return bytes + 2 * full * slots * ctx * cfg.kvHeads * cfg.headDim * 2 + partials + 16 * 2 ** 20;
+  // a token of a chunk: the residual and norms, q/k/v/z/a/b/core of the linear layers, q/gate/k/v/attn of the
+  // full ones, router logits, the shared expert's rows, the experts' gate/up and down rows
+  const D = cfg.hidden, qd = cfg.heads * cfg.headDim, kvd = cfg.kvHeads * cfg.headDim, Vd = VH * vd;
+  const perToken = 4 * (6 * D + 2 * C + 2 * Vd + 2 * VH + 3 * qd + 2 * kvd + cfg.experts + 2 * cfg.sharedIntermediate + cfg.topK * (cfg.expertIntermediate + D));
+  return bytes + 2 * full * slots * ctx * kvd * 2 + partials + chunk * perToken + 8 * 2 ** 20;
 }

@@ -191,18 +191,20 @@ export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, 
   if (!ctx || backend.mode !== "gpu") throw new GraphUnsupportedError(`the MoE layer runs on the CPU (${backend.why})`);
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
+  // prompt chunks of the prefill plan's length where the experts are resident (split runs keep GRAPH_MAX_TOKENS)
+  const chunk = prefillPlan(ctx.device, readConfig()).chunk;
   let stage: MoeGraphStage | undefined, notResident = "";
   try {
     // read from the process env when the graph is made, as the folds' switches
     const sharedSlot = readConfig().VKMOE_SHARED_SLOT !== "off";
-    stage = backend.graphStage(moeLayers, GRAPH_MAX_TOKENS, sharedSlot ? { sharedExperts: (l) => sharedExpertHost(weights.layers[l]!.shared) } : {});
+    stage = backend.graphStage(moeLayers, chunk, sharedSlot ? { sharedExperts: (l) => sharedExpertHost(weights.layers[l]!.shared) } : {});
   } catch (e) {
     if (e instanceof ExpertsNotResidentError) notResident = e.message;
     else if (e instanceof VkmoeError) throw new GraphUnsupportedError(e.message);
     else throw e;
   }
   try {
-    const graph = new HybridGraph(ctx.device, cfg, weights, stage);
+    const graph = new HybridGraph(ctx.device, cfg, weights, stage, stage ? chunk : GRAPH_MAX_TOKENS);
     // split runs submit between the MoE calls: a pre-launched kernel would hold their barriers
     if (!stage) {
       backend.stopPrelaunch("the hybrid graph's split runs share the queue");

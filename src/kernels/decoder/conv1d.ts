@@ -14,10 +14,11 @@ import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
 import { checkRuns, RUNS_MAX_TOKENS, type RunsBinding } from "./runs.ts";
+import { CHUNK_MAX_TOKENS } from "../../moe/routing.ts";
 
 /** x r, weights r, state rw, out w, runs r; push S, channels, xOffset, xStride, wOffset, stateOffset, outOffset, outStride, stateStride, flags: 40 B. */
 export const DEC_CONV1D: ShaderInterface = { name: "dec_conv1d", storageBuffers: 5, pushConstantBytes: 40 };
-export const CONV1D_MAX_S = 64;
+export const CONV1D_MAX_S = CHUNK_MAX_TOKENS;
 export const CONV1D_MAX_KERNEL = 8;
 
 export interface Conv1dArgs {

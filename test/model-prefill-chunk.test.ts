@@ -10,8 +10,9 @@
  * The prefill plan (src/moe/prefill-plan.ts) on this device: "auto" takes 512-token chunks and the
  * matrix-core experts from CM_EXPERTS_MIN_TOKENS tokens only where the device has cooperative
  * matrices that pass the self-check, else 64-token chunks; explicit chunks are taken as given.
- * Negative control (by hand, Lavapipe, 2026-12-07): every attention sub-chunk seeing the first's
- * positions (n = 1) failed both files.
+ * Negative controls (by hand, Lavapipe, 2026-12-07): every attention sub-chunk seeing the first's
+ * positions (n = 1) failed both Qwen3 files; the delta rule's later sub-chunks reading the first's
+ * decay inputs (a not offset) failed the Qwen3.5 file.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";

@@ -11,7 +11,7 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
-import { RouteKernel, submitAndWait, type RouteArgs } from "../src/kernels/decoder/index.ts";
+import { ROUTE_MAX_S, RouteKernel, submitAndWait, type RouteArgs } from "../src/kernels/decoder/index.ts";
 import { routeTopK } from "../src/model/ops.ts";
 import { randomGaussianF32, randomWords } from "../src/quant/random.ts";
 import { CommandPool } from "../src/vk/commands.ts";
@@ -310,7 +310,7 @@ describe("dec_route negative controls and argument checks", () => {
     using tiny = new Buffer(device, { size: 4n, memory: "readback" });
     const base: RouteArgs = { logits, table, work, pairs, slotWeight: sw, slotExpert: se, chosen, S, E, k, normalize: true };
     const bad: [Partial<RouteArgs> | Record<string, unknown>, RegExp][] = [
-      [{ S: 0 }, /^S must/], [{ S: 65 }, /^S must/], [{ S: 1.5 }, /^S must/],
+      [{ S: 0 }, /^S must/], [{ S: ROUTE_MAX_S + 1 }, /^S must/], [{ S: 1.5 }, /^S must/],
       [{ E: 0 }, /^E must/], [{ E: 513 }, /^E must/],
       [{ k: 0 }, /^k must/], [{ k: 17, E: 16 }, /^k must/], [{ k: 5, E: 4 }, /^k must.*E = 4/], [{ k: 2.5 }, /^k must/],
       [{ normalize: 1 }, /^normalize must/],

@@ -75,7 +75,8 @@ export interface GgmlMoeOptions {
   /**
    * Lists grouped by expert (prompt chunks) on the matrix cores, moe_ggml_cm, where cooperative
    * matrices are enabled (VKMOE_COOPMAT) and the self-check passes (ahead of integerDot for those
-   * lists). Default: VKMOE_MOE_COOPMAT ("off" unless set).
+   * lists), every such call. Default: the prefill plan (src/moe/prefill-plan.ts: VKMOE_MOE_COOPMAT,
+   * calls of 256 tokens or more where the matrix cores pass their self-check).
    */
   matrixCores?: boolean;
   /** After each layer's upload. */

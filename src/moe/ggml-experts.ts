@@ -25,7 +25,7 @@ import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "../kernels/decoder/common.ts";
 import { GgmlQuantizeKernel, QuantizedRowsBuffers } from "../kernels/decoder/ggml-gemv.ts";
-import { chunkGemmTile, cmTileSharedBytes } from "../kernels/decoder/quant-gemm.ts";
+import { cmTileSharedBytes, matrixCoreShader } from "../kernels/decoder/quant-gemm.ts";
 import { MOE_GGML_ROWS_IDP, type ShaderInterface } from "../kernels/shaders.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
@@ -412,7 +412,7 @@ export class GgmlExpertKernels implements Disposable {
     if (options.matrixCores && cmShared > device.info.limits.maxComputeSharedMemorySize) {
       throw new InvalidArgumentError(`moe_ggml_cm at ${this.cmSlots} slots a tile needs ${cmShared} B of shared memory (limit ${device.info.limits.maxComputeSharedMemorySize})`);
     }
-    this.cmShader = options.matrixCores ? chunkGemmTile(device, { f32: MOE_GGML_ROWS, cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores).shader : undefined;
+    this.cmShader = options.matrixCores ? matrixCoreShader(device, { cm: MOE_GGML_CM, emulated: MOE_GGML_CM_EMU }, options.matrixCores) : undefined;
     this.sum = new MoeSumKernel(device, options);
   }
 

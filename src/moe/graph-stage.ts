@@ -1,7 +1,3 @@
-/** moe_pool_cm's output rows a workgroup: gate+up 64 (each with its gate and up row), down 128. */
-const POOL_CM_GATE_UP_ROWS = 64;
-const POOL_CM_DOWN_ROWS = 128;
-
 /**
  * The MoE layer inside the decode graph (src/graph/): the same kernels as a GpuLayer call, but
  * the slot tables are written on the device by the router kernel (dec_route) from a table of
@@ -23,7 +19,7 @@ import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { groupedItemsMax, GroupExpertsKernel } from "../kernels/decoder/group-experts.ts";
-import { chunkGemmTile } from "../kernels/decoder/quant-gemm.ts";
+import { matrixCoreShader } from "../kernels/decoder/quant-gemm.ts";
 import { MOE_BINDINGS, MOE_PUSH_BYTES, shaderFile } from "../kernels/shaders.ts";
 import type { ExpertPool } from "../pool/expert-pool.ts";
 import { packExpert, type ExpertLayout } from "../pool/expert-layout.ts";
@@ -31,7 +27,12 @@ import type { QuantMatrix } from "../quant/types.ts";
 import { ComputePipeline } from "../vk/pipeline.ts";
 import { cmSharedBytes, type MoeNormTail } from "./ggml-experts.ts";
 import type { GpuLayer } from "./gpu-layer.ts";
+import { cmSlotsFor } from "./prefill-plan.ts";
 import { createFusedSharedPipeline, QUANTIZE_WORKGROUP, ROWS_WORKGROUP, SUM_WORKGROUP } from "./shaders.ts";
+
+/** moe_pool_cm's output rows a workgroup: gate+up 64 (each with its gate and up row), down 128. */
+const POOL_CM_GATE_UP_ROWS = 64;
+const POOL_CM_DOWN_ROWS = 128;
 
 /** The experts of these layers are not all resident: the graph cannot route to them on the device. */
 export class ExpertsNotResidentError extends InvalidArgumentError {}
@@ -234,7 +235,7 @@ export class QuantGraphStage implements MoeGraphStage {
     this.shared = this.mode === "fused" && bda && opts.sharedExperts ? this.placeShared(pool.layout, opts.moeLayers, opts.sharedExperts) : undefined;
     this.cmFrom = opts.matrixCoresFrom ?? 1;
     try {
-      this.cm = opts.matrixCores ? this.createCm(pool, opts.matrixCores, opts.maxTokens >= 256 ? 32 : opts.maxTokens >= 128 ? 16 : 8) : undefined;
+      this.cm = opts.matrixCores ? this.createCm(pool, opts.matrixCores, cmSlotsFor(opts.maxTokens)) : undefined;
     } catch (e) {
       this[Symbol.dispose]();
       throw e;
@@ -249,10 +250,10 @@ export class QuantGraphStage implements MoeGraphStage {
   /** moe_pool_cm's pipelines for this pool's shape and addressing (the rows kernels' bindings and push constants). */
   private createCm(pool: ExpertPool, matrixCores: true | "emulated", slots: number) {
     const { format, scaleType, groupSize } = pool.layout.shape;
-    const { shader } = chunkGemmTile(this.device, {
-      f32: { name: "", storageBuffers: 0, pushConstantBytes: 0 },
-      cm: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
-      emulated: { name: `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm_emu`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
+    const name = `moe_pool_${pool.addressing === "bda" ? "bda" : "desc"}_cm`;
+    const shader = matrixCoreShader(this.device, {
+      cm: { name, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
+      emulated: { name: `${name}_emu`, storageBuffers: MOE_BINDINGS, pushConstantBytes: MOE_PUSH_BYTES },
     }, matrixCores);
     const shared = cmSharedBytes(slots);
     if (shared > this.device.info.limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`moe_pool_cm needs ${shared} B of shared memory (limit ${this.device.info.limits.maxComputeSharedMemorySize})`);

@@ -32,5 +32,10 @@ export function prefillPlan(device: Device, env: VkmoeEnv): PrefillPlan {
   const cm = mode !== "off" && device.enabled.cooperativeMatrix && matrixCoresPass(device);
   const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? (cm ? MATRIX_CORE_CHUNK : DEFAULT_CHUNK) : Number(env.VKMOE_PREFILL_CHUNK);
   const from = !cm ? undefined : mode === "on" ? 1 : CM_EXPERTS_MIN_TOKENS;
-  return { chunk, expertsOnMatrixCoresFrom: from, cmSlots: chunk >= 256 ? 32 : chunk >= 128 ? 16 : 8 };
+  return { chunk, expertsOnMatrixCoresFrom: from, cmSlots: cmSlotsFor(chunk) };
+}
+
+/** The matrix-core experts' slots a tile for calls of up to `tokens` tokens (bench:moe-ggml, H100: 32 the fastest at 256 and 512 tokens, 8 at 64). */
+export function cmSlotsFor(tokens: number): number {
+  return tokens >= 256 ? 32 : tokens >= 128 ? 16 : 8;
 }

@@ -43,19 +43,27 @@ export interface ChunkGemmOptions extends DecoderKernelOptions {
   matrixCores?: boolean | "emulated";
 }
 
+/**
+ * A matrix-core kernel's shader for this device: `cm` (NAME_cm, its VK_NV_cooperative_matrix build, or
+ * NAME_cmk, the KHR rewrite) where cooperative matrices are enabled, or its test variant `emulated`
+ * (plain sums) on any device with shaderFloat16 and the Vulkan memory model.
+ */
+export function matrixCoreShader(device: Device, shaders: { cm: ShaderInterface; emulated: ShaderInterface }, matrixCores: true | "emulated"): ShaderInterface {
+  if (matrixCores === "emulated") {
+    if (!device.enabled.shaderFloat16 || !device.enabled.vulkanMemoryModel) throw new InvalidArgumentError(`the emulated matrix-core GEMM needs shaderFloat16 and vulkanMemoryModel, not enabled on ${device.info.name}`);
+    return shaders.emulated;
+  }
+  if (!device.enabled.cooperativeMatrix) throw new InvalidArgumentError(`the matrix-core GEMM needs VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
+  // on VK_KHR_cooperative_matrix: NAME_cmk.spv, the shader build's KHR rewrite of NAME_cm.spv
+  return device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
+}
+
 /** The shader and tile rows of a chunk GEMM (f32 tiles, the matrix cores' or their emulation), checked against the device's features. */
 export function chunkGemmTile(
   device: Device, shaders: { f32: ShaderInterface; cm: ShaderInterface; emulated: ShaderInterface }, matrixCores: boolean | "emulated" | undefined,
 ): { shader: ShaderInterface; tileRows: number } {
   if (!matrixCores) return { shader: shaders.f32, tileRows: GEMM_ROWS };
-  if (matrixCores === "emulated") {
-    if (!device.enabled.shaderFloat16 || !device.enabled.vulkanMemoryModel) throw new InvalidArgumentError(`the emulated matrix-core GEMM needs shaderFloat16 and vulkanMemoryModel, not enabled on ${device.info.name}`);
-    return { shader: shaders.emulated, tileRows: COOPMAT_GEMM_ROWS };
-  }
-  if (!device.enabled.cooperativeMatrix) throw new InvalidArgumentError(`the matrix-core GEMM needs VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
-  // on VK_KHR_cooperative_matrix: NAME_cmk.spv, the shader build's KHR rewrite of NAME_cm.spv
-  const shader = device.enabled.cooperativeMatrixExtension === "khr" ? { ...shaders.cm, name: `${shaders.cm.name}k` } : shaders.cm;
-  return { shader, tileRows: COOPMAT_GEMM_ROWS };
+  return { shader: matrixCoreShader(device, shaders, matrixCores), tileRows: COOPMAT_GEMM_ROWS };
 }
 
 /** cm_slice_tile.glsl's shared memory at `tokens` a tile (the experts' matrix-core kernels): two weight tiles (128 rows of 80 B) or the f32 C tile, two x tiles, a word. */

@@ -3,16 +3,15 @@
 // slice's order (two runs of 16, GGML_SLICE_GAP apart), and x read as vec4s (I a multiple of the
 // block's elements, input rows 16-byte aligned). The includer declares FORMAT (GGML_FMT_*) and the
 // x buffer xv (vec4), includes ggml_blocks.glsl, cm_slice_tile.glsl and this, then sets rowAddr
-// (byte address of this thread's row) and xRow[m] (first float of input xInput(m)'s row, NO_SLOT:
+// (byte address of this thread's row) and slotRow[m] (first float of input xInput(m)'s row, NO_SLOT:
 // zeros).
-const uint NO_SLOT = 0xffffffffu;
 const uint BLOCK_BYTES = GGML_BLOCK_BYTES(FORMAT);
 const uint BLOCK_ELEMENTS = GGML_BLOCK_ELEMENTS(FORMAT);
 const uint SLICES_PER_BLOCK = BLOCK_ELEMENTS / 32u;
 const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to its second
 
 uint rowAddr;
-uint xRow[X_PER_THREAD];
+uint slotRow[X_PER_THREAD];
 uvec4 nextQ0, nextQ1;
 vec2 nextD, nextM;
 
@@ -28,4 +27,4 @@ uint tileXCol(uint u, uint v) {
     return blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s) + (v / 4u) * GAP + (v % 4u) * 4u;
 }
 
-vec4 tileLoadX(uint m, uint col) { return xRow[m] != NO_SLOT ? xv[(xRow[m] + col) >> 2u] : vec4(0.0); }
+vec4 tileLoadX(uint m, uint col) { return slotRow[m] != NO_SLOT ? xv[(slotRow[m] + col) >> 2u] : vec4(0.0); }

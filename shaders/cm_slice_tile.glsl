@@ -42,6 +42,7 @@ const uint X_BASE = W_SPACE;
 #define X2(buf, n, k) WORD(4u * (X_BASE + (buf) * X_TILE) + ((n) * LDS + (k)) / 2u)
 #define CT(row, n) uintBitsToFloat(WORD((n) * CS + (row)))
 
+const uint NO_SLOT = 0xffffffffu;  // an input the tile does not have (its x reads as zeros)
 // x vec4 m of this thread is input n = (t + 128 m) / 8 of the tile, the step's vec4 (t + 128 m) % 8
 uint xInput(uint m) { return (gl_LocalInvocationIndex + 128u * m) / 8u; }
 vec4 nextX[X_PER_THREAD];  // the next step's x

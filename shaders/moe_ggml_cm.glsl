@@ -49,8 +49,9 @@ layout(push_constant, std430) uniform PC {
 #include "cm_slice_tile.glsl"
 #include "cm_ggml_loader.glsl"
 
-const uint OUT_ROWS = GATEUP ? 64u : 128u;  // output rows a tile
-shared uint slotOf[64];  // the tile's slots (pairs[]), past the item's count: NO_SLOT
+#include "cm_expert_item.glsl"
+
+float cmSwiGLU(float g, float u) { return g / (1.0 + exp(-g)) * u; }
 
 void main() {
     const uint t = gl_LocalInvocationIndex;
@@ -66,29 +67,5 @@ void main() {
     const uint row = min(rowBase + (GATEUP ? t % 64u : t), pc.O - 1u);
     rowAddr = matrix + row * (pc.cols / BLOCK_ELEMENTS) * BLOCK_BYTES;
     const uint steps = pc.cols / BK;
-    for (uint p0 = 0u; p0 < item.w; p0 += BN) {
-        if (p0 > 0u) barrier();  // the last tile's epilogue read slotOf and the C tile
-        if (t < BN) slotOf[t] = p0 + t < item.w ? pairs[item.z + p0 + t] : NO_SLOT;
-        barrier();
-        [[unroll]] for (uint m = 0u; m < X_PER_THREAD; m++) {
-            const uint slot = xInput(m) < BN ? slotOf[xInput(m)] : NO_SLOT;
-            xRow[m] = slot == NO_SLOT ? NO_SLOT : (GATEUP ? slot / K : slot) * pc.cols;
-        }
-        tileSteps(0u, steps);
-        // value idx of the tile's OUT_ROWS x BN outputs: row idx % OUT_ROWS, slot idx / OUT_ROWS
-        for (uint idx = t; idx < OUT_ROWS * BN; idx += 128u) {
-            const uint r = idx % OUT_ROWS, n = idx / OUT_ROWS;
-            const uint slot = slotOf[n];
-            if (rowBase + r < pc.O && slot != NO_SLOT) {
-                float v;
-                if (GATEUP) {
-                    const float g = CT(r, n);
-                    v = g / (1.0 + exp(-g)) * CT(64u + r, n);
-                } else {
-                    v = slotWeight[slot] * CT(r, n);
-                }
-                yb[slot * pc.O + rowBase + r] = v;
-            }
-        }
-    }
+    cmExpertItem(item, K, rowBase, pc.O, pc.cols, steps);
 }

@@ -31,15 +31,12 @@ layout(constant_id = 5) const uint BN = 8u;           // slots a tile: 8, 16, 32
 #include "moe.glsl"
 #include "cm_slice_tile.glsl"
 
-const uint NO_SLOT = 0xffffffffu;
-const uint OUT_ROWS = GATEUP ? 64u : 128u;  // output rows a tile
-shared uint slotOf[64];  // the tile's slots (pairs[]), past the item's count: NO_SLOT
 
 // moe_rows.glsl's SwiGLU with the optional clamp
-float siluGate(float gv, float uv, float limit) {
-    if (limit > 0.0) {
-        gv = min(gv, limit);
-        uv = clamp(uv, -limit, limit);
+float cmSwiGLU(float gv, float uv) {
+    if (pc.limit > 0.0) {
+        gv = min(gv, pc.limit);
+        uv = clamp(uv, -pc.limit, pc.limit);
     }
     return gv / (1.0 + exp(-gv)) * uv;
 }
@@ -54,6 +51,7 @@ uvec4 nextQ[2];
 float nextScale;
 uint nextK0;
 uint slotRow[X_PER_THREAD];
+#include "cm_expert_item.glsl"
 
 void tileLoadW(uint u) {
     const uint k0 = u * BK;
@@ -118,22 +116,5 @@ void main() {
         sStride = pc.O;
     }
     const uint steps = (pc.I + BK - 1u) / BK;
-    for (uint p0 = 0u; p0 < item.w; p0 += BN) {
-        if (p0 > 0u) barrier();  // the last tile's epilogue read slotOf and the C tile
-        if (t < BN) slotOf[t] = p0 + t < item.w ? pairs[item.z + p0 + t] : NO_SLOT;
-        barrier();
-        [[unroll]] for (uint m = 0u; m < X_PER_THREAD; m++) {
-            const uint slot = xInput(m) < BN ? slotOf[xInput(m)] : NO_SLOT;
-            slotRow[m] = slot == NO_SLOT ? NO_SLOT : (GATEUP ? slot / K : slot) * pc.I;
-        }
-        tileSteps(0u, steps);
-        // value idx of the tile's OUT_ROWS x BN outputs: row idx % OUT_ROWS, slot idx / OUT_ROWS
-        for (uint idx = t; idx < OUT_ROWS * BN; idx += 128u) {
-            const uint rr = idx % OUT_ROWS, n = idx / OUT_ROWS;
-            const uint slot = slotOf[n];
-            if (rowBase + rr < pc.O && slot != NO_SLOT) {
-                yb[slot * pc.O + rowBase + rr] = GATEUP ? siluGate(CT(rr, n), CT(64u + rr, n), pc.limit) : slotWeight[slot] * CT(rr, n);
-            }
-        }
-    }
+    cmExpertItem(item, K, rowBase, pc.O, pc.I, steps);
 }

@@ -69,33 +69,31 @@ export class Args {
     return this.list.includes(name);
   }
 
-  /** A positive integer option, or undefined when absent. */
-  int(name: string, min = 1, max = Number.MAX_SAFE_INTEGER): number | undefined {
+  /** An option's value (`--name V` or `--name=V`): undefined when absent, null when given without one. */
+  private value(name: string): string | null | undefined {
     for (let i = 0; i < this.list.length; i++) {
       const a = this.list[i]!;
-      let raw: string | undefined;
-      if (a === name) raw = this.list[i + 1];
-      else if (a.startsWith(`${name}=`)) raw = a.slice(name.length + 1);
-      else continue;
-      const n = Number(raw);
-      if (raw === undefined || !Number.isInteger(n) || n < min || n > max) fail(this.script, `${name} needs an integer in ${min}..${max}, got ${raw ?? "nothing"}`);
-      return n;
+      if (a === name) return this.list[i + 1] ?? null;
+      if (a.startsWith(`${name}=`)) return a.slice(name.length + 1);
     }
     return undefined;
   }
 
+  /** A positive integer option, or undefined when absent. */
+  int(name: string, min = 1, max = Number.MAX_SAFE_INTEGER): number | undefined {
+    const raw = this.value(name);
+    if (raw === undefined) return undefined;
+    const n = Number(raw);
+    if (raw === null || !Number.isInteger(n) || n < min || n > max) fail(this.script, `${name} needs an integer in ${min}..${max}, got ${raw ?? "nothing"}`);
+    return n;
+  }
+
   /** A comma-separated list of integers (`--name 1,2,3`), or undefined when absent. */
   ints(name: string, min = 1, max = Number.MAX_SAFE_INTEGER): number[] | undefined {
-    for (let i = 0; i < this.list.length; i++) {
-      const a = this.list[i]!;
-      let raw: string | undefined;
-      if (a === name) raw = this.list[i + 1];
-      else if (a.startsWith(`${name}=`)) raw = a.slice(name.length + 1);
-      else continue;
-      const ns = (raw ?? "").split(",").map(Number);
-      if (raw === undefined || raw === "" || ns.some((n) => !Number.isInteger(n) || n < min || n > max)) fail(this.script, `${name} needs integers in ${min}..${max}, comma-separated, got ${raw ?? "nothing"}`);
-      return ns;
-    }
-    return undefined;
+    const raw = this.value(name);
+    if (raw === undefined) return undefined;
+    const ns = (raw ?? "").split(",").map(Number);
+    if (raw === null || raw === "" || ns.some((n) => !Number.isInteger(n) || n < min || n > max)) fail(this.script, `${name} needs integers in ${min}..${max}, comma-separated, got ${raw ?? "nothing"}`);
+    return ns;
   }
 }

@@ -310,17 +310,8 @@ export class DecodeGraph implements Disposable {
         kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined, ...(fold && { rope: { norm } }) });
         op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", kv.attention.dispatches(S));
       } else {
-        // a longer prompt chunk: its tokens' keys and values are all in the cache (the RoPE step
-        // above), so MAX_ATTENTION_TOKENS of its queries at a time see theirs; one after another
-        // (they share the partials scratch)
-        let dispatches = 0;
-        for (let t0 = 0; t0 < S; t0 += MAX_ATTENTION_TOKENS) {
-          const n = Math.min(MAX_ATTENTION_TOKENS, S - t0);
-          if (t0 > 0) cb.barrier("computeToCompute");
-          kv.attention.record(cb, kv.bindings[l]!, { n: 1 + t0, S: n, maxPositions: kv.ctx, posIndex: 0, qOffset: t0 * H * hd, outOffset: t0 * H * hd });
-          dispatches += kv.attention.dispatches(n);
-        }
-        op("attention", dispatches);
+        // a longer prompt chunk: its keys and values are all in the cache (the RoPE step above)
+        op("attention", kv.attention.recordLong(cb, kv.bindings[l]!, { S, maxPositions: kv.ctx }));
       }
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));

@@ -542,16 +542,8 @@ export class HybridGraph implements Disposable {
           });
           op(fold ? "attention + output gate (+ q/k norms, partial rope, kv append)" : "attention + output gate", state.attention.dispatches(S));
         } else {
-          // a longer prompt chunk: its keys and values are all in the cache (the RoPE step above), so
-          // MAX_ATTENTION_TOKENS of its queries at a time see theirs, one after another (they share the partials scratch)
-          let dispatches = 0;
-          for (let t0 = 0; t0 < S; t0 += MAX_ATTENTION_TOKENS) {
-            const n = Math.min(MAX_ATTENTION_TOKENS, S - t0);
-            if (t0 > 0) cb.barrier("computeToCompute");
-            state.attention.record(cb, state.bindings[m.slot]!, { n: 1 + t0, S: n, maxPositions: state.ctx, posIndex: 0, qOffset: t0 * H * hd, outOffset: t0 * H * hd, gateOffset: t0 * H * hd });
-            dispatches += state.attention.dispatches(n);
-          }
-          op("attention + output gate", dispatches);
+          // a longer prompt chunk: its keys and values are all in the cache (the RoPE step above)
+          op("attention + output gate", state.attention.recordLong(cb, state.bindings[m.slot]!, { S, maxPositions: state.ctx }));
         }
         cb.barrier("computeToCompute");
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));

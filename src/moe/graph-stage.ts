@@ -407,19 +407,13 @@ export class QuantGraphStage implements MoeGraphStage {
       items = cm ? groupedItemsMax(S, this.experts, K, cm.slots) : Math.min(items, this.experts);
     }
     const mark = (step: string) => routing?.mark?.(step);
-    if (cm) {
-      cb.bind(cm.gateUp, sets[0]!).pushConstants(cm.gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / POOL_CM_GATE_UP_ROWS), items);
+    if (cm || rows) {
+      // the matrix-core kernels or the rows kernels: gate+up and down on the float path's bindings, then the sum
+      const [gateUp, down] = cm ? [cm.gateUp, cm.down] : [p.rowsGateUp, p.rowsDown];
+      const [gateUpRows, downRows] = cm ? [POOL_CM_GATE_UP_ROWS, POOL_CM_DOWN_ROWS] : [ROWS_WORKGROUP, ROWS_WORKGROUP];
+      cb.bind(gateUp, sets[0]!).pushConstants(gateUp, L.pushGateUp).dispatch(Math.ceil(L.I / gateUpRows), items);
       mark("gate+up");
-      cb.barrier("computeToCompute").bind(cm.down, sets[1]!).pushConstants(cm.down, L.pushDown).dispatch(Math.ceil(L.D / POOL_CM_DOWN_ROWS), items);
-      mark("down");
-      cb.barrier("computeToCompute").bind(p.sum, sets[2]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
-      mark("sum");
-      return;
-    }
-    if (rows) {
-      cb.bind(p.rowsGateUp, sets[0]!).pushConstants(p.rowsGateUp, L.pushGateUp).dispatch(Math.ceil(L.I / ROWS_WORKGROUP), items);
-      mark("gate+up");
-      cb.barrier("computeToCompute").bind(p.rowsDown, sets[1]!).pushConstants(p.rowsDown, L.pushDown).dispatch(Math.ceil(L.D / ROWS_WORKGROUP), items);
+      cb.barrier("computeToCompute").bind(down, sets[1]!).pushConstants(down, L.pushDown).dispatch(Math.ceil(L.D / downRows), items);
       mark("down");
       cb.barrier("computeToCompute").bind(p.sum, sets[2]!).pushConstants(p.sum, L.pushSum).dispatch(Math.ceil((S * L.D) / SUM_WORKGROUP));
       mark("sum");

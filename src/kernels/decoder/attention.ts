@@ -680,6 +680,24 @@ export class DecoderAttention implements Disposable {
     return this.arrivals !== undefined;
   }
 
+  /**
+   * A prompt chunk of one sequence longer than MAX_ATTENTION_TOKENS (its keys and values all in the
+   * cache already, its first token's position in the binding's positions word 0): its queries
+   * MAX_ATTENTION_TOKENS at a time, one call after another (they share the partials scratch).
+   * Returns the dispatches recorded.
+   */
+  recordLong(cb: CommandBuffer, binding: AttentionBinding, a: { S: number; maxPositions: number }): number {
+    const row = this.heads * this.headDim;
+    let dispatches = 0;
+    for (let t0 = 0; t0 < a.S; t0 += MAX_ATTENTION_TOKENS) {
+      const n = Math.min(MAX_ATTENTION_TOKENS, a.S - t0);
+      if (t0 > 0) cb.barrier("computeToCompute");
+      this.record(cb, binding, { n: 1 + t0, S: n, maxPositions: a.maxPositions, posIndex: 0, qOffset: t0 * row, outOffset: t0 * row, ...(binding.gate && { gateOffset: t0 * row }) });
+      dispatches += this.dispatches(n);
+    }
+    return dispatches;
+  }
+
   /** Dispatches a call of S tokens records. */
   dispatches(S: number): number {
     return this.combineTail && S <= DECODE_ATTENTION_TOKENS ? 1 : 2;

@@ -4,10 +4,10 @@
 // decode an expert's weights once per few slots, so their time grows with the slots; here a
 // workgroup decodes a weight slice once for BN slots and the products are the matrix cores'.
 //
-// A workgroup (cm_slice_tile.glsl's tile: 128 weight rows x BN slots, 32 columns a step; cm_ggml_loader.glsl): GATEUP:
+// A workgroup: cm_slice_tile.glsl's tile (128 weight rows x BN slots, 32 columns a step) with
+// cm_ggml_loader.glsl's loads, walking its work item BN slots at a time (cm_expert_item.glsl). GATEUP:
 // the tile's rows are 64 gate rows then the same 64 up rows (one pass gives both, and the epilogue
-// forms silu(gate) * up), so a workgroup owns 64 output rows; down: 128 output rows. Items of more
-// than BN slots are walked BN at a time.
+// forms silu(gate) * up), so a workgroup owns 64 output rows; down: 128 output rows.
 //
 // Same bindings, work list and outputs as moe_ggml_rows: GATEUP: h[slot][row] = silu(gate x) * (up x),
 // x[token = slot / K]; else ypair[slot][row] = slot weight * (down h[slot]). Workgroup (x, y) = (row

@@ -4,12 +4,12 @@
 // expert's weights once per few slots; here a workgroup dequantizes a weight step once for BN slots
 // and the products are the matrix cores'.
 //
-// A workgroup (cm_slice_tile.glsl's tile: 128 weight rows x BN slots, 32 columns a step): GATEUP:
-// the tile's rows are 64 gate rows then the same 64 up rows (one pass gives both, and the epilogue
-// forms siluGate(gate, up)), so a workgroup owns 64 output rows; down: 128 output rows. Each
-// thread dequantizes its row's 32 columns a step: q times its group's scale (gate/up stored by rows,
-// down by column blocks: pool/expert-layout.ts), 0 past the row's end. Items of more than BN slots
-// are walked BN at a time. Bindings, push constants, work list and outputs are moe_rows.glsl's
+// A workgroup: cm_slice_tile.glsl's tile (128 weight rows x BN slots, 32 columns a step), walking
+// its work item BN slots at a time (cm_expert_item.glsl). GATEUP: the tile's rows are 64 gate rows
+// then the same 64 up rows (one pass gives both, and the epilogue forms the SwiGLU with moe_rows'
+// optional clamp), so a workgroup owns 64 output rows; down: 128 output rows. Each thread
+// dequantizes its row's 32 columns a step: q times its group's scale (gate/up stored by rows, down
+// by column blocks: pool/expert-layout.ts), 0 past the row's end. Bindings, push constants, work list and outputs are moe_rows.glsl's
 // (moe.glsl's float path), so the same descriptor sets fit; grid (row tiles, work items).
 #extension GL_GOOGLE_include_directive : require
 // cm_slice_tile.glsl's extensions

@@ -16,10 +16,11 @@
  * there the slices' reductions, not the reads, were the cost. Where the integer-dot path is on
  * (the caller's decision: idp-policy.ts), those lists run shaders/moe_ggml_rows_idp.comp over x and h
  * quantized by quantize_act (groups of 16) into an ExpertQuantScratch: 4 int8 products an instruction.
- * Where the caller asks for the matrix cores (an option: at a prompt chunk's few slots an expert it
- * measured slower than the integer-dot rows kernel, README), those lists run shaders/moe_ggml_cm.comp
- * instead: tiles of 64 gate + 64 up rows (or 128 down rows) x cmSlots slots, each expert's weights
- * decoded once per cmSlots of its slots.
+ * Where the caller asks for the matrix cores (matrixCores; the graphs' prefill plan does for calls of
+ * 256 tokens or more: at a 64-token chunk's few slots an expert they measured slower than the
+ * integer-dot rows kernel, README), those lists run shaders/moe_ggml_cm.comp instead: tiles of 64
+ * gate + 64 up rows (or 128 down rows) x cmSlots slots, each expert's weights decoded once per
+ * cmSlots of its slots.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockTensor, type GgmlBlockType } from "../quant/ggml-blocks.ts";

@@ -9,7 +9,8 @@
  * (a prompt chunk): dec_group_experts regroups the slots by expert first, and the grouped kernels
  * read each chosen expert's weights once for all the tokens that chose it: the same kernels as the
  * per-slot path, or (rowsForGrouped) the rows kernels (shaders/moe_rows.glsl, a row per lane, float
- * path, no quantize; slower on the H200, kept as an option).
+ * path, no quantize; slower on the H200, kept as an option), or (matrixCores, for calls of
+ * matrixCoresFrom tokens or more) the matrix-core kernels (shaders/moe_pool_cm.glsl).
  */
 import { InvalidArgumentError } from "../errors.ts";
 import type { CommandBuffer } from "../vk/commands.ts";

@@ -10,7 +10,7 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
-import { Conv1dKernel, DeltaRuleKernel, GatedNormKernel, submitAndWait, type DeltaRuleArgs } from "../src/kernels/decoder/index.ts";
+import { CONV1D_MAX_S, Conv1dKernel, DeltaRuleKernel, GatedNormKernel, submitAndWait, type DeltaRuleArgs } from "../src/kernels/decoder/index.ts";
 import { causalConv1dSilu, gatedDeltaRuleChunked, gatedDeltaRuleRecurrent, gatedRmsNorm, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { Buffer } from "../src/vk/memory.ts";
@@ -136,7 +136,7 @@ describe("dec_conv1d vs causalConv1dSilu (kernel 4, non-zero starting state)", (
     using b = outBuffer(4096);
     const args = { x: b, weight: b, state: b, out: b, channels: 16 };
     expect(() => submitAndWait(device, (cb) => conv.record(cb, { ...args, S: 0, out: b, outOffset: 2048 }))).toThrow(InvalidArgumentError);
-    expect(() => submitAndWait(device, (cb) => conv.record(cb, { ...args, S: 65, outOffset: 2048 }))).toThrow(InvalidArgumentError);
+    expect(() => submitAndWait(device, (cb) => conv.record(cb, { ...args, S: CONV1D_MAX_S + 1, outOffset: 2048 }))).toThrow(InvalidArgumentError);
     expect(() => submitAndWait(device, (cb) => conv.record(cb, { ...args, S: 2, outOffset: 8 }))).toThrow(/overlap/);
     expect(() => new Conv1dKernel(device, 9)).toThrow(InvalidArgumentError);
   });

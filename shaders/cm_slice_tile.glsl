@@ -1,8 +1,8 @@
 // cm_slice_tile.glsl: the matrix-core tile of the prompt chunks' experts (moe_ggml_cm, moe_pool_cm;
 // the dense GEMMs keep gemm_coopmat_tile.glsl's 64 x 64 tiles: on the H100 this tile was 1.2-1.6x
 // slower for them at 64 tokens, 2026-12-07). A workgroup of 128 threads (4 subgroups of 32: the
-// device decision asks for subgroups of 32) computes C = W x^T over a tile of BM = 128 weight rows x BN tokens (or slots), in
-// steps of BK = 32 columns. Each step every thread forms its row's 32 weights (rounded to f16 for the
+// device decision asks for subgroups of 32) computes C = W x^T over a tile of BM = 128 weight rows
+// x BN tokens (or slots), in steps of BK = 32 columns. Each step every thread forms its row's 32 weights (rounded to f16 for the
 // products) into the weight tile and the threads convert the BN inputs' 32 columns to f16 into the x
 // tile; the next step's loads are issued before this step's products, and both tiles are
 // double-buffered, so a step has one barrier. Subgroup g computes weight rows 32g.. x all BN

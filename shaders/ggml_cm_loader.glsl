@@ -1,5 +1,6 @@
 // ggml_cm_loader.glsl: gemm_coopmat_tile.glsl's cmLoad and cmStore over GGML block rows, for
-// dec_gemm_ggml_cm (the experts' moe_ggml_cm has cm_slice_tile.glsl's, cm_ggml_loader.glsl). Threads 0..63 each dequantize row t's 32-weight slice of a step
+// dec_gemm_ggml_cm (the experts' moe_ggml_cm has cm_slice_tile.glsl's, cm_ggml_loader.glsl).
+// Threads 0..63 each dequantize row t's 32-weight slice of a step
 // (ggml_blocks.glsl: GGML's weights, rounded to f16 here) from rowAddr, which the includer sets;
 // every thread loads 4 x vec4s of x through the includer's statement macro
 //   CM_LOAD_X(m, tok, col)  sets nextX[m], this thread's vec4 m: token (or slot) tok of the tile's

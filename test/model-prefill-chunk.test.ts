@@ -24,7 +24,7 @@ import { Model } from "../src/model/model.ts";
 import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
 import { shapeByName } from "../src/model/shapes.ts";
 import { nmse } from "../src/quant/metrics.ts";
-import { CM_EXPERTS_MIN_TOKENS, prefillPlan } from "../src/moe/prefill-plan.ts";
+import { CM_EXPERTS_MIN_TOKENS, cmSlotsFor, prefillPlan } from "../src/moe/prefill-plan.ts";
 import { processEnv } from "./support/graph-switches.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { top } from "./support/logits.ts";
@@ -96,10 +96,12 @@ test("the prefill plan: 512-token chunks and the matrix-core experts only where 
     const device = ctx.device;
     const cm = device.enabled.cooperativeMatrix; // and the self-check: it passes wherever it is enabled in this suite
     const auto = prefillPlan(device, readConfig({}));
-    expect(auto).toEqual(cm ? { chunk: 512, expertsOnMatrixCoresFrom: CM_EXPERTS_MIN_TOKENS, cmSlots: 32 } : { chunk: 64, expertsOnMatrixCoresFrom: undefined, cmSlots: 8 });
-    expect(prefillPlan(device, readConfig({ VKMOE_PREFILL_CHUNK: "128" }))).toEqual({ chunk: 128, expertsOnMatrixCoresFrom: cm ? CM_EXPERTS_MIN_TOKENS : undefined, cmSlots: 16 });
-    expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "off" }))).toEqual({ chunk: 64, expertsOnMatrixCoresFrom: undefined, cmSlots: 8 });
-    expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "on", VKMOE_PREFILL_CHUNK: "256" }))).toEqual({ chunk: 256, expertsOnMatrixCoresFrom: cm ? 1 : undefined, cmSlots: 32 });
+    expect(auto).toEqual(cm ? { chunk: 512, expertsOnMatrixCoresFrom: CM_EXPERTS_MIN_TOKENS } : { chunk: 64, expertsOnMatrixCoresFrom: undefined });
+    expect(prefillPlan(device, readConfig({ VKMOE_PREFILL_CHUNK: "128" }))).toEqual({ chunk: 128, expertsOnMatrixCoresFrom: cm ? CM_EXPERTS_MIN_TOKENS : undefined });
+    expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "off" }))).toEqual({ chunk: 64, expertsOnMatrixCoresFrom: undefined });
+    expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "on", VKMOE_PREFILL_CHUNK: "256" }))).toEqual({ chunk: 256, expertsOnMatrixCoresFrom: cm ? 1 : undefined });
+    // the matrix-core experts' slots a tile, by the chunk
+    expect([64, 128, 256, 512].map(cmSlotsFor)).toEqual([8, 16, 32, 32]);
     console.log(`  ${device.info.name}: cooperative matrices ${cm ? "on" : "off"}; auto plan ${JSON.stringify(auto)}`);
   } finally {
     finish(ctx);

@@ -14,15 +14,12 @@
  * the gate/up rows' layout instead of its column blocks, each failed every case.
  */
 import { describe, expect, test } from "bun:test";
-import { submitAndWait } from "../src/kernels/decoder/index.ts";
 import type { QuantGraphStage } from "../src/moe/graph-stage.ts";
 import { moeReference, type ExpertWeights } from "../src/moe/reference.ts";
 import type { ExpertShape } from "../src/pool/expert-layout.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/index.ts";
-import { Buffer } from "../src/vk/memory.ts";
-import { uploadBytes } from "../src/vk/transfer.ts";
 import { caseNmse, formatMessages, itemSizes, makeExperts, MoeHarness, skewedRouting, validationEnv } from "./cases/moe.ts";
-import { expectTail, f32, hostBuffer } from "./support/host-buffers.ts";
+import { StageCalls } from "./support/stage-calls.ts";
 
 const BOUND = 1e-5;
 
@@ -43,12 +40,8 @@ function run(c: Config, variant: true | "emulated"): void {
     const stage = h.moe.graphStage([0], maxS, { matrixCores: variant }) as QuantGraphStage;
     owned.push(stage);
     expect(stage.matrixCores).toBe(true);
-    const x = new Buffer(device, { size: BigInt(4 * maxS * D), memory: "upload" });
-    owned.push(x);
-    const chosenBuf = new Buffer(device, { size: BigInt(4 * maxS * K), memory: "upload" });
-    owned.push(chosenBuf);
-    const y = hostBuffer(device, maxS * D);
-    owned.push(y);
+    const calls = new StageCalls(device, maxS, D, K);
+    owned.push(calls);
     const rnd = mulberry32(c.seed);
     c.cases.forEach((S, i) => {
       expect(stage.pathFor(S)).toBe("by-expert");
@@ -56,14 +49,9 @@ function run(c: Config, variant: true | "emulated"): void {
       const { chosen, r } = skewedRouting(rnd, S, K, E, i === 1 ? Math.floor((S * K) / 2) : -1);
       sizes.push(...itemSizes(chosen, E));
       const xs = randomGaussianF32(S * D, c.seed * 7919 + i);
-      new Float32Array(x.host(), 0, S * D).set(xs);
-      new Uint32Array(chosenBuf.host(), 0, S * K).set(chosen);
-      uploadBytes(device, stage.slotWeight, 0n, new Uint8Array(r.weights.buffer));
-      new Float32Array(y.host(), 0, maxS * D).fill(Number.NaN);
-      submitAndWait(device, (cb) => stage.record(cb, x, y, S, { chosen: chosenBuf, chosenOffset: 0, layer: 0 }));
+      calls.write(S, xs, chosen);
       const label = `${c.label} ${c.addressing} S=${S}`;
-      expectTail(y, maxS * D, label);
-      const e = caseNmse(moeReference(xs, r, (id) => experts[id]!, undefined, c.limit, "float"), f32(y, S * D));
+      const e = caseNmse(moeReference(xs, r, (id) => experts[id]!, undefined, c.limit, "float"), calls.run(stage, S, r.weights, label));
       worst = Math.max(worst, e);
       expect(e, `${label}: NMSE against the f64 reference`).toBeLessThanOrEqual(BOUND);
       expect(h.moe.takeValidationMessages(), label).toEqual([]);

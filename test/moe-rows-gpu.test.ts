@@ -14,16 +14,13 @@
  * reference, while the old kernels match the integer-dot emulation: x and h quantized).
  */
 import { describe, expect, test } from "bun:test";
-import { submitAndWait } from "../src/kernels/decoder/index.ts";
 import type { QuantGraphStage } from "../src/moe/graph-stage.ts";
 import { moeReference, type ExpertWeights, type MoePath } from "../src/moe/reference.ts";
 import type { Routing } from "../src/moe/routing.ts";
 import type { ExpertShape } from "../src/pool/expert-layout.ts";
 import { mulberry32, randomGaussianF32 } from "../src/quant/index.ts";
-import { uploadBytes } from "../src/vk/transfer.ts";
-import { Buffer } from "../src/vk/memory.ts";
 import { caseNmse, formatMessages, itemSizes, makeExperts, MAX_ITEM_SLOTS, MoeHarness, skewedRouting, validationEnv } from "./cases/moe.ts";
-import { expectTail, f32, hostBuffer } from "./support/host-buffers.ts";
+import { StageCalls } from "./support/stage-calls.ts";
 
 /** Float path against the f64 reference, per case. */
 const ROWS_BOUND = 1e-9;
@@ -62,12 +59,8 @@ function run(c: Config): void {
     owned.push(old);
     expect(rows.rowsForGrouped).toBe(true);
     expect(old.rowsForGrouped).toBe(false);
-    const x = new Buffer(device, { size: BigInt(4 * maxS * D), memory: "upload" });
-    owned.push(x);
-    const chosenBuf = new Buffer(device, { size: BigInt(4 * maxS * K), memory: "upload" });
-    owned.push(chosenBuf);
-    const y = hostBuffer(device, maxS * D);
-    owned.push(y);
+    const calls = new StageCalls(device, maxS, D, K);
+    owned.push(calls);
     const rnd = mulberry32(c.seed);
     c.cases.forEach((S, i) => {
       expect(rows.pathFor(S)).toBe("by-expert");
@@ -77,17 +70,8 @@ function run(c: Config): void {
       const { chosen, r } = skewedRouting(rnd, S, K, E, i === 1 ? Math.floor(S * K / 2) : -1);
       sizes.push(...itemSizes(chosen, E));
       const xs = randomGaussianF32(S * D, c.seed * 7919 + i);
-      new Float32Array(x.host(), 0, S * D).set(xs);
-      new Uint32Array(chosenBuf.host(), 0, S * K).set(chosen);
-      const outputs: Float32Array[] = [];
-      for (const stage of [rows, old]) {
-        // What dec_route leaves for the stage: the slot weights (the work list comes from dec_group_experts).
-        uploadBytes(device, stage.slotWeight, 0n, new Uint8Array(r.weights.buffer));
-        new Float32Array(y.host(), 0, maxS * D).fill(Number.NaN);
-        submitAndWait(device, (cb) => stage.record(cb, x, y, S, { chosen: chosenBuf, chosenOffset: 0, layer: 0 }));
-        expectTail(y, maxS * D, `${c.label} S=${S}`);
-        outputs.push(Float32Array.from(f32(y, S * D)));
-      }
+      calls.write(S, xs, chosen);
+      const outputs = [rows, old].map((stage) => calls.run(stage, S, r.weights, `${c.label} S=${S}`));
       const label = `${c.label} ${c.addressing} ${c.path} S=${S}`;
       const ref = moeReference(xs, r, (e) => experts[e]!, undefined, c.limit, "float");
       const nRows = caseNmse(ref, outputs[0]!);

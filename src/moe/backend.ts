@@ -7,7 +7,6 @@
  */
 import { z } from "zod";
 import { readConfig, type VkmoeEnv } from "../config.ts";
-import { prefillPlan } from "./prefill-plan.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { planKernels } from "../kernels/setup.ts";
 import { chooseMoeKernelConfig } from "../kernels/tuning.ts";
@@ -25,6 +24,7 @@ import type { MoeGemvPath } from "./shaders.ts";
 import { MoeCpu, type ExpertWeights } from "./reference.ts";
 import { decidePrelaunch } from "./prelaunch-policy.ts";
 import { checkRouting, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, WorkList, type Routing } from "./routing.ts";
+import { prefillPlan } from "./prefill-plan.ts";
 
 /** Default of the fusedTokens option (see it), on both GEMV paths. */
 const FUSED_TOKENS_DEFAULT = 4;

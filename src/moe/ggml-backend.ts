@@ -29,7 +29,7 @@ import type { MoeStats } from "./backend.ts";
 import { ExpertQuantScratch, ggmlExpertBytes, GgmlExpertKernels, GgmlExpertLayer, MOE_GGML_MAX_SLOTS, writeWorkList, type GgmlExpertTensors } from "./ggml-experts.ts";
 import { ExpertsNotResidentError, type MoeGraphStage, type MoeStageSource, type StageRouting } from "./graph-stage.ts";
 import { checkRouting, MAX_TOKENS, WorkList, type Routing } from "./routing.ts";
-import { prefillPlan } from "./prefill-plan.ts";
+import { cmSlotsFor, prefillPlan } from "./prefill-plan.ts";
 
 const MiB = 2 ** 20, GiB = 2 ** 30;
 const size = (bytes: number) => (bytes >= GiB ? `${(bytes / GiB).toFixed(1)} GiB` : `${(bytes / MiB).toFixed(1)} MiB`);
@@ -214,7 +214,7 @@ export class GgmlMoeBackend implements Disposable, MoeStageSource {
       // VKMOE_MOE_COOPMAT=auto); an explicit matrixCores takes every grouped call
       const plan = prefillPlan(device, env);
       const from = o.matrixCores === undefined ? plan.expertsOnMatrixCoresFrom : o.matrixCores && device.enabled.cooperativeMatrix && matrixCoresPass(device) ? 1 : undefined;
-      const matrixCores = from !== undefined, cmSlots = plan.cmSlots;
+      const matrixCores = from !== undefined, cmSlots = cmSlotsFor(plan.chunk);
       for (const [i, l] of o.moeLayers.entries()) {
         const t = types[i]!, key = pairKey(t.gateUp, t.down);
         if (!kernels.has(key)) {
@@ -412,11 +412,6 @@ export class GgmlGraphStage implements MoeGraphStage {
   private readonly group: GroupExpertsKernel;
   /** The layers' kernels on the matrix cores, if any (one slot tile an item for the calls they take). */
   private readonly cm: GgmlExpertKernels | undefined;
-
-  /** Slots a work item of a call of S tokens regrouped by expert holds at most (dec_group_experts' maxSlots): a matrix-core tile's, else the rows kernels' ITEM_SLOTS. */
-  private itemSlots(S: number): number {
-    return this.cm?.cmFor(S) ? this.cm.cmSlots : ITEM_SLOTS;
-  }
   private readonly owned = new DisposableStack();
 
   constructor(
@@ -456,6 +451,11 @@ export class GgmlGraphStage implements MoeGraphStage {
 
   tableOffset(l: number): number {
     return l * this.opts.experts;
+  }
+
+  /** Slots a work item of a call of S tokens regrouped by expert holds at most (dec_group_experts' maxSlots): a matrix-core tile's, else the rows kernels' ITEM_SLOTS. */
+  private itemSlots(S: number): number {
+    return this.cm?.cmFor(S) ? this.cm.cmSlots : ITEM_SLOTS;
   }
 
   private byExpert(S: number): boolean {

@@ -22,8 +22,6 @@ export interface PrefillPlan {
   chunk: number;
   /** Calls regrouped by expert of at least this many tokens run on the matrix cores; undefined: none do. */
   expertsOnMatrixCoresFrom: number | undefined;
-  /** The matrix-core experts' slots a tile: as many as a chunk gives an expert (32 from 256 tokens). */
-  cmSlots: number;
 }
 
 /** The plan for `device` under env's VKMOE_PREFILL_CHUNK and VKMOE_MOE_COOPMAT. */
@@ -32,7 +30,7 @@ export function prefillPlan(device: Device, env: VkmoeEnv): PrefillPlan {
   const cm = mode !== "off" && device.enabled.cooperativeMatrix && matrixCoresPass(device);
   const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? (cm ? MATRIX_CORE_CHUNK : DEFAULT_CHUNK) : Number(env.VKMOE_PREFILL_CHUNK);
   const from = !cm ? undefined : mode === "on" ? 1 : CM_EXPERTS_MIN_TOKENS;
-  return { chunk, expertsOnMatrixCoresFrom: from, cmSlots: cmSlotsFor(chunk) };
+  return { chunk, expertsOnMatrixCoresFrom: from };
 }
 
 /** The matrix-core experts' slots a tile for calls of up to `tokens` tokens (bench:moe-ggml, H100: 32 the fastest at 256 and 512 tokens, 8 at 64). */

@@ -7,14 +7,14 @@
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import { CHUNK_MAX_TOKENS, MAX_EXPERTS, MAX_TOP_K } from "../../moe/routing.ts";
-
-/** Tokens a call takes at most (a graph's longest prompt chunk). */
-export const GROUP_MAX_TOKENS = CHUNK_MAX_TOKENS;
 import type { CommandBuffer } from "../../vk/commands.ts";
 import type { Device } from "../../vk/device.ts";
 import type { Buffer } from "../../vk/memory.ts";
 import type { ShaderInterface } from "../shaders.ts";
 import { checkRange, DecoderKernel, pushWords, type DecoderKernelOptions } from "./common.ts";
+
+/** Tokens a call takes at most (a graph's longest prompt chunk). */
+export const GROUP_MAX_TOKENS = CHUNK_MAX_TOKENS;
 
 /** chosen r, table `uvec2[]` r, work `uvec4[]` w, pairs w, slotWeight rw; push S, E, K, chosenOffset, tableOffset, seq, maxSlots: 28 B. */
 export const DEC_GROUP_EXPERTS: ShaderInterface = { name: "dec_group_experts", storageBuffers: 5, pushConstantBytes: 28 };

@@ -12,7 +12,8 @@
  * matrices that pass the self-check, else 64-token chunks; explicit chunks are taken as given.
  * Negative controls (by hand, Lavapipe, 2026-12-07): every attention sub-chunk seeing the first's
  * positions (n = 1) failed both Qwen3 files; the delta rule's later sub-chunks reading the first's
- * decay inputs (a not offset) failed the Qwen3.5 file.
+ * decay inputs (a not offset) failed the Qwen3.5 file; the plan's "auto" taking 512-token chunks
+ * without the matrix cores, and a wrong slot tile for 128-token chunks, each failed the plan's test.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";

@@ -30,6 +30,13 @@ const envSchema = z.strictObject({
    */
   VKMOE_MOE_COOPMAT: z.enum(["auto", "on", "off"]).default("auto"),
   /**
+   * Prompt chunks' attention on the matrix cores where the dense GEMMs run there (dec_attention_cm,
+   * one dispatch a chunk): "auto" for chunks of more than 64 tokens, "on" for every chunk of more
+   * than 4, "off" never; "emulated" runs its emulation (plain sums over the same tiles, any device
+   * with shaderFloat16 and the Vulkan memory model; slow: for checking its arithmetic) as "on".
+   */
+  VKMOE_ATTENTION_COOPMAT: z.enum(["auto", "on", "off", "emulated"]).default("auto"),
+  /**
    * Tokens a prompt chunk's replay takes at most in the graphs: "auto" 512 in the Qwen3-MoE graph
    * where the experts run on the matrix cores (VKMOE_MOE_COOPMAT), else 64 (the Qwen3.5 graph: 64,
    * longer chunks not yet timed there); or 64, 128, 256, 512 (each weight read once for that many,

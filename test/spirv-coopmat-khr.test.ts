@@ -4,7 +4,7 @@
  * rewritten modules are checked here instruction by instruction against the rules of
  * SPV_KHR_cooperative_matrix: no NV instruction or capability left, each matrix type's use the role its
  * MulAdds give it (A: the 16 x 16 f16 weights, B: the 16 x 8 f16 tokens, accumulator: the f32 16 x 8),
- * each load's and store's layout the NV column-major flag it replaced, every id below the bound.
+ * each load's and store's layout the NV column-major flag it replaced (in order), every id below the bound.
  * Negative controls: a shader that uses one matrix type as both A and B, a module without cooperative
  * matrices and bytes that are not SPIR-V are each refused with a SpirvRewriteError.
  */
@@ -52,9 +52,13 @@ function checkKhr(name: string, multiplyAdds: number) {
   expect(loads.length).toBeGreaterThan(0);
   expect(stores.length).toBeGreaterThan(0);
   expect(mads.length).toBe(multiplyAdds);
-  // A row-major (layout 0), B column-major (1): the NV flags false and true
-  for (const l of loads) expect(consts.get(l.w[3]!)).toBe(types.get(l.w[0]!)!.use === 0 ? 0 : 1);
-  for (const s of stores) expect(consts.get(s.w[2]!)).toBe(1);
+  // each load's and store's layout (0 row-major, 1 column-major) the column-major flag of the NV
+  // instruction it replaced, in order (OpCooperativeMatrixLoadNV's flag is word 4, StoreNV's word 3)
+  const nvBody = parse(nv).body;
+  const nvTrue = new Set(nvBody.filter((i) => i.op === 41).map((i) => i.w[1]!));
+  const nvFlags = (op: number, word: number) => nvBody.filter((i) => i.op === op).map((i) => (nvTrue.has(i.w[word]!) ? 1 : 0));
+  expect(loads.map((l) => consts.get(l.w[3]!))).toEqual(nvFlags(5359, 4));
+  expect(stores.map((s) => consts.get(s.w[2]!))).toEqual(nvFlags(5360, 3));
   for (const m of mads) {
     expect([types.get(typeOf.get(m.w[2]!)!)!.use, types.get(typeOf.get(m.w[3]!)!)!.use, types.get(typeOf.get(m.w[4]!)!)!.use, types.get(m.w[0]!)!.use]).toEqual([0, 1, 2, 2]);
   }
@@ -68,7 +72,8 @@ function checkKhr(name: string, multiplyAdds: number) {
 describe("NV -> KHR cooperative-matrix rewrite", () => {
   // gemm_coopmat_tile.glsl: 2 x 4 accumulators; cm_slice_tile.glsl: 2 row blocks x 8 column blocks
   // (those past the tile's BN dropped by the driver)
-  const shaders: [string, number][] = [["dec_gemm_quant_cm", 8], ["dec_gemm_ggml_cm", 8], ["moe_ggml_cm", 16], ["moe_pool_bda_cm", 16], ["moe_pool_desc_cm", 16]];
+  // dec_attention_cm.glsl: 4 score and 16 value accumulators (those past its shape dropped likewise)
+  const shaders: [string, number][] = [["dec_gemm_quant_cm", 8], ["dec_gemm_ggml_cm", 8], ["moe_ggml_cm", 16], ["moe_pool_bda_cm", 16], ["moe_pool_desc_cm", 16], ["dec_attention_cm", 20]];
   for (const [name, multiplyAdds] of shaders) {
     test(`${name}k.spv: KHR instructions, uses, layouts and ids`, () => {
       const { nvWords, khrWords } = checkKhr(name, multiplyAdds);

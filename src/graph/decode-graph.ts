@@ -34,6 +34,7 @@ import { Buffer } from "../vk/memory.ts";
 import { DeviceLostError } from "../vk/errors.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
+import { attentionOnMatrixCores } from "../moe/prefill-plan.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
@@ -305,8 +306,13 @@ export class DecodeGraph implements Disposable {
         cb.barrier("computeToCompute");
       }
       // o reads the combine's quantized rows where it takes the integer-dot path
-      const oq = this.attnQuant && L.o.takesQuantized(S) ? this.attnQuant : undefined;
-      if (S <= MAX_ATTENTION_TOKENS) {
+      // (dec_attention_cm writes none: o quantizes its rows itself after it)
+      const onCores = kv.attention.promptOnMatrixCores(S, r.batch !== undefined);
+      const oq = this.attnQuant && !onCores && L.o.takesQuantized(S) ? this.attnQuant : undefined;
+      if (onCores) {
+        // a prompt chunk: its keys and values are all in the cache (the RoPE step above)
+        op("attention", kv.attention.recordPrompt(cb, kv.bindings[l]!, { S, maxPositions: kv.ctx }));
+      } else if (S <= MAX_ATTENTION_TOKENS) {
         kv.attention.record(cb, kv.bindings[l]!, { n: 1, S, maxPositions: kv.ctx, posIndex: 0, batched: r.batch !== undefined, quantize: oq !== undefined, ...(fold && { rope: { norm } }) });
         op(fold ? "attention (+ q/k norms, rope, kv append)" : "attention", kv.attention.dispatches(S));
       } else {
@@ -447,7 +453,11 @@ export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: nu
   // ropeFold: decode calls of one sequence fold the RoPE step into the attention (RopeKvKernel's
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
-  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", combineTail: readConfig().VKMOE_COMBINE_TAIL !== "off", ...shape }));
+  const env = readConfig();
+  const promptMatrixCores = attentionOnMatrixCores(device, env);
+  const attention = owned.use(new DecoderAttention(device, {
+    heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: env.VKMOE_ROPE_FOLD !== "off", combineTail: env.VKMOE_COMBINE_TAIL !== "off", ...shape, ...(promptMatrixCores && { promptMatrixCores }),
+  }));
   const partials = buffer(attention.partialBytesUpTo(ctx, Math.min(graph.maxTokens, MAX_ATTENTION_TOKENS)));
   const s = graph.s;
   const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.norms } } : {};

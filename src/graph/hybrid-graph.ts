@@ -60,6 +60,7 @@ import { Buffer } from "../vk/memory.ts";
 import { Fence, QueryPool, Submission } from "../vk/sync.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 import { GRAPH_MAX_TOKENS, type BatchOutputs, type GraphOutput, type HostExperts } from "./decode-graph.ts";
+import { attentionOnMatrixCores } from "../moe/prefill-plan.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
@@ -535,8 +536,13 @@ export class HybridGraph implements Disposable {
         }
         // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass (the binding's gate)
         // o_proj reads the combine's quantized rows where it takes the integer-dot path
-        const oq = this.attnQuant && m.o.takesQuantized(S) ? this.attnQuant : undefined;
-        if (S <= MAX_ATTENTION_TOKENS) {
+        // (dec_attention_cm writes none: o_proj quantizes its rows itself after it)
+        const onCores = state.attention.promptOnMatrixCores(S, batched);
+        const oq = this.attnQuant && !onCores && m.o.takesQuantized(S) ? this.attnQuant : undefined;
+        if (onCores) {
+          // a prompt chunk: its keys and values are all in the cache (the RoPE step above)
+          op("attention + output gate", state.attention.recordPrompt(cb, state.bindings[m.slot]!, { S, maxPositions: state.ctx }));
+        } else if (S <= MAX_ATTENTION_TOKENS) {
           state.attention.record(cb, state.bindings[m.slot]!, {
             n: 1, S, maxPositions: state.ctx, posIndex: 0, batched, quantize: oq !== undefined, ...(fold && { rope: { norm, rotaryDim: cfg.rotaryDim } }),
           });
@@ -709,7 +715,11 @@ export function openSequenceState(graph: HybridGraph, ctx: number, owned: Dispos
   // ropeFold: decode calls of one sequence fold the RoPE step into the attention (RopeKvKernel's
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
-  const attention = owned.use(new DecoderAttention(device, { heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ropeFold: readConfig().VKMOE_ROPE_FOLD !== "off", combineTail: readConfig().VKMOE_COMBINE_TAIL !== "off", ...shape }));
+  const env = readConfig();
+  const promptMatrixCores = attentionOnMatrixCores(device, env);
+  const attention = owned.use(new DecoderAttention(device, {
+    heads: H, kvHeads: KV, headDim: hd, maxBindings: Math.max(1, graph.fullLayers), ropeFold: env.VKMOE_ROPE_FOLD !== "off", combineTail: env.VKMOE_COMBINE_TAIL !== "off", ...shape, ...(promptMatrixCores && { promptMatrixCores }),
+  }));
   const partials = buffer(attention.partialBytesUpTo(ctx, Math.min(graph.maxTokens, MAX_ATTENTION_TOKENS)));
   const s = graph.s;
   const fold = attention.ropeFold ? { fold: { k: s.k, v: s.v, invFreq: graph.invFreq, normWeights: graph.params } } : {};

@@ -64,6 +64,7 @@ import { Buffer } from "../../vk/memory.ts";
 import { uploadBytes } from "../../vk/transfer.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
+import { PromptAttentionKernel, promptAttentionShapeFor, type PromptAttentionBinding } from "./prompt-attention.ts";
 import type { QuantizedRows } from "./rmsnorm.ts";
 import { BATCH_WORDS, ROPE_MAX_POSITION } from "./rope-kv.ts";
 
@@ -182,6 +183,12 @@ export interface DecoderAttentionOptions {
    * `useSubgroup` (default: where the device has subgroup arithmetic and subgroups of at most 64).
    */
   ropeFoldSubgroup?: boolean;
+  /**
+   * Prompt chunks of one sequence of at least `fromTokens` tokens (> DECODE_ATTENTION_TOKENS) run
+   * dec_attention_cm (PromptAttentionKernel: one dispatch on the matrix cores, or its emulation for
+   * tests) where its tile fits the device (`promptOnMatrixCores`); default: none do.
+   */
+  promptMatrixCores?: { variant: true | "emulated"; fromTokens: number };
 }
 
 /** The buffers a binding adds for calls with `rope` (the folded head norms, RoPE and KV append). */
@@ -245,6 +252,8 @@ export interface AttentionBinding {
   readonly decode: bigint;
   /** Whether the binding was made with fold buffers (calls may take `rope`). */
   readonly fold: boolean;
+  /** dec_attention_cm's set (a DecoderAttention made with promptMatrixCores where its tile fits). */
+  readonly prompt?: PromptAttentionBinding;
 }
 
 export interface AttentionCall {
@@ -320,6 +329,8 @@ export class DecoderAttention implements Disposable {
   private readonly arrivals: Buffer | undefined;
   private readonly pool: DescriptorPool;
   private readonly pc = new DataView(new ArrayBuffer(DEC_ATTENTION_DECODE.pushConstantBytes));
+  /** dec_attention_cm and the fewest tokens it takes (undefined: prompt chunks keep the passes above). */
+  private readonly prompt: { kernel: PromptAttentionKernel; fromTokens: number } | undefined;
 
   constructor(device: Device, options: DecoderAttentionOptions) {
     const { heads, kvHeads, headDim } = options;
@@ -392,6 +403,12 @@ export class DecoderAttention implements Disposable {
     });
     const decodeSets = this.decodePipeline ? 1 : 0;
     this.pool = new DescriptorPool(device, (2 + decodeSets) * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers + decodeSets * DEC_ATTENTION_DECODE.storageBuffers) * maxBindings);
+    const pm = options.promptMatrixCores;
+    if (pm) {
+      if (!Number.isInteger(pm.fromTokens) || pm.fromTokens <= DECODE_ATTENTION_TOKENS) throw new InvalidArgumentError(`promptMatrixCores.fromTokens must be an integer above ${DECODE_ATTENTION_TOKENS}, got ${pm.fromTokens}`);
+      // where its tile does not fit, prompt chunks keep the passes above
+      if (promptAttentionShapeFor(device, headDim)) this.prompt = { kernel: new PromptAttentionKernel(device, { heads, kvHeads, headDim, matrixCores: pm.variant, maxBindings }), fromTokens: pm.fromTokens };
+    }
   }
 
   /**
@@ -566,8 +583,9 @@ export class DecoderAttention implements Disposable {
         { buffer: qr?.xq ?? b.partials }, { buffer: qr?.xscale ?? b.partials }, { buffer: qr?.xsum ?? b.partials },
       ])
       : 0n;
+    const prompt = this.prompt?.kernel.bind({ q: b.q, keys: b.keys, values: b.values, out: b.out, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }) });
     return {
-      split, combine, decode, fold: f !== undefined, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }), ...(qr && { quantized: qr }),
+      split, combine, decode, fold: f !== undefined, partials: b.partials, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }), ...(qr && { quantized: qr }), ...(prompt && { prompt }),
     };
   }
 
@@ -673,6 +691,7 @@ export class DecoderAttention implements Disposable {
     this.splitPipelines.clear();
     this.combinePipeline[Symbol.dispose]();
     this.arrivals?.[Symbol.dispose]();
+    this.prompt?.kernel[Symbol.dispose]();
   }
 
   /** Whether decode calls (S <= DECODE_ATTENTION_TOKENS tokens a call) merge their records in pass 1 (`combineTail`, where it fits). */
@@ -696,6 +715,22 @@ export class DecoderAttention implements Disposable {
       dispatches += this.dispatches(n);
     }
     return dispatches;
+  }
+
+  /** Whether a prompt chunk of S tokens of one sequence runs on dec_attention_cm (`recordPrompt`; promptMatrixCores). */
+  promptOnMatrixCores(S: number, batched = false): boolean {
+    return this.prompt !== undefined && !batched && S >= this.prompt.fromTokens;
+  }
+
+  /**
+   * A prompt chunk of one sequence whose keys and values are all in the cache (its first token's
+   * position in the binding's positions word 0), on dec_attention_cm: one dispatch, out written
+   * (times the binding's gate) with no quantized rows. Returns the dispatches recorded.
+   */
+  recordPrompt(cb: CommandBuffer, binding: AttentionBinding, a: { S: number; maxPositions: number }): number {
+    if (!this.promptOnMatrixCores(a.S) || !binding.prompt) throw new InvalidArgumentError(`a prompt chunk of ${a.S} tokens does not run dec_attention_cm here (promptOnMatrixCores)`);
+    this.prompt!.kernel.record(cb, binding.prompt, { n: 1, S: a.S, maxPositions: a.maxPositions, ...(binding.positions && { posIndex: 0 }), ...(binding.gate && { gateOffset: 0 }) });
+    return 1;
   }
 
   /** Dispatches a call of S tokens records. */

@@ -422,7 +422,11 @@ export class QuantGraphStage implements MoeGraphStage {
     }
     let i = 0;
     if (p.quantize) {
-      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, L.pushQuantize).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP));
+      // the call's S, not the per-layer call's (GpuLayer pushes MAX_TOKENS, its buffers' tokens: a
+      // longer prompt chunk's later tokens were left unquantized, their gate+up read stale rows)
+      const push = L.pushQuantize.slice();
+      push[1] = S;
+      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, push).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP));
       mark("quantize x");
       cb.barrier("computeToCompute");
     }

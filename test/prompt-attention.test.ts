@@ -8,12 +8,17 @@
  * past the cache capped); a layer offset, q/out offsets, Qwen3.5's output gate. Sentinels past out
  * and before its offset.
  *
+ * The self-check (src/kernels/decoder/prompt-attention-check.ts) passes on the emulation and fails
+ * with a bound no f16 product meets; DecoderAttention takes the kernel for chunks from fromTokens.
+ *
  * Bound: NMSE <= 1e-5 per case (q and P rounded to f16 for the products, as llama.cpp's flash
  * attention does; the f32 kernels' 1e-10 does not apply). Negative control in the suite: each output
  * against the reference one position off (token t seeing n + t - 1 or n + t + 1 positions) fails it.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { DecoderAttention, MAX_ATTENTION_TOKENS } from "../src/kernels/decoder/attention.ts";
 import { PromptAttentionKernel } from "../src/kernels/decoder/prompt-attention.ts";
+import { promptAttentionSelfCheck } from "../src/kernels/decoder/prompt-attention-check.ts";
 import { attendCpu } from "../src/model/ops.ts";
 import { nmse, randomGaussianF32 } from "../src/quant/index.ts";
 import { CommandPool } from "../src/vk/commands.ts";
@@ -155,6 +160,26 @@ describe("dec_attention_cm: a prompt chunk's attention in one dispatch", () => {
     console.log(`  prompt attention: worst NMSE ${worst.toExponential(2)} (bound ${BOUND}); one position off: least NMSE ${leastOffByOne.toExponential(2)}`);
     expect(worst).toBeLessThanOrEqual(BOUND);
     expect(leastOffByOne).toBeGreaterThan(BOUND);
+  });
+
+  test("the self-check (the emulation here; the real kernel where cooperative matrices are on) and where DecoderAttention takes the kernel", () => {
+    if (variants.length === 0) return;
+    const shape = { heads: 16, kvHeads: 2, headDim: 128 };
+    const pass = promptAttentionSelfCheck(device, shape, "emulated");
+    expect(pass.ok, pass.why).toBe(true);
+    // negative control: a bound no f16 product meets fails the check, saying why
+    const fail = promptAttentionSelfCheck(device, shape, "emulated", 1e-12);
+    expect(fail.ok).toBe(false);
+    expect(fail.why).toContain("failed its self-check");
+    const real = device.enabled.cooperativeMatrix ? promptAttentionSelfCheck(device, shape) : undefined;
+    console.log(`  prompt attention self-check: emulated NMSE ${pass.nmse.toExponential(2)}${real ? `; the real kernel: ${real.why}` : ""}`);
+    if (real) expect(real.ok, real.why).toBe(true);
+    using att = new DecoderAttention(device, { ...shape, maxBindings: 1, promptMatrixCores: { variant: variants[0]!, fromTokens: MAX_ATTENTION_TOKENS + 1 } });
+    expect([4, 64, 65, 512].map((S) => att.promptOnMatrixCores(S))).toEqual([false, false, true, true]);
+    expect(att.promptOnMatrixCores(65, true)).toBe(false); // batched calls keep their kernels
+    using none = new DecoderAttention(device, { ...shape, maxBindings: 1 });
+    expect(none.promptOnMatrixCores(512)).toBe(false);
+    expect(() => new DecoderAttention(device, { ...shape, promptMatrixCores: { variant: "emulated", fromTokens: 4 } })).toThrow(/fromTokens/);
   });
 
   test("refused: a call past the cache, a posIndex without positions, odd offsets", () => {

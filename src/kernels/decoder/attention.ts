@@ -65,6 +65,7 @@ import { uploadBytes } from "../../vk/transfer.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
 import { PromptAttentionKernel, promptAttentionShapeFor, type PromptAttentionBinding } from "./prompt-attention.ts";
+import { promptAttentionSelfCheck } from "./prompt-attention-check.ts";
 import type { QuantizedRows } from "./rmsnorm.ts";
 import { BATCH_WORDS, ROPE_MAX_POSITION } from "./rope-kv.ts";
 
@@ -103,6 +104,16 @@ export const PREFILL_SPANS = 16;
  * Prompt chunks take fewer (their workgroups walk several chunks, and there are enough of them).
  */
 const MAX_GROUP_ROWS = 32;
+/** Lines already written per device (a failed self-check says so once, not per graph). */
+const warned = new WeakMap<Device, Set<string>>();
+function warnOnce(device: Device, line: string): void {
+  let seen = warned.get(device);
+  if (!seen) warned.set(device, (seen = new Set()));
+  if (!seen.has(line)) {
+    seen.add(line);
+    console.error(line);
+  }
+}
 /** Partial records per row the combine pass merges at most. */
 const MAX_COMBINE_RECORDS = 4096;
 /** Decode pass-1 workgroups along x at most by default (each walks every grid-th chunk). */
@@ -348,6 +359,8 @@ export class DecoderAttention implements Disposable {
     if (this.sharedBytes(group, headDim, chunk) > device.info.limits.maxComputeSharedMemorySize) {
       throw new InvalidArgumentError(`chunk ${chunk} needs ${this.sharedBytes(group, headDim, chunk)} B of shared memory for one token (limit ${device.info.limits.maxComputeSharedMemorySize})`);
     }
+    const pm = options.promptMatrixCores;
+    if (pm && (!Number.isInteger(pm.fromTokens) || pm.fromTokens <= DECODE_ATTENTION_TOKENS)) throw new InvalidArgumentError(`promptMatrixCores.fromTokens must be an integer above ${DECODE_ATTENTION_TOKENS}, got ${pm.fromTokens}`);
     const ps = options.prefillShape ?? {};
     const rows = ps.rows ?? DEFAULT_PREFILL_ROWS, tile = ps.tile ?? DEFAULT_PREFILL_TILE;
     const pow2 = (x: number) => Number.isInteger(x) && x >= 1 && (x & (x - 1)) === 0;
@@ -403,11 +416,18 @@ export class DecoderAttention implements Disposable {
     });
     const decodeSets = this.decodePipeline ? 1 : 0;
     this.pool = new DescriptorPool(device, (2 + decodeSets) * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers + decodeSets * DEC_ATTENTION_DECODE.storageBuffers) * maxBindings);
-    const pm = options.promptMatrixCores;
     if (pm) {
-      if (!Number.isInteger(pm.fromTokens) || pm.fromTokens <= DECODE_ATTENTION_TOKENS) throw new InvalidArgumentError(`promptMatrixCores.fromTokens must be an integer above ${DECODE_ATTENTION_TOKENS}, got ${pm.fromTokens}`);
-      // where its tile does not fit, prompt chunks keep the passes above
-      if (promptAttentionShapeFor(device, headDim)) this.prompt = { kernel: new PromptAttentionKernel(device, { heads, kvHeads, headDim, matrixCores: pm.variant, maxBindings }), fromTokens: pm.fromTokens };
+      // where its tile does not fit, or the real kernel fails its self-check, prompt chunks keep the passes above
+      const check = pm.variant === true && promptAttentionShapeFor(device, headDim) ? promptAttentionSelfCheck(device, { heads, kvHeads, headDim }) : undefined;
+      if (check && !check.ok) warnOnce(device, `vkmoe: ${check.why}: prompt chunks' attention keeps the 64-query calls`);
+      if (promptAttentionShapeFor(device, headDim) && (!check || check.ok)) {
+        try {
+          this.prompt = { kernel: new PromptAttentionKernel(device, { heads, kvHeads, headDim, matrixCores: pm.variant, maxBindings }), fromTokens: pm.fromTokens };
+        } catch (e) {
+          this[Symbol.dispose]();  // what the constructor made so far
+          throw e;
+        }
+      }
     }
   }
 

@@ -10,10 +10,8 @@
 // products' inputs; the sums are f32), as llama.cpp's matrix-core GEMM does: |x| past 65504 would
 // overflow.
 //
-// The includer enables the extensions this needs first (GLSL takes them only before any
-// declaration: GL_EXT_control_flow_attributes, GL_NV_cooperative_matrix unless CM_EMULATE,
-// GL_KHR_memory_scope_semantics, GL_EXT_shader_explicit_arithmetic_types_float16,
-// GL_KHR_shader_subgroup_basic), declares BN (8, 16, 32 or 64) and defines, after including this:
+// The includer includes cm_extensions.glsl first (GLSL takes an #extension only before any
+// declaration), declares BN (8, 16, 32 or 64) and defines, after including this:
 //   void tileLoadW(uint u)            loads step u's weights of this thread's row (tile row t) into its registers
 //   void tileWeights(out float w[32]) the loaded step's 32 weights, in the step's column order
 //   uint tileXCol(uint u, uint v)     the first column of x vec4 v (0..7) of step u, in that order

@@ -23,13 +23,7 @@
 // BR rows of HEAD_DIM + 8), the K tile, then in its place the V tile (f16, BC rows), S (f32, BR rows
 // of BC + 4; pass 2 writes P as f16 over the start of each row, the row's one thread having read it
 // first); the O tile (f32, BR rows of HEAD_DIM + 4) reuses that space after the walk.
-#extension GL_EXT_control_flow_attributes : require
-#ifndef CM_EMULATE
-#extension GL_NV_cooperative_matrix : require
-#endif
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_shader_subgroup_basic : require
+#include "cm_extensions.glsl"
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint HEAD_DIM = 128u;  // 32, 64, 128 or 256

@@ -14,14 +14,7 @@
 // tile, work item y). Rows past O read row O - 1 and slots past the item's count read 0 (computed,
 // not stored).
 #extension GL_GOOGLE_include_directive : require
-// cm_slice_tile.glsl's extensions
-#extension GL_EXT_control_flow_attributes : require
-#ifndef CM_EMULATE
-#extension GL_NV_cooperative_matrix : require
-#endif
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_shader_subgroup_basic : require
+#include "cm_extensions.glsl"
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint FORMAT = 3u;  // GGML_FMT_* of this mode's matrices

@@ -12,14 +12,7 @@
 // by column blocks: pool/expert-layout.ts), 0 past the row's end. Bindings, push constants, work list and outputs are moe_rows.glsl's
 // (moe.glsl's float path), so the same descriptor sets fit; grid (row tiles, work items).
 #extension GL_GOOGLE_include_directive : require
-// cm_slice_tile.glsl's extensions
-#extension GL_EXT_control_flow_attributes : require
-#ifndef CM_EMULATE
-#extension GL_NV_cooperative_matrix : require
-#endif
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_shader_subgroup_basic : require
+#include "cm_extensions.glsl"
 
 layout(local_size_x = 128) in;
 layout(constant_id = 1) const bool GATEUP = true;

@@ -18,6 +18,13 @@
 // bounds: it halves what does not fit; the shape it ran is printed), GFLOP (QK^T and PV of the causal
 // positions) and TFLOP/s, and the general pass 1's time over each variant's.
 //   bun scripts/bench-attention.ts --prefill [--shape ...] [--chunk 32] [--rows 16,32,64] [--tile 16,32,64] [--half auto|on|off] [--threads 64,128,256]
+//
+// --long: a long prompt chunk as the graphs record it (--tokens each, default 512, its first token at
+// positions 0 and 3584 of a cache of 4096): the 64-query calls one after another (recordLong: the
+// prefill kernel and a combine each) against dec_attention_cm in one dispatch (recordPrompt; where
+// the device has cooperative matrices that pass the kernel's self-check), in the same run, with
+// GFLOP (QK^T and PV of the causal positions), TFLOP/s and the calls' time over the kernel's.
+//   bun scripts/bench-attention.ts --long [--shape ...] [--tokens 512,2048]
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { readConfig } from "../src/config.ts";
@@ -28,7 +35,7 @@ import { args, fail } from "./lib/cli.ts";
 import { readBandwidth } from "./lib/gpu-time.ts";
 
 const SCRIPT = "bench-attention";
-const USAGE = "usage: bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls N] [--layers N] [--reps N] [--prefill [--rows 16,32] [--tile 16,32] [--half auto|on|off] [--threads 128]]";
+const USAGE = "usage: bun scripts/bench-attention.ts [--shape all|30b|3.6] [--chunk 16,32,64] [--kernel all|decode|general] [--groups N] [--calls N] [--layers N] [--reps N] [--prefill [--rows 16,32] [--tile 16,32] [--half auto|on|off] [--threads 128]] [--long [--tokens 512]]";
 const SHAPES = {
   "30b": { label: "Qwen3-30B-A3B", heads: 32, kvHeads: 4, headDim: 128, gated: false },
   "3.6": { label: "Qwen3.6-like", heads: 16, kvHeads: 2, headDim: 256, gated: true },
@@ -39,6 +46,9 @@ const POINTS = [[8192, 576], [8192, 4096], [32768, 576]] as const;
 const PREFILL_S = 64;
 const PREFILL_CACHE = 8192;
 const PREFILL_POSITIONS = [576, 4096] as const;
+/** --long: the cache and the chunk's first token's positions. */
+const LONG_CACHE = 4096;
+const LONG_POSITIONS = [0, 3584] as const;
 
 const chunkList = z.string().regex(/^\d+(,\d+)*$/, "a comma-separated list of integers").transform((s) => s.split(",").map(Number))
   .refine((l) => l.every((c) => c >= 1 && c <= 1024), "chunks must be in 1..1024");
@@ -47,7 +57,7 @@ const pow2List = (what: string, lo: number, hi: number) =>
     .refine((l) => l.every((x) => x >= lo && x <= hi && (x & (x - 1)) === 0), `${what} must be powers of two in ${lo}..${hi}`);
 let flags: {
   shape: "all" | "30b" | "3.6"; chunk: number[]; kernel: "all" | "decode" | "general"; groups: number; calls: number; layers: number; reps: number;
-  prefill: boolean; rows: number[]; tile: number[]; half: "auto" | "on" | "off"; threads?: number[];
+  prefill: boolean; rows: number[]; tile: number[]; half: "auto" | "on" | "off"; threads?: number[]; long: boolean; tokens: number[];
 };
 try {
   const { values } = parseArgs({
@@ -55,6 +65,7 @@ try {
     options: {
       shape: { type: "string" }, chunk: { type: "string" }, kernel: { type: "string" }, groups: { type: "string" }, calls: { type: "string" }, layers: { type: "string" }, reps: { type: "string" },
       prefill: { type: "boolean" }, rows: { type: "string" }, tile: { type: "string" }, half: { type: "string" }, threads: { type: "string" },
+      long: { type: "boolean" }, tokens: { type: "string" },
     },
   });
   const parsed = z.object({
@@ -70,6 +81,9 @@ try {
     tile: pow2List("tiles", 8, 256).default([DEFAULT_PREFILL_TILE]),
     half: z.enum(["auto", "on", "off"]).default("auto"),
     threads: pow2List("threads", 32, 1024).optional(),
+    long: z.boolean().default(false),
+    tokens: z.string().regex(/^\d+(,\d+)*$/, "a comma-separated list of integers").transform((t) => t.split(",").map(Number))
+      .refine((l) => l.every((x) => x > 64 && x <= LONG_CACHE - LONG_POSITIONS[1]), `tokens must be in 65..${LONG_CACHE - LONG_POSITIONS[1]}`).default([512]),
   }).safeParse(values);
   if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
   flags = parsed.data;
@@ -253,5 +267,52 @@ function prefillTable(): void {
   }
 }
 
-if (flags.prefill) prefillTable();
+/** --long: the long chunk's table (see the header). */
+function longTable(): void {
+  const cacheLen = LONG_CACHE;
+  const cm = device.enabled.cooperativeMatrix;
+  console.log(`long prompt-chunk attention, S from a host-written position, cache ${cacheLen}, ${flags.calls} calls over ${flags.layers} caches, each then a barrier; median of ${flags.reps}${cm ? "" : `; dec_attention_cm not run: cooperative matrices not enabled on ${device.info.name}`}`);
+  console.log("| shape | tokens | position | kernel | µs/call | GFLOP | TFLOP/s | 64-query calls / this |");
+  console.log("|---|---:|---:|---|---:|---:|---:|---:|");
+  for (const name of shapes) {
+    const { label, heads: H, kvHeads: KV, headDim: hd } = SHAPES[name];
+    using caches = randomCaches(cacheLen * KV * hd * 2);
+    const { keys, values } = caches;
+    const maxS = Math.max(...flags.tokens);
+    using q = new Buffer(device, { size: BigInt(4 * maxS * H * hd), memory: "device" });
+    uploadBytes(device, q, 0n, randomHalves(maxS * H * hd, 99)); // any finite floats
+    using out = new Buffer(device, { size: BigInt(4 * maxS * H * hd), memory: "device" });
+    using positions = new Buffer(device, { size: 4n * 128n, memory: "upload" });
+    const word = new Uint32Array(positions.host(), 0, 1);
+    for (const onCores of cm ? [false, true] : [false]) {
+      using op = new DecoderAttention(device, {
+        heads: H, kvHeads: KV, headDim: hd, chunk: 32, workgroupSize: 128, maxBindings: flags.layers, ...(onCores && { promptMatrixCores: { variant: true, fromTokens: 65 } }),
+      });
+      if (onCores && !op.promptOnMatrixCores(maxS)) {
+        console.log(`| ${label} | - | - | dec_attention_cm | not run: its tile or its self-check failed on this device | - | - | - |`);
+        continue;
+      }
+      using partials = new Buffer(device, { size: BigInt(op.partialBytesUpTo(cacheLen)), memory: "device" });
+      const bindings = keys.map((k, l) => op.bind({ q, keys: k, values: values[l]!, partials, out, positions }));
+      for (const S of flags.tokens) {
+        for (const position of LONG_POSITIONS) {
+          word[0] = position; // token t at position + t sees position + t + 1 positions
+          const call = { S, maxPositions: cacheLen };
+          const us = time((cb, i) => (onCores ? op.recordPrompt(cb, bindings[i % flags.layers]!, call) : op.recordLong(cb, bindings[i % flags.layers]!, call)));
+          let seen = 0;
+          for (let t = 0; t < S; t++) seen += position + t + 1;
+          const gflop = (4 * H * hd * seen) / 1e9;
+          const key = `${name}/${S}/${position}`;
+          if (!onCores) longBase.set(key, us);
+          const ratio = onCores && longBase.has(key) ? `${(longBase.get(key)! / us).toFixed(2)}x` : "-";
+          console.log(`| ${label} | ${S} | ${position} | ${onCores ? "dec_attention_cm" : "64-query calls"} | ${us.toFixed(1)} | ${gflop.toFixed(2)} | ${(gflop / (us * 1e-6) / 1e3).toFixed(2)} | ${ratio} |`);
+        }
+      }
+    }
+  }
+}
+const longBase = new Map<string, number>();
+
+if (flags.long) longTable();
+else if (flags.prefill) prefillTable();
 else decodeTables();

@@ -6,10 +6,14 @@
  * pool's) and a random qwen3.5-tiny Q4_0 file (3 linear layers, 1 full), a 150-token prompt (a 128-token chunk, then 22) and 4
  * greedy steps, against the CPU decoder on the same file (f16 KV cache): every step's logits
  * within NMSE 1e-6 (the float path: VKMOE_IDP=off), greedy ids equal where the CPU's margin is
- * >= 0.01; and against the same file at 64-token chunks. Validation layer on.
+ * >= 0.01; and against the same file at 64-token chunks; a third run at 128 with the chunks'
+ * attention on dec_attention_cm's emulation (VKMOE_ATTENTION_COOPMAT=emulated) within the same
+ * bound (negative control by hand, 2026-12-07: its causal mask one key wider failed the Q4_K_M file).
+ * Validation layer on.
  * The prefill plan (src/moe/prefill-plan.ts) on this device: "auto" takes 512-token chunks and the
  * matrix-core experts from CM_EXPERTS_MIN_TOKENS tokens only where the device has cooperative
- * matrices that pass the self-check, else 64-token chunks; explicit chunks are taken as given.
+ * matrices that pass the self-check, else 64-token chunks; explicit chunks are taken as given; the
+ * attention kernel for chunks of more than 64 tokens under auto, more than 4 with on or emulated.
  * Negative controls (by hand, Lavapipe, 2026-12-07): every attention sub-chunk seeing the first's
  * positions (n = 1) failed both Qwen3 files; the delta rule's later sub-chunks reading the first's
  * decay inputs (a not offset) failed the Qwen3.5 file; the plan's "auto" taking 512-token chunks
@@ -25,7 +29,7 @@ import { Model } from "../src/model/model.ts";
 import { qwen3TokenizerFiles, writeRandomModel } from "../src/model/random-gguf.ts";
 import { shapeByName } from "../src/model/shapes.ts";
 import { nmse } from "../src/quant/metrics.ts";
-import { CM_EXPERTS_MIN_TOKENS, cmSlotsFor, prefillPlan } from "../src/moe/prefill-plan.ts";
+import { attentionOnMatrixCores, CM_EXPERTS_MIN_TOKENS, cmSlotsFor, prefillPlan } from "../src/moe/prefill-plan.ts";
 import { processEnv } from "./support/graph-switches.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { top } from "./support/logits.ts";
@@ -94,7 +98,7 @@ describe("prompt chunks of 128 tokens in the graphs (VKMOE_PREFILL_CHUNK=128)", 
   }
 });
 
-test("the prefill plan: 512-token chunks and the matrix-core experts only where the matrix cores pass, else 64; explicit chunks as given", () => {
+test("the prefill plan: 512-token chunks and the matrix-core experts only where the matrix cores pass, else 64; explicit chunks as given; where the attention kernel runs", () => {
   const ctx = openTestContext();
   try {
     const device = ctx.device;
@@ -104,6 +108,11 @@ test("the prefill plan: 512-token chunks and the matrix-core experts only where 
     expect(prefillPlan(device, readConfig({ VKMOE_PREFILL_CHUNK: "128" }))).toEqual({ chunk: 128, expertsOnMatrixCoresFrom: cm ? CM_EXPERTS_MIN_TOKENS : undefined });
     expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "off" }))).toEqual({ chunk: 64, expertsOnMatrixCoresFrom: undefined });
     expect(prefillPlan(device, readConfig({ VKMOE_MOE_COOPMAT: "on", VKMOE_PREFILL_CHUNK: "256" }))).toEqual({ chunk: 256, expertsOnMatrixCoresFrom: cm ? 1 : undefined });
+    // the attention's matrix-core kernel: chunks of more than 64 tokens under auto, of more than 4 with on, never with off
+    expect(attentionOnMatrixCores(device, readConfig({}))).toEqual(cm ? { variant: true, fromTokens: 65 } : undefined);
+    expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "on" }))).toEqual(cm ? { variant: true, fromTokens: 5 } : undefined);
+    expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "off" }))).toBeUndefined();
+    expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "emulated" }))).toEqual({ variant: "emulated", fromTokens: 5 });
     // the matrix-core experts' slots a tile, by the chunk
     expect([64, 128, 256, 512].map(cmSlotsFor)).toEqual([8, 16, 32, 32]);
     console.log(`  ${device.info.name}: cooperative matrices ${cm ? "on" : "off"}; auto plan ${JSON.stringify(auto)}`);

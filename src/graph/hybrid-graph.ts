@@ -534,7 +534,7 @@ export class HybridGraph implements Disposable {
           op("q/k norms + partial rope + kv append");
           cb.barrier("computeToCompute");
         }
-        // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass (the binding's gate)
+        // the output gate (attn *= sigmoid(gate)) is applied by the attention's combine pass, or by dec_attention_cm (the binding's gate)
         // o_proj reads the combine's quantized rows where it takes the integer-dot path
         // (dec_attention_cm writes none: o_proj quantizes its rows itself after it)
         const onCores = state.attention.promptOnMatrixCores(S, batched);

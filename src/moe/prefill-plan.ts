@@ -1,7 +1,8 @@
 /**
  * How a prompt is cut into replays and where its experts and attention run: the Qwen3-MoE graph's
- * prompt chunk (VKMOE_PREFILL_CHUNK), the experts' matrix-core kernels (VKMOE_MOE_COOPMAT: moe_ggml_cm,
- * moe_pool_cm) and the attention's (VKMOE_ATTENTION_COOPMAT: dec_attention_cm). Measured on the H100 (2026-12-07, README "Measured figures"): the matrix-core
+ * prompt chunk (VKMOE_PREFILL_CHUNK), the experts' matrix-core kernels (VKMOE_MOE_COOPMAT:
+ * moe_ggml_cm, moe_pool_cm) and the attention's (VKMOE_ATTENTION_COOPMAT: dec_attention_cm).
+ * Measured on the H100 (2026-12-07, README "Measured figures"): the matrix-core
  * experts are 0.6x the integer-dot ones at a 64-token chunk's few slots an expert, 1.5x at 256 tokens
  * and 2x at 512; so "auto" runs them for calls of CM_EXPERTS_MIN_TOKENS tokens or more, and takes
  * 512-token chunks where they run (8-layer files' prefill 1.4-1.5x that of 64-token chunks).

@@ -113,6 +113,9 @@ test("the prefill plan: 512-token chunks and the matrix-core experts only where 
     expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "on" }))).toEqual(cm ? { variant: true, fromTokens: 5 } : undefined);
     expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "off" }))).toBeUndefined();
     expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "emulated" }))).toEqual({ variant: "emulated", fromTokens: 5 });
+    // a graph of 64-token chunks never takes it under auto
+    expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "emulated" }), 64)).toEqual({ variant: "emulated", fromTokens: 5 });
+    expect(attentionOnMatrixCores(device, readConfig({}), 64)).toBeUndefined();
     // the matrix-core experts' slots a tile, by the chunk
     expect([64, 128, 256, 512].map(cmSlotsFor)).toEqual([8, 16, 32, 32]);
     console.log(`  ${device.info.name}: cooperative matrices ${cm ? "on" : "off"}; auto plan ${JSON.stringify(auto)}`);

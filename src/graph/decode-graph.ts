@@ -454,7 +454,8 @@ export function openSequenceCache(graph: DecodeGraph, sequences: number, ctx: nu
   // default shape: the same bits); VKMOE_ROPE_FOLD=off keeps the separate step (from the process env,
   // as LinearKernels' integer-dot decision)
   const env = readConfig();
-  const promptMatrixCores = attentionOnMatrixCores(device, env);
+  // only where the graph's chunks reach it (its self-check and pipeline cost the load time otherwise)
+  const promptMatrixCores = attentionOnMatrixCores(device, env, graph.maxTokens);
   const attention = owned.use(new DecoderAttention(device, {
     heads: H, kvHeads: KV, headDim: hd, maxBindings: cfg.layers, ropeFold: env.VKMOE_ROPE_FOLD !== "off", combineTail: env.VKMOE_COMBINE_TAIL !== "off", ...shape, ...(promptMatrixCores && { promptMatrixCores }),
   }));

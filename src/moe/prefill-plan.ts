@@ -10,6 +10,7 @@
 import type { VkmoeEnv } from "../config.ts";
 import { DECODE_ATTENTION_TOKENS, MAX_ATTENTION_TOKENS } from "../kernels/decoder/attention.ts";
 import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
+import { CHUNK_MAX_TOKENS } from "./routing.ts";
 import type { Device } from "../vk/device.ts";
 
 /** Calls of at least this many tokens run their experts on the matrix cores under VKMOE_MOE_COOPMAT=auto. */
@@ -39,13 +40,16 @@ export function prefillPlan(device: Device, env: VkmoeEnv): PrefillPlan {
  * Where a prompt chunk's attention runs dec_attention_cm (VKMOE_ATTENTION_COOPMAT): its variant and
  * the fewest tokens a chunk takes there; undefined: nowhere (no matrix cores that pass the
  * self-check, or "off"). "auto": chunks longer than 64 tokens (those that otherwise run 64 queries
- * at a time, one call after another); "on" and "emulated": every chunk of more than 4.
+ * at a time, one call after another); "on" and "emulated": every chunk of more than 4; nowhere in a
+ * graph whose chunks (maxTokens) are all shorter than that.
  */
-export function attentionOnMatrixCores(device: Device, env: VkmoeEnv): { variant: true | "emulated"; fromTokens: number } | undefined {
+export function attentionOnMatrixCores(device: Device, env: VkmoeEnv, maxTokens = CHUNK_MAX_TOKENS): { variant: true | "emulated"; fromTokens: number } | undefined {
   const mode = env.VKMOE_ATTENTION_COOPMAT;
-  if (mode === "emulated") return { variant: "emulated", fromTokens: DECODE_ATTENTION_TOKENS + 1 };
-  if (mode === "off" || !device.enabled.cooperativeMatrix || !matrixCoresPass(device)) return undefined;
-  return { variant: true, fromTokens: (mode === "on" ? DECODE_ATTENTION_TOKENS : MAX_ATTENTION_TOKENS) + 1 };
+  const fromTokens = (mode === "auto" ? MAX_ATTENTION_TOKENS : DECODE_ATTENTION_TOKENS) + 1;
+  // a graph whose chunks never reach fromTokens: nowhere
+  if (mode === "off" || maxTokens < fromTokens) return undefined;
+  if (mode === "emulated") return { variant: "emulated", fromTokens };
+  return device.enabled.cooperativeMatrix && matrixCoresPass(device) ? { variant: true, fromTokens } : undefined;
 }
 
 /** The matrix-core experts' slots a tile for calls of up to `tokens` tokens (bench:moe-ggml, H100: 32 the fastest at 256 and 512 tokens, 8 at 64). */

@@ -1,5 +1,5 @@
 /**
- * The benchmark and profiling scripts the README's and docs/measurements.md's figures come from run
+ * The benchmark, profiling and checking scripts the README's and docs/measurements.md's figures come from run
  * to the end on this driver with their smallest options, and print every row they promise: a script
  * broken by a change elsewhere is caught here, not in the next session on a borrowed GPU. Their
  * figures on a CPU device (Lavapipe in CI) mean nothing and are not checked; the K-quant model is
@@ -72,6 +72,25 @@ describe("benchmark scripts run to the end", () => {
     expect(code).not.toBe(0);
     expect(out).toContain("--llama-bench: no file /nonexistent/llama-bench");
     expect(out).not.toContain("    at ");
+  }, SCRIPT_TIMEOUT_MS);
+
+  test("bench:attention --long: the 64-query calls' rows (dec_attention_cm's where the device has cooperative matrices)", () => {
+    const { code, out } = script(["scripts/bench-attention.ts", "--long", "--shape", "30b", "--tokens", "65", "--calls", "1", "--layers", "1", "--reps", "1"]);
+    expect(code).toBe(0);
+    expect(out).toMatch(/\| Qwen3-30B-A3B \| 65 \| 0 \| 64-query calls \| +[\d.]+ \|/);
+    expect(out).toMatch(/\| Qwen3-30B-A3B \| 65 \| 3584 \| 64-query calls \| +[\d.]+ \|/);
+    expect(out).toMatch(/dec_attention_cm not run: cooperative matrices not enabled|\| dec_attention_cm \|/);
+  }, SCRIPT_TIMEOUT_MS);
+
+  test("check:gpu on a K-quant file: within its bound (exit 0), and exit 1 past a bound no rounding meets", () => {
+    const args = ["scripts/check-gpu.ts", "--model", KQUANT, "--prompt", "70", "--steps", "2"];
+    const pass = script(args, { VKMOE_GRAPH: "on" });
+    expect(pass.code, pass.out).toBe(0);
+    expect(pass.out).toMatch(/prompt of 70: NMSE [\d.e+-]+, top id GPU \d+ CPU \d+/);
+    expect(pass.out).toMatch(/worst NMSE [\d.e+-]+ \(bound 0\.01\), top ids differ at \d of 3; VKMOE_GRAPH=on/);
+    const fail = script([...args, "--bound", "1e-30"], { VKMOE_GRAPH: "on" });
+    expect(fail.code).toBe(1);
+    expect(fail.out).toContain("(bound 1e-30)");
   }, SCRIPT_TIMEOUT_MS);
 
   test("bench:generate on a K-quant file without llama.cpp: the prefill and decode rows", () => {

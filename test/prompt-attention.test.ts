@@ -182,7 +182,7 @@ describe("dec_attention_cm: a prompt chunk's attention in one dispatch", () => {
     expect(() => new DecoderAttention(device, { ...shape, promptMatrixCores: { variant: "emulated", fromTokens: 4 } })).toThrow(/fromTokens/);
   });
 
-  test("refused: a call past the cache, a posIndex without positions, odd offsets", () => {
+  test("refused: a call past the cache or the buffers, a posIndex without positions, odd offsets", () => {
     if (variants.length === 0) return;
     const c = cases[0]!;
     const kernel = kernelFor(c, variants[0]!);
@@ -194,6 +194,8 @@ describe("dec_attention_cm: a prompt chunk's attention in one dispatch", () => {
     expect(() => kernel.record(cb, binding, { n: 1, S: 8, maxPositions: 8, posIndex: 0 })).toThrow(/posIndex needs/);
     expect(() => kernel.record(cb, binding, { n: 1, S: 8, maxPositions: 8, qOffset: 2 })).toThrow(/qOffset/);
     expect(() => kernel.record(cb, binding, { n: 1, S: 8, maxPositions: 8, gateOffset: 0 })).toThrow(/gate buffer/);
+    // a call past the bound buffers (4096 B: 8 tokens of 16 x 128 floats need 65536)
+    expect(() => kernel.record(cb, binding, { n: 1, S: 8, maxPositions: 8 })).toThrow(/the q buffer \(4096 B\) is shorter/);
     cb.end();
   });
 });

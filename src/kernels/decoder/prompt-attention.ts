@@ -71,6 +71,8 @@ export interface PromptAttentionBuffers {
 
 export interface PromptAttentionBinding {
   readonly set: bigint;
+  /** The buffers' sizes, checked against each call's reach. */
+  readonly buffers: Readonly<PromptAttentionBuffers>;
   readonly positions?: Buffer;
   readonly gate?: Buffer;
 }
@@ -124,7 +126,7 @@ export class PromptAttentionKernel implements Disposable {
   bind(b: PromptAttentionBuffers): PromptAttentionBinding {
     // q stands in for a missing positions or gate buffer (never read: its flag is clear)
     const set = this.pool.allocate(this.pipeline, [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.out }, { buffer: b.positions ?? b.q }, { buffer: b.gate ?? b.q }]);
-    return { set, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }) };
+    return { set, buffers: { ...b }, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }) };
   }
 
   /** Records the call's one dispatch; the caller orders the q and cache writes before it and the reads of out after. */
@@ -146,6 +148,15 @@ export class PromptAttentionKernel implements Disposable {
       if (!Number.isInteger(v) || v < 0 || v % 4 !== 0) throw new InvalidArgumentError(`${name} must be a non-negative multiple of 4 floats, got ${v}`);
     }
     if (call.gateOffset !== undefined && !binding.gate) throw new InvalidArgumentError("gateOffset needs a binding with a gate buffer");
+    // what the call reads and writes, against the bound buffers (bytes)
+    const rows = S * heads * headDim, cache = 2 * (cacheOffset + maxPositions * kvHeads * headDim);
+    const b = binding.buffers;
+    for (const [name, buffer, bytes] of [
+      ["q", b.q, 4 * (qOffset + rows)], ["out", b.out, 4 * (outOffset + rows)], ["keys", b.keys, cache], ["values", b.values, cache],
+      ...(b.gate ? [["gate", b.gate, 4 * (gateOffset + rows)] as const] : []),
+    ] as const) {
+      if (BigInt(bytes) > buffer.size) throw new InvalidArgumentError(`the ${name} buffer (${buffer.size} B) is shorter than the ${bytes} B the call reaches`);
+    }
     const tokens = this.shape.rows / this.group;
     const groups = Math.ceil(S / tokens);
     if (groups > this.device.info.limits.maxComputeWorkGroupCount[0]!) throw new InvalidArgumentError(`${S} tokens need ${groups} workgroups, past maxComputeWorkGroupCount[0]`);

@@ -10,7 +10,7 @@
 // O stays in the matrix accumulators for the whole walk: they cannot be scaled row by row (the
 // online softmax's rescale), so the walk runs twice: pass 1 forms only the scores, for each row's
 // max m and sum l (one thread a row, the running sum rescaled as the max grows), and pass 2
-// forms them again with P = exp(S - m) and the values. The scores' products cost a third more;
+// forms them again with P = exp(S - m) and the values: half again as many matrix products, and
 // the values' sums are never rescaled. At the end out = O / l, times sigmoid(gate) with flags
 // bit 1 (Qwen3.5's output gate, as dec_attention_combine's), written [S][heads][HEAD_DIM] f32.
 //

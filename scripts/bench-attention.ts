@@ -271,6 +271,7 @@ function prefillTable(): void {
 function longTable(): void {
   const cacheLen = LONG_CACHE;
   const cm = device.enabled.cooperativeMatrix;
+  const longBase = new Map<string, number>();  // the 64-query calls' µs by shape, tokens and position
   console.log(`long prompt-chunk attention, S from a host-written position, cache ${cacheLen}, ${flags.calls} calls over ${flags.layers} caches, each then a barrier; median of ${flags.reps}${cm ? "" : `; dec_attention_cm not run: cooperative matrices not enabled on ${device.info.name}`}`);
   console.log("| shape | tokens | position | kernel | µs/call | GFLOP | TFLOP/s | 64-query calls / this |");
   console.log("|---|---:|---:|---|---:|---:|---:|---:|");
@@ -311,7 +312,6 @@ function longTable(): void {
     }
   }
 }
-const longBase = new Map<string, number>();
 
 if (flags.long) longTable();
 else if (flags.prefill) prefillTable();

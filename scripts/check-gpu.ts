@@ -63,6 +63,7 @@ try {
 } catch (e) {
   fail(SCRIPT, (e as Error).message);
 }
-const settings = Object.entries(env).filter(([k, v]) => k.startsWith("VKMOE_") && v !== readConfig({})[k as keyof typeof env]).map(([k, v]) => `${k}=${v}`).join(" ");
+const defaults = readConfig({});
+const settings = Object.entries(env).filter(([k, v]) => k.startsWith("VKMOE_") && v !== defaults[k as keyof typeof env]).map(([k, v]) => `${k}=${v}`).join(" ");
 console.log(`worst NMSE ${worst.toExponential(2)} (bound ${flags.bound}), top ids differ at ${disagreements} of ${flags.steps + 1}${settings ? `; ${settings}` : ""}`);
 exit(worst <= flags.bound ? 0 : 1);

@@ -116,6 +116,7 @@ test("the prefill plan: 512-token chunks and the matrix-core experts only where 
     // a graph of 64-token chunks never takes it under auto
     expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "emulated" }), 64)).toEqual({ variant: "emulated", fromTokens: 5 });
     expect(attentionOnMatrixCores(device, readConfig({}), 64)).toBeUndefined();
+    expect(attentionOnMatrixCores(device, readConfig({ VKMOE_ATTENTION_COOPMAT: "emulated" }), 4)).toBeUndefined(); // chunks of at most 4 tokens never take it
     // the matrix-core experts' slots a tile, by the chunk
     expect([64, 128, 256, 512].map(cmSlotsFor)).toEqual([8, 16, 32, 32]);
     console.log(`  ${device.info.name}: cooperative matrices ${cm ? "on" : "off"}; auto plan ${JSON.stringify(auto)}`);

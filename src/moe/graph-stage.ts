@@ -170,6 +170,11 @@ export class QuantGraphStage implements MoeGraphStage {
   private readonly h: Buffer;
   private readonly ypair: Buffer;
   private readonly quantized: { xq: Buffer; xscale: Buffer; xsum: Buffer } | undefined;
+  /**
+   * quantize_act over x: GpuLayer's push with this stage's tokens (the per-layer call's say 64: a
+   * longer prompt chunk's later tokens were left unquantized, their gate+up read stale rows).
+   */
+  private readonly quantizeX: Uint32Array | undefined;
   /** quantize_act over h (the integer-dot down's input): push I, slots, groups a row, offset 0, xq words a row; threads a slot. */
   private readonly quantizeH: { push: Uint32Array; threadsPerSlot: number } | undefined;
   private readonly descriptors: DescriptorPool;
@@ -226,6 +231,8 @@ export class QuantGraphStage implements MoeGraphStage {
       const words = Math.max(S * Math.ceil(D / 16) * 4, slots * Math.ceil(I / 16) * 4);
       const groups = Math.max(S * Math.ceil(D / gs), slots * Math.ceil(I / gs));
       this.quantized = { xq: buf(4 * words), xscale: buf(4 * groups), xsum: buf(4 * groups) };
+      this.quantizeX = layer.pushQuantize.slice();
+      this.quantizeX[1] = S;
       if (p.downIdp) this.quantizeH = { push: new Uint32Array([I, slots, Math.ceil(I / gs), 0, Math.ceil(I / 16) * 4]), threadsPerSlot: Math.ceil(I / gs) * (gs / 4) };
     }
     // The fused kernel's count and sums start at 0 (its last workgroup zeroes them again); the
@@ -422,11 +429,7 @@ export class QuantGraphStage implements MoeGraphStage {
     }
     let i = 0;
     if (p.quantize) {
-      // the call's S, not the per-layer call's (GpuLayer pushes MAX_TOKENS, its buffers' tokens: a
-      // longer prompt chunk's later tokens were left unquantized, their gate+up read stale rows)
-      const push = L.pushQuantize.slice();
-      push[1] = S;
-      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, push).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP));
+      cb.bind(p.quantize, sets[i++]!).pushConstants(p.quantize, this.quantizeX!).dispatch(Math.ceil((S * L.quantizeThreadsPerToken) / QUANTIZE_WORKGROUP));
       mark("quantize x");
       cb.barrier("computeToCompute");
     }

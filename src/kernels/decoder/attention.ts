@@ -65,7 +65,7 @@ import { uploadBytes } from "../../vk/transfer.ts";
 import { ComputePipeline } from "../../vk/pipeline.ts";
 import { shaderFile } from "../shaders.ts";
 import { PromptAttentionKernel, promptAttentionShapeFor, type PromptAttentionBinding } from "./prompt-attention.ts";
-import { promptAttentionSelfCheck } from "./prompt-attention-check.ts";
+import { promptAttentionPasses } from "./prompt-attention-check.ts";
 import type { QuantizedRows } from "./rmsnorm.ts";
 import { BATCH_WORDS, ROPE_MAX_POSITION } from "./rope-kv.ts";
 
@@ -104,16 +104,6 @@ export const PREFILL_SPANS = 16;
  * Prompt chunks take fewer (their workgroups walk several chunks, and there are enough of them).
  */
 const MAX_GROUP_ROWS = 32;
-/** Lines already written per device (a failed self-check says so once, not per graph). */
-const warned = new WeakMap<Device, Set<string>>();
-function warnOnce(device: Device, line: string): void {
-  let seen = warned.get(device);
-  if (!seen) warned.set(device, (seen = new Set()));
-  if (!seen.has(line)) {
-    seen.add(line);
-    console.error(line);
-  }
-}
 /** Partial records per row the combine pass merges at most. */
 const MAX_COMBINE_RECORDS = 4096;
 /** Decode pass-1 workgroups along x at most by default (each walks every grid-th chunk). */
@@ -418,9 +408,7 @@ export class DecoderAttention implements Disposable {
     this.pool = new DescriptorPool(device, (2 + decodeSets) * maxBindings, (DEC_ATTENTION.storageBuffers + DEC_ATTENTION_COMBINE.storageBuffers + decodeSets * DEC_ATTENTION_DECODE.storageBuffers) * maxBindings);
     if (pm) {
       // where its tile does not fit, or the real kernel fails its self-check, prompt chunks keep the passes above
-      const check = pm.variant === true && promptAttentionShapeFor(device, headDim) ? promptAttentionSelfCheck(device, { heads, kvHeads, headDim }) : undefined;
-      if (check && !check.ok) warnOnce(device, `vkmoe: ${check.why}: prompt chunks' attention keeps the 64-query calls`);
-      if (promptAttentionShapeFor(device, headDim) && (!check || check.ok)) {
+      if (promptAttentionShapeFor(device, headDim) && (pm.variant !== true || promptAttentionPasses(device, { heads, kvHeads, headDim }))) {
         try {
           this.prompt = { kernel: new PromptAttentionKernel(device, { heads, kvHeads, headDim, matrixCores: pm.variant, maxBindings }), fromTokens: pm.fromTokens };
         } catch (e) {

@@ -26,7 +26,11 @@ export interface PromptAttentionCheck {
 
 const verdicts = new WeakMap<Device, Map<string, PromptAttentionCheck>>();
 
-/** Causal attention of S tokens from position 0 in f64: q [S][heads][hd], keys / values [S][kvHeads][hd]. */
+/**
+ * Causal attention of S tokens from position 0 in f64: q [S][heads][hd], keys / values [S][kvHeads][hd]
+ * (model/ops.ts attendCpu's sums; its own here, as coopmat-check.ts takes quant's reference: the
+ * kernels do not import the model layer).
+ */
 function reference(q: Float32Array, k: Float32Array, v: Float32Array, S: number, heads: number, kvHeads: number, hd: number): Float32Array {
   const out = new Float32Array(S * heads * hd), G = heads / kvHeads, scale = 1 / Math.sqrt(hd);
   const w = new Float64Array(S), acc = new Float64Array(hd);
@@ -91,4 +95,18 @@ export function promptAttentionSelfCheck(
     m.set(key, verdict);
   }
   return verdict;
+}
+
+const warned = new WeakMap<Device, Set<string>>();
+
+/** The check's verdict for the real kernel at this shape, with one line on stderr the first time it fails on this device. */
+export function promptAttentionPasses(device: Device, shape: { heads: number; kvHeads: number; headDim: number }): boolean {
+  const check = promptAttentionSelfCheck(device, shape);
+  let seen = warned.get(device);
+  if (!seen) warned.set(device, (seen = new Set()));
+  if (!check.ok && !seen.has(check.why)) {
+    seen.add(check.why);
+    console.error(`vkmoe: ${check.why}: prompt chunks' attention keeps the 64-query calls`);
+  }
+  return check.ok;
 }

@@ -71,10 +71,8 @@ export interface PromptAttentionBuffers {
 
 export interface PromptAttentionBinding {
   readonly set: bigint;
-  /** The buffers' sizes, checked against each call's reach. */
+  /** What the set binds (a call's reach is checked against their sizes). */
   readonly buffers: Readonly<PromptAttentionBuffers>;
-  readonly positions?: Buffer;
-  readonly gate?: Buffer;
 }
 
 export interface PromptAttentionCall {
@@ -126,7 +124,7 @@ export class PromptAttentionKernel implements Disposable {
   bind(b: PromptAttentionBuffers): PromptAttentionBinding {
     // q stands in for a missing positions or gate buffer (never read: its flag is clear)
     const set = this.pool.allocate(this.pipeline, [{ buffer: b.q }, { buffer: b.keys }, { buffer: b.values }, { buffer: b.out }, { buffer: b.positions ?? b.q }, { buffer: b.gate ?? b.q }]);
-    return { set, buffers: { ...b }, ...(b.positions && { positions: b.positions }), ...(b.gate && { gate: b.gate }) };
+    return { set, buffers: { ...b } };
   }
 
   /** Records the call's one dispatch; the caller orders the q and cache writes before it and the reads of out after. */
@@ -138,8 +136,9 @@ export class PromptAttentionKernel implements Disposable {
     if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
     if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`n must be a positive integer, got ${n}`);
     if (!Number.isInteger(maxPositions) || maxPositions < n + S - 1 || maxPositions > 0xffffffff) throw new InvalidArgumentError(`maxPositions ${maxPositions} must be an integer in n + S - 1 (${n + S - 1})..2^32-1`);
-    if (binding.positions) {
-      if (!Number.isInteger(posIndex) || posIndex < 0 || BigInt(4 * (posIndex + 1)) > binding.positions.size) throw new InvalidArgumentError(`posIndex ${posIndex} is outside the positions buffer (${binding.positions.size} B)`);
+    const b = binding.buffers;
+    if (b.positions) {
+      if (!Number.isInteger(posIndex) || posIndex < 0 || BigInt(4 * (posIndex + 1)) > b.positions.size) throw new InvalidArgumentError(`posIndex ${posIndex} is outside the positions buffer (${b.positions.size} B)`);
     } else if (call.posIndex !== undefined) {
       throw new InvalidArgumentError("posIndex needs a binding with a positions buffer");
     }
@@ -147,10 +146,9 @@ export class PromptAttentionKernel implements Disposable {
     for (const [name, v] of [["qOffset", qOffset], ["outOffset", outOffset], ["gateOffset", gateOffset]] as const) {
       if (!Number.isInteger(v) || v < 0 || v % 4 !== 0) throw new InvalidArgumentError(`${name} must be a non-negative multiple of 4 floats, got ${v}`);
     }
-    if (call.gateOffset !== undefined && !binding.gate) throw new InvalidArgumentError("gateOffset needs a binding with a gate buffer");
+    if (call.gateOffset !== undefined && !b.gate) throw new InvalidArgumentError("gateOffset needs a binding with a gate buffer");
     // what the call reads and writes, against the bound buffers (bytes)
     const rows = S * heads * headDim, cache = 2 * (cacheOffset + maxPositions * kvHeads * headDim);
-    const b = binding.buffers;
     for (const [name, buffer, bytes] of [
       ["q", b.q, 4 * (qOffset + rows)], ["out", b.out, 4 * (outOffset + rows)], ["keys", b.keys, cache], ["values", b.values, cache],
       ...(b.gate ? [["gate", b.gate, 4 * (gateOffset + rows)] as const] : []),
@@ -161,7 +159,7 @@ export class PromptAttentionKernel implements Disposable {
     const groups = Math.ceil(S / tokens);
     if (groups > this.device.info.limits.maxComputeWorkGroupCount[0]!) throw new InvalidArgumentError(`${S} tokens need ${groups} workgroups, past maxComputeWorkGroupCount[0]`);
     const pc = this.pc;
-    const flags = (binding.positions ? 1 : 0) | (binding.gate ? 2 : 0);
+    const flags = (b.positions ? 1 : 0) | (b.gate ? 2 : 0);
     [n, S, heads, kvHeads, cacheOffset / 8, cacheOffset / 8, qOffset / 4, outOffset / 4, gateOffset / 4].forEach((w, i) => pc.setUint32(4 * i, w, true));
     pc.setFloat32(36, 1 / Math.sqrt(headDim), true);
     [posIndex, flags, maxPositions].forEach((w, i) => pc.setUint32(40 + 4 * i, w, true));

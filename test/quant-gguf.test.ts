@@ -3,7 +3,7 @@ import { dequantize } from "../src/quant/dequantize.ts";
 import { GgufLayoutError, NonFiniteValueError } from "../src/quant/errors.ts";
 import { gemvCpu } from "../src/quant/gemv-cpu.ts";
 import { gemvReference } from "../src/quant/gemv-reference.ts";
-import { fromGgufQ4_0, fromGgufQ8_0 } from "../src/quant/gguf.ts";
+import { dequantizeGgufRow, fromGgufQ4_0, fromGgufQ8_0 } from "../src/quant/gguf.ts";
 import { f16BitsToF32, f32ToF16Bits } from "../src/quant/half.ts";
 import { getQ, getScaleBits } from "../src/quant/layout.ts";
 import { nmse } from "../src/quant/metrics.ts";
@@ -129,5 +129,32 @@ describe("GGUF guards", () => {
     bytes[3 * 18 + 1] = 0x7e; // row 1, block 1: d = 0x7e00 = NaN
     expect(() => fromGgufQ4_0(bytes, 2, 64)).toThrow(NonFiniteValueError);
     expect(() => fromGgufQ4_0(bytes, 2, 64)).toThrow(/row 1, group 1/);
+  });
+});
+
+describe("GGUF rows straight from the blocks (embedding rows)", () => {
+  for (const kind of ["q4_0", "q8_0"] as const) {
+    test(`${kind}: every row of a random tensor (96 columns, odd rows) equals GGUF's dequant bit for bit`, () => {
+      const rows = 13, cols = 96;
+      const bytes = randomGguf(kind, rows, cols, 7);
+      const want = ggufDequantize(kind, bytes, rows, cols);
+      const out = new Float32Array(cols + 3).fill(-1);
+      for (let r = 0; r < rows; r++) {
+        dequantizeGgufRow(kind === "q4_0" ? "Q4_0" : "Q8_0", bytes, rows, cols, r, out);
+        expect(out.subarray(0, cols)).toEqual(want.subarray(r * cols, (r + 1) * cols));
+      }
+      expect(out[cols]).toBe(-1); // nothing written past the row
+    });
+  }
+
+  test("a row outside the tensor, a short out, a NaN scale: typed errors", () => {
+    const bytes = new Uint8Array(2 * 2 * 18);
+    expect(() => dequantizeGgufRow("Q4_0", bytes, 2, 64, 2, new Float32Array(64))).toThrow(/row 2 is outside 0..1/);
+    expect(() => dequantizeGgufRow("Q4_0", bytes, 2, 64, 0, new Float32Array(63))).toThrow(GgufLayoutError);
+    expect(() => dequantizeGgufRow("Q8_0", bytes, 2, 64, 1, new Float32Array(64))).toThrow(/ends past/); // 2 rows of Q8_0 need 136 bytes
+    bytes[3 * 18 + 1] = 0x7e; // row 1, block 1: d = NaN
+    expect(() => dequantizeGgufRow("Q4_0", bytes, 2, 64, 0, new Float32Array(64))).not.toThrow();
+    expect(() => dequantizeGgufRow("Q4_0", bytes, 2, 64, 1, new Float32Array(64))).toThrow(NonFiniteValueError);
+    expect(() => dequantizeGgufRow("Q4_0", bytes, 2, 64, 1, new Float32Array(64))).toThrow(/row 1, block 1/);
   });
 });

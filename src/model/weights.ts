@@ -5,9 +5,8 @@
  * one at a time when the MoE layer asks (never the whole checkpoint in the JS heap).
  */
 import type { TensorFile, TensorView } from "../formats/tensor.ts";
-import { fromGgufQ4_0, fromGgufQ8_0 } from "../quant/gguf.ts";
+import { dequantizeGgufRow, fromGgufQ4_0, fromGgufQ8_0 } from "../quant/gguf.ts";
 import { dequantizeGgmlRow, ggmlBlockTensor, isGgmlBlockType } from "../quant/ggml-blocks.ts";
-import { dequantize } from "../quant/dequantize.ts";
 import { createQuantMatrix, getQ, setQ } from "../quant/layout.ts";
 import { quantize } from "../quant/quantize.ts";
 import type { QuantFormat, QuantMatrix } from "../quant/types.ts";
@@ -262,10 +261,8 @@ export function embeddingReader(t: TensorView, D: number, where: string): (id: n
     return (id, out) => dequantizeGgmlRow(blocks, id, out);
   }
   if (t.dtype !== "Q8_0" && t.dtype !== "Q4_0") throw new ModelWeightsError(`${where}: embedding ${t.name} of type ${t.dtype} cannot be read`);
-  // One row at a time through the lossless GGUF conversion: a token's embedding is 1 x D.
-  const rowBytes = t.bytes.byteLength / (t.shape[0] ?? 1);
-  const convert = t.dtype === "Q8_0" ? fromGgufQ8_0 : fromGgufQ4_0;
-  return (id, out) => out.set(dequantize(convert(t.bytes.subarray(id * rowBytes, (id + 1) * rowBytes), 1, D)));
+  const type = t.dtype, rows = t.shape[0] ?? 1;
+  return (id, out) => dequantizeGgufRow(type, t.bytes, rows, D, id, out);
 }
 
 export interface LayerExperts {

@@ -1,5 +1,6 @@
 /** Lossless conversion of GGUF Q4_0 / Q8_0 tensors into QuantMatrix (groupSize 32, f16 scales). */
-import { GgufLayoutError, UnsupportedFormatError } from "./errors.ts";
+import { GgufLayoutError, NonFiniteValueError, UnsupportedFormatError } from "./errors.ts";
+import { f16ToF32Table } from "./half.ts";
 import { createQuantMatrix } from "./layout.ts";
 import type { QuantFormat, QuantMatrix } from "./types.ts";
 import { checkDimension, validateQuantMatrix } from "./validate.ts";
@@ -90,4 +91,31 @@ export function fromGgufQ8_0(bytes: Uint8Array, rows: number, cols: number): Qua
   }
   validateQuantMatrix(m); // rejects NaN/Inf d, naming row and block
   return m;
+}
+
+/**
+ * Row `row` of a [rows, cols] GGUF Q4_0 / Q8_0 tensor as f32 into out[0..cols), straight from its
+ * blocks (a prompt's embedding rows: no QuantMatrix is made per row). Each value is q x d with d the
+ * block's f16 scale: exact in f32, so it equals dequantize(fromGgufQ*_0(...)) bit for bit. A NaN or
+ * infinite d is rejected, naming the row and block.
+ */
+export function dequantizeGgufRow(type: "Q4_0" | "Q8_0", bytes: Uint8Array, rows: number, cols: number, row: number, out: Float32Array): void {
+  const blockBytes = type === "Q4_0" ? Q4_0_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
+  if (cols % BLOCK !== 0) throw new GgufLayoutError(`dequantizeGgufRow: cols must be a multiple of ${BLOCK}, got ${cols}`);
+  if (!Number.isInteger(row) || row < 0 || row >= rows) throw new GgufLayoutError(`row ${row} is outside 0..${rows - 1}`);
+  const blocks = cols / BLOCK, base = row * blocks * blockBytes;
+  if (bytes.length < (row + 1) * blocks * blockBytes) throw new GgufLayoutError(`dequantizeGgufRow: row ${row} ends past the tensor's ${bytes.length} bytes`);
+  if (out.length < cols) throw new GgufLayoutError(`out holds ${out.length} values, a row has ${cols}`);
+  const half = f16ToF32Table();
+  for (let b = 0, o = base, c = 0; b < blocks; b++, o += blockBytes, c += BLOCK) {
+    const d = half[bytes[o]! | (bytes[o + 1]! << 8)]!;
+    if (!Number.isFinite(d)) throw new NonFiniteValueError(`row ${row}, block ${b}: scale d is ${d}`);
+    if (type === "Q4_0") {
+      for (let j = 0; j < 16; j++) {
+        const q = bytes[o + 2 + j]!;
+        out[c + j] = ((q & 15) - 8) * d;
+        out[c + 16 + j] = ((q >>> 4) - 8) * d;
+      }
+    } else for (let j = 0; j < BLOCK; j++) out[c + j] = ((bytes[o + 2 + j]! << 24) >> 24) * d;
+  }
 }

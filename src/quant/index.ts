@@ -37,7 +37,7 @@ export {
 export { checkGemvArgs, validateQuantMatrix } from "./validate.ts";
 export { quantize } from "./quantize.ts";
 export { dequantize } from "./dequantize.ts";
-export { fromGgufQ4_0, fromGgufQ8_0 } from "./gguf.ts";
+export { dequantizeGgufRow, fromGgufQ4_0, fromGgufQ8_0 } from "./gguf.ts";
 export {
   checkGgmlScalesFinite,
   dequantizeGgml,

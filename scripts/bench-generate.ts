@@ -245,6 +245,8 @@ interface PrefillRun {
   tps: number;
   /** prefill() of the prompt + the host argmax of its logits: the first generated token's latency. */
   firstTokenMs: number;
+  /** The prompt's replays' GPU µs summed (device path with timestamps; 0 otherwise). */
+  gpuUs: number;
 }
 
 interface DecodeRun {
@@ -264,13 +266,14 @@ interface DecodeRun {
 }
 
 function timePrefill(s: Session, ids: number[]): PrefillRun & { next: number } {
+  const gpu0 = s.counts.gpuUs;
   const t0 = performance.now();
   const logits = s.prefill(ids);
   const t1 = performance.now();
   const next = argmax(logits);
   const t2 = performance.now();
   const seconds = (t1 - t0) / 1e3;
-  return { tokens: ids.length, seconds, tps: ids.length / seconds, firstTokenMs: t2 - t0, next };
+  return { tokens: ids.length, seconds, tps: ids.length / seconds, firstTokenMs: t2 - t0, gpuUs: s.counts.gpuUs - gpu0, next };
 }
 
 function timeDecode(s: Session, first: number, n: number): DecodeRun {
@@ -583,7 +586,8 @@ function report(r: ModelResult, bw: ReadBandwidth | undefined): string[] {
   const rows: string[][] = [head];
   if (r.prefill) {
     const p = r.prefill;
-    rows.push([`prefill ${p.tokens}`, fmt(p.tps), fmt((p.seconds * 1e6) / p.tokens), "—", "—", "—", "—", "—", "—", "—", "—", "—", theirs(l?.pp), ratio(p.tps, l?.pp)]);
+    const wallUs = (p.seconds * 1e6) / p.tokens, gpuUs = p.gpuUs / p.tokens;
+    rows.push([`prefill ${p.tokens}`, fmt(p.tps), fmt(wallUs), "—", gpuUs ? fmt(gpuUs) : "—", gpuUs ? fmt(wallUs - gpuUs) : "—", "—", "—", "—", "—", "—", "—", theirs(l?.pp), ratio(p.tps, l?.pp)]);
   }
   const decodeRow = (label: string, d: DecodeRun, llama?: LlamaTest) => {
     const f = decodeFigures(d, b, bw, llama);
@@ -637,7 +641,7 @@ async function main(): Promise<void> {
     results.push(r);
     for (const l of report(r, bw)) console.log(l);
   }
-  console.log(`\ntok/s: tokens ÷ wall time of the phase. wall µs: mean per token (p90 beside); GPU µs: mean of the token's GPU timestamps; host µs = wall - GPU. dispatches: of one recorded token; submits: per token. MB read/token: the file's weights one token reads (dense, top-k experts, lm_head) + the f16 KV cache at the timed tokens' mean position; GPU GB/s = that ÷ GPU µs; roofline = read bandwidth ÷ that. llama.cpp: llama-bench -ngl 99 -fa 1, same file, same run.`);
+  console.log(`\ntok/s: tokens ÷ wall time of the phase. wall µs: mean per token (p90 beside); GPU µs: mean of the token's GPU timestamps (prefill: its replays' GPU time ÷ its tokens); host µs = wall - GPU. dispatches: of one recorded token; submits: per token. MB read/token: the file's weights one token reads (dense, top-k experts, lm_head) + the f16 KV cache at the timed tokens' mean position; GPU GB/s = that ÷ GPU µs; roofline = read bandwidth ÷ that. llama.cpp: llama-bench -ngl 99 -fa 1, same file, same run.`);
   if (flags.json) {
     const models = results.map((r) => ({
       ...r,

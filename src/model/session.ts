@@ -43,8 +43,11 @@ export class Session implements Disposable {
   observer: DecoderObserver | undefined;
   /** The token ids the cache holds, in order. */
   readonly tokens: number[] = [];
-  /** Tokens run and GPU submits made (one per replay on the device path; one per MoE layer call on the CPU decoder with GPU experts). */
-  readonly counts = { tokens: 0, submits: 0 };
+  /**
+   * Tokens run, GPU submits made (one per replay on the device path; one per MoE layer call on the
+   * CPU decoder with GPU experts) and the replays' GPU µs summed (a session opened with timing).
+   */
+  readonly counts = { tokens: 0, submits: 0, gpuUs: 0 };
 
   constructor(
     private readonly decoder: CpuDecoder,
@@ -217,6 +220,7 @@ export class Session implements Disposable {
         for (let j = i; j < i + n; j++) this.tokens.push(ids[j]!);
         this.counts.tokens += n;
         this.counts.submits += d.submitsPerRun + this.splitExpertSubmits();
+        this.counts.gpuUs += d.lastGpuUs;
         if (this.observer?.routing && d.submitsPerRun === 1) this.reportRouting(d, n); // split runs report through routeAndRun
       }
       return result;

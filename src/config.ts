@@ -37,10 +37,9 @@ const envSchema = z.strictObject({
    */
   VKMOE_ATTENTION_COOPMAT: z.enum(["auto", "on", "off", "emulated"]).default("auto"),
   /**
-   * Tokens a prompt chunk's replay takes at most in the graphs: "auto" 512 in the Qwen3-MoE graph
-   * where the experts run on the matrix cores (VKMOE_MOE_COOPMAT), else 64 (the Qwen3.5 graph: 64,
-   * longer chunks not yet timed there); or 64, 128, 256, 512 (each weight read once for that many,
-   * the attention and the delta rule run 64 tokens at a time within it).
+   * Tokens a prompt chunk's replay takes at most in the graphs: "auto" 512 where the experts run on
+   * the matrix cores (VKMOE_MOE_COOPMAT), else 64; or 64, 128, 256, 512 (each weight read once for
+   * that many, the delta rule run 64 tokens at a time within it).
    */
   VKMOE_PREFILL_CHUNK: z.enum(["auto", "64", "128", "256", "512"]).default("auto"),
   VKMOE_PRELAUNCH: mode3.default("auto"),

@@ -191,10 +191,8 @@ export function openHybridDecoder(cfg: Qwen35MoeConfig, weights: HybridWeights, 
   if (!ctx || backend.mode !== "gpu") throw new GraphUnsupportedError(`the MoE layer runs on the CPU (${backend.why})`);
   if (policy === "auto" && ctx.device.info.type === 4) throw new GraphUnsupportedError(`${ctx.device.info.name} is a CPU device: the CPU decoder is faster than the graph there (VKMOE_GRAPH=on runs it anyway)`);
   const moeLayers = cfg.moeLayers.flatMap((m, l) => (m ? [l] : []));
-  // prompt chunks of VKMOE_PREFILL_CHUNK's length where the experts are resident (split runs keep
-  // GRAPH_MAX_TOKENS); "auto" keeps GRAPH_MAX_TOKENS here: longer chunks are not yet timed on this graph
-  const env = readConfig();
-  const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? GRAPH_MAX_TOKENS : prefillPlan(ctx.device, env).chunk;
+  // prompt chunks of the prefill plan's length where the experts are resident (split runs keep GRAPH_MAX_TOKENS)
+  const chunk = prefillPlan(ctx.device, readConfig()).chunk;
   let stage: MoeGraphStage | undefined, notResident = "";
   try {
     // read from the process env when the graph is made, as the folds' switches

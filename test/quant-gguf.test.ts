@@ -141,7 +141,7 @@ describe("GGUF rows straight from the blocks (embedding rows)", () => {
       const out = new Float32Array(cols + 3).fill(-1);
       for (let r = 0; r < rows; r++) {
         dequantizeGgufRow(kind === "q4_0" ? "Q4_0" : "Q8_0", bytes, rows, cols, r, out);
-        expect(out.subarray(0, cols)).toEqual(want.subarray(r * cols, (r + 1) * cols));
+        expect(Array.from(out.subarray(0, cols))).toEqual(Array.from(want.subarray(r * cols, (r + 1) * cols)));
       }
       expect(out[cols]).toBe(-1); // nothing written past the row
     });

@@ -9,8 +9,9 @@
 //   llama.cpp's flash attention rounds it; the cache is f16 already; P in [0, 1] rounded to f16).
 // O stays in the matrix accumulators for the whole walk: they cannot be scaled row by row (the
 // online softmax's rescale), so the walk runs twice: pass 1 forms only the scores, for each row's
-// max m and sum l (one thread a row, the running sum rescaled as the max grows), and pass 2
-// forms them again with P = exp(S - m) and the values: half again as many matrix products, and
+// max m and sum l (TPR threads a row, every thread of the workgroup, their parts joined by
+// subgroup shuffles; the running sum rescaled as the max grows), and pass 2 forms them again with
+// P = exp(S - m) and the values: half again as many matrix products, and
 // the values' sums are never rescaled. At the end out = O / l, times sigmoid(gate) with flags
 // bit 1 (Qwen3.5's output gate, as dec_attention_combine's), written [S][heads][HEAD_DIM] f32.
 //
@@ -24,6 +25,7 @@
 // of BC + 4; pass 2 writes P as f16 over the start of each row, the row's one thread having read it
 // first); the O tile (f32, BR rows of HEAD_DIM + 4) reuses that space after the walk.
 #include "cm_extensions.glsl"
+#extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint HEAD_DIM = 128u;  // 32, 64, 128 or 256
@@ -37,6 +39,8 @@ const uint RB = BR / 16u;          // row blocks
 const uint CP = 4u / RB;           // column parts a row block
 const uint SJ = BC / CP / 8u;      // score accumulators a subgroup (1..4)
 const uint OJ = HEAD_DIM / CP / 8u; // value accumulators a subgroup (1..16)
+const uint TPR = WG / BR;          // softmax threads a row: 2, 4 or 8, lanes of one subgroup
+const uint CPT = BC / TPR;         // the columns of a tile each takes (an even count)
 const uint LDQ = HEAD_DIM + 8u;    // f16 stride of Q, K and V rows (a 16-byte multiple that staggers the banks)
 const uint LDS = BC + 4u;          // f32 stride of S rows (P: 2 LDS halves)
 const uint LDO = HEAD_DIM + 4u;    // f32 stride of O rows
@@ -221,8 +225,12 @@ void main() {
     WORD((r * LDQ + 4u * d) / 2u) = packHalf2x16(q.xy);
     WORD((r * LDQ + 4u * d) / 2u + 1u) = packHalf2x16(q.zw);
   }
-  // the softmax thread of row t (t < BR): keys below lim are visible (0 past R: all masked)
-  const uint lim = t < R ? n + t0 + t / G : 0u;
+  // the softmax threads of row `row`: part `part` takes columns c0 .. c0 + CPT of each tile. Rows and
+  // parts come from the subgroup numbering, so a row's TPR threads are lanes of one subgroup.
+  const uint g = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+  const uint row = g / TPR, part = g % TPR, c0 = part * CPT;
+  // keys below lim are visible (0 past R: all masked)
+  const uint lim = row < R ? n + t0 + row / G : 0u;
   float m = -3.0e38, l = 0.0;
 
   // pass 1: each row's max and sum of exp
@@ -233,14 +241,14 @@ void main() {
     if (start + BC < end) loadTile(0u, start + BC, end, kh);
     scores();
     barrier();
-    if (t < BR) {
-      float most = m;
-      for (uint c = 0u; c < BC; c++) if (start + c < lim) most = max(most, SF(t, c));
-      float sum = 0.0;
-      for (uint c = 0u; c < BC; c++) if (start + c < lim) sum += exp(SF(t, c) - most);
-      l = l * exp(m - most) + sum;
-      m = most;
-    }
+    float most = m;
+    [[unroll]] for (uint j = 0u; j < CPT; j++) if (start + c0 + j < lim) most = max(most, SF(row, c0 + j));
+    [[unroll]] for (uint o = 1u; o < TPR; o <<= 1u) most = max(most, subgroupShuffleXor(most, o));
+    float sum = 0.0;
+    [[unroll]] for (uint j = 0u; j < CPT; j++) if (start + c0 + j < lim) sum += exp(SF(row, c0 + j) - most);
+    [[unroll]] for (uint o = 1u; o < TPR; o <<= 1u) sum += subgroupShuffleXor(sum, o);
+    l = l * exp(m - most) + sum;
+    m = most;
     barrier();                                   // K and S are rewritten by the next tile
   }
 
@@ -254,15 +262,12 @@ void main() {
     scores();
     barrier();
     storeTile(V_BASE);
-    if (t < BR) {
-      // P over the start of the row this thread alone reads: the pair of columns c, c + 1 goes to
-      // word c / 2, whose score (column c / 2 <= c) is read by then
-      for (uint c = 0u; c < BC; c += 2u) {
-        const float e0 = start + c < lim ? exp(SF(t, c) - m) : 0.0;
-        const float e1 = start + c + 1u < lim ? exp(SF(t, c + 1u) - m) : 0.0;
-        WORD(4u * S_BASE + t * LDS + c / 2u) = packHalf2x16(vec2(e0, e1));
-      }
-    }
+    float e[CPT];
+    [[unroll]] for (uint j = 0u; j < CPT; j++) e[j] = start + c0 + j < lim ? exp(SF(row, c0 + j) - m) : 0.0;
+    // P as f16 pairs over the start of the row's S: every thread of the row has read its scores first
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    [[unroll]] for (uint j = 0u; j < CPT; j += 2u) WORD(4u * S_BASE + row * LDS + (c0 + j) / 2u) = packHalf2x16(vec2(e[j], e[j + 1u]));
     if (start + BC < end) loadTile(0u, start + BC, end, kh);
     barrier();
     values();
@@ -271,7 +276,7 @@ void main() {
 
   // O / l (and the gate) into out; the O tile over Q and the tiles
   storeValues();
-  if (t < BR) rowScale[t] = l > 0.0 ? 1.0 / l : 0.0;
+  if (part == 0u) rowScale[row] = l > 0.0 ? 1.0 / l : 0.0;
   barrier();
   const bool gated = (p.flags & 2u) != 0u;
   for (uint i = t; i < R * HD4; i += WG) {

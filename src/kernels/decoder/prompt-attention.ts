@@ -39,10 +39,15 @@ export function promptAttentionShape(headDim: number, rows: number): PromptAtten
   return { rows, keys, sharedBytes: 16 * Math.max(q + kv + s, o) + 4 * rows };
 }
 
-/** The most rows a workgroup whose tile fits the device's shared memory (64 up to head_dim 128 and 32 at 256 in NVIDIA's 48 KB); undefined: none fits. */
+/**
+ * The most rows a workgroup whose tile fits the device's shared memory (64 up to head_dim 128 and 32
+ * at 256 in NVIDIA's 48 KB) and whose softmax threads of a row (128 / rows of them, joined by subgroup
+ * shuffles) fit its smallest subgroup; undefined: none does.
+ */
 export function promptAttentionShapeFor(device: Device, headDim: number): PromptAttentionShape | undefined {
-  if (device.info.limits.maxComputeWorkGroupInvocations < 128) return undefined;
-  return PROMPT_ATTENTION_ROWS.map((r) => promptAttentionShape(headDim, r)).find((s) => s.sharedBytes <= device.info.limits.maxComputeSharedMemorySize);
+  const { limits, subgroup } = device.info;
+  if (limits.maxComputeWorkGroupInvocations < 128 || !subgroup.shuffle) return undefined;
+  return PROMPT_ATTENTION_ROWS.map((r) => promptAttentionShape(headDim, r)).find((s) => s.sharedBytes <= limits.maxComputeSharedMemorySize && 128 / s.rows <= subgroup.minSize);
 }
 
 export interface PromptAttentionOptions {
@@ -110,6 +115,8 @@ export class PromptAttentionKernel implements Disposable {
     if (!shape || shape.sharedBytes > limit || device.info.limits.maxComputeWorkGroupInvocations < 128) {
       throw new InvalidArgumentError(`dec_attention_cm does not fit ${device.info.name} for head_dim ${headDim}${rows ? ` at ${rows} rows` : ""} (128 threads, ${promptAttentionShape(headDim, rows ?? 16).sharedBytes} B of shared memory; limit ${limit} B)`);
     }
+    const { shuffle, minSize } = device.info.subgroup;
+    if (!shuffle || 128 / shape.rows > minSize) throw new InvalidArgumentError(`dec_attention_cm at ${shape.rows} rows joins ${128 / shape.rows} threads a row by subgroup shuffles: ${device.info.name} has ${shuffle ? `subgroups of ${minSize}` : "no subgroup shuffles"}`);
     this.shape = shape;
     const shader = matrixCoreShader(device, { cm: DEC_ATTENTION_CM, emulated: DEC_ATTENTION_CM_EMU }, options.matrixCores);
     this.pipeline = new ComputePipeline(device, {

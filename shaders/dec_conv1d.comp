@@ -14,10 +14,14 @@
 // Runs of one call have distinct states, so every state is still read and written by one invocation.
 // Advance mode (flags bit 1): the state alone moves on over the tokens, out is not written (the
 // delta rule's conv fold computed the outputs from the state as it was; it cannot write the state,
-// which several of its workgroups read).
+// which several of its workgroups read); only the last KERNEL-1 tokens are read.
+// Blocks mode (flags bit 2, one sequence): workgroup row z takes tokens z*TOKEN_BLOCK .. of a long
+// prompt chunk (one invocation walking 512 tokens in order took 238 us on an H100), its window
+// from the earlier tokens' inputs or the state; the state is not written (advance mode after it).
 
 layout(local_size_x = 64, local_size_x_id = 0) in;
 layout(constant_id = 1) const uint KERNEL = 4;  // taps, 1..8
+const uint TOKEN_BLOCK = 16u;                   // blocks mode: tokens an invocation
 
 layout(set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer W { float w[]; };
@@ -39,7 +43,7 @@ layout(push_constant) uniform Params {
     uint outOffset;    // floats
     uint outStride;    // floats between tokens of out
     uint stateStride;  // runs mode: floats between sequences' states
-    uint flags;        // bit 0: runs mode; bit 1: advance the state only
+    uint flags;        // bit 0: runs mode; bit 1: advance the state only; bit 2: blocks mode
 } pc;
 
 void main() {
@@ -47,8 +51,9 @@ void main() {
     if (c >= pc.channels) return;
     const bool batched = (pc.flags & 1u) != 0u;
     const bool advanceOnly = (pc.flags & 2u) != 0u;
+    const bool blocks = (pc.flags & 4u) != 0u;
     const uint run = gl_WorkGroupID.z;
-    const uint count = batched ? runs[RUN_COUNT + run] : pc.S;
+    const uint count = batched ? runs[RUN_COUNT + run] : blocks ? min(pc.S, (run + 1u) * TOKEN_BLOCK) : pc.S;
     if (count == 0u) return;
     const uint first = batched ? runs[RUN_FIRST + run] : 0u;
     const uint stateAt = pc.stateOffset + (batched ? runs[RUN_STATE + run] * pc.stateStride : 0u);
@@ -58,11 +63,15 @@ void main() {
     float taps[KERNEL];
     for (uint j = 0u; j < KERNEL; j++) taps[j] = w[pc.wOffset + c * KERNEL + j];
     for (uint j = 0u; j < H; j++) window[j] = state[stateAt + c * H + j];
-    for (uint i = 0u; i < count; i++) {
+    // outputs from token `begin` (a block's first); inputs read from `from`: the H before the block
+    // (the state stands in where there are fewer), or only the last H when advancing
+    const uint begin = blocks ? run * TOKEN_BLOCK : 0u;
+    const uint from = blocks ? (begin > H ? begin - H : 0u) : advanceOnly && count > H ? count - H : 0u;
+    for (uint i = from; i < count; i++) {
         const uint t = batched ? runs[RUN_TOKENS + first + i] : i;
         const float xt = x[pc.xOffset + t * pc.xStride + c];
-        if (!advanceOnly) outv[pc.outOffset + t * pc.outStride + c] = convSilu(taps, window, xt);
+        if (!advanceOnly && i >= begin) outv[pc.outOffset + t * pc.outStride + c] = convSilu(taps, window, xt);
         convShift(window, xt);
     }
-    for (uint j = 0u; j < H; j++) state[stateAt + c * H + j] = window[j];
+    if (!blocks) for (uint j = 0u; j < H; j++) state[stateAt + c * H + j] = window[j];
 }

@@ -10,7 +10,7 @@
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
-import { CONV1D_MAX_S, Conv1dKernel, DeltaRuleKernel, GatedNormKernel, submitAndWait, type DeltaRuleArgs } from "../src/kernels/decoder/index.ts";
+import { CONV1D_MAX_S, CONV1D_TOKEN_BLOCK, Conv1dKernel, DeltaRuleKernel, GatedNormKernel, submitAndWait, type DeltaRuleArgs } from "../src/kernels/decoder/index.ts";
 import { causalConv1dSilu, gatedDeltaRuleChunked, gatedDeltaRuleRecurrent, gatedRmsNorm, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { Buffer } from "../src/vk/memory.ts";
@@ -131,6 +131,37 @@ describe("dec_conv1d vs causalConv1dSilu (kernel 4, non-zero starting state)", (
     expect(Array.from(f32(sb, sOff))).toEqual(Array.from(stateAll.subarray(0, sOff))); // before stateOffset untouched
     expectTail(ob, outOff + (S - 1) * outStride + C, "conv out");
   }, 30_000);
+
+  test(`a long prompt chunk in blocks of ${CONV1D_TOKEN_BLOCK} tokens (recordOutputs, then recordAdvance) equals one walk bit for bit: S = 1, 2, 17, 100, 512; offsets and strides`, () => {
+    for (const [C, S, xOff, xStride, outOff, outStride] of [[8192, 512, 0, 8192, 0, 8192], [96, 100, 13, 136, 5, 104], [96, 17, 0, 96, 0, 96], [64, 2, 3, 64, 0, 64], [64, 1, 0, 70, 9, 64]] as const) {
+      const x = random(xOff + (S - 1) * xStride + C), weight = random(C * KERNEL, 0.5), state0 = random(C * (KERNEL - 1));
+      using xb = bufferOf(x);
+      using wb = bufferOf(weight);
+      const outWords = outOff + (S - 1) * outStride + C;
+      const run = (blocks: boolean) => {
+        const sb = bufferOf(state0), ob = outBuffer(outWords);
+        const args = { x: xb, weight: wb, state: sb, S, channels: C, xOffset: xOff, xStride, outOffset: outOff, outStride };
+        submitAndWait(device, (cb) => {
+          if (!blocks) conv.record(cb, { ...args, out: ob });
+          else {
+            conv.recordOutputs(cb, { ...args, out: ob });
+            cb.barrier("computeToCompute");
+            conv.recordAdvance(cb, args);
+          }
+        });
+        return { sb, ob };
+      };
+      const one = run(false), blocked = run(true);
+      try {
+        expect(Array.from(f32(blocked.ob, outWords))).toEqual(Array.from(f32(one.ob, outWords)));
+        expect(Array.from(f32(blocked.sb, C * (KERNEL - 1)))).toEqual(Array.from(f32(one.sb, C * (KERNEL - 1))));
+        expectTail(blocked.ob, outWords, `blocks out C ${C} S ${S}`);
+      } finally {
+        for (const b of [one.sb, one.ob, blocked.sb, blocked.ob]) b[Symbol.dispose]();
+      }
+    }
+    expect(() => conv.recordOutputs(undefined as never, { x: undefined as never, weight: undefined as never, state: undefined as never, out: undefined as never, S: 1, channels: 1, runs: {} } as never)).toThrow(/one sequence/);
+  }, 60_000);
 
   test("bad arguments are InvalidArgumentErrors", () => {
     using b = outBuffer(4096);

@@ -461,7 +461,15 @@ export class HybridGraph implements Disposable {
         // the recurrent kernel convolves its own channels of `mixed` (the conv state read only, moved on after)
         const fold = this.convFold && !chunked;
         const convArgs = { x: s.mixed, weight: P, weightOffset: m.conv, state: state.conv, stateOffset: m.slot * this.convStateFloats, S, channels: C, runs: convRuns };
-        if (!fold) {
+        if (chunked) {
+          // a prompt chunk's tokens in blocks side by side (the state read as it was), then beside the
+          // delta rule the state moved on over the chunk's last inputs
+          this.conv1d.recordOutputs(cb, { ...convArgs, out: s.conv });
+          op("conv1d");
+          cb.barrier("computeToCompute");
+          this.conv1d.recordAdvance(cb, convArgs);
+          op("conv state advance");
+        } else if (!fold) {
           this.conv1d.record(cb, { ...convArgs, out: s.conv });
           op("conv1d");
           cb.barrier("computeToCompute");

@@ -11,7 +11,7 @@ export { QuantGemmIdpKernel, type QuantGemmIdpArgs } from "./quant-gemm-idp.ts";
 export { DEC_GEMM_GGML, DEC_GEMM_GGML_CM, GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmKernel, type GgmlGemmArgs } from "./ggml-gemm.ts";
 export { DEC_GROUP_EXPERTS, GroupExpertsKernel, type GroupExpertsArgs, type GroupExpertsKernelOptions } from "./group-experts.ts";
 export { DEC_ROUTE, ROUTE_MAX_E, ROUTE_MAX_K, ROUTE_MAX_S, RouteKernel, type RouteArgs, type RouteKernelOptions } from "./route.ts";
-export { CONV1D_MAX_KERNEL, CONV1D_MAX_S, Conv1dKernel, DEC_CONV1D, type Conv1dArgs, type Conv1dKernelOptions } from "./conv1d.ts";
+export { CONV1D_MAX_KERNEL, CONV1D_MAX_S, CONV1D_TOKEN_BLOCK, Conv1dKernel, DEC_CONV1D, type Conv1dArgs, type Conv1dKernelOptions } from "./conv1d.ts";
 export { DEC_DELTA_RULE, DELTA_RULE_MAX_S, DeltaRuleKernel, type DeltaRuleArgs, type DeltaRuleConv, type DeltaRuleKernelOptions } from "./delta-rule.ts";
 export { DEC_GATED_NORM, GatedNormKernel, type GatedNormArgs, type GatedNormKernelOptions } from "./gated-norm.ts";
 export { DEC_GATING, GatingKernel, type GatingArgs, type GatingMode } from "./gating.ts";

@@ -6,7 +6,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { readConfig, type VkmoeEnv } from "../config.ts";
-import { DEFAULT_CHUNK, MATRIX_CORE_CHUNK } from "../moe/prefill-plan.ts";
+import { MATRIX_CORE_CHUNK } from "../moe/prefill-plan.ts";
 import { GraphUnsupportedError, hybridGraphReserveBytes, openDeviceDecoder, openHybridDecoder, type DeviceBatch, type DeviceDecoder } from "../graph/index.ts";
 import { InvalidArgumentError, VkmoeError } from "../errors.ts";
 import { openTensorFile } from "../formats/index.ts";
@@ -123,8 +123,8 @@ export class Model implements Disposable {
         // (the dense ops on the GPU a layer a submit, the routed experts through the per-layer MoE
         // call); without it the CPU decoder runs the token, the routed experts where openExperts puts them.
         const weights = loadQwen35Weights(file, config, plan, path, log, (f) => progress("weights", f));
-        // the hybrid graph's prompt chunk: 64 tokens unless VKMOE_PREFILL_CHUNK says otherwise (openHybridDecoder)
-        const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? DEFAULT_CHUNK : Number(env.VKMOE_PREFILL_CHUNK);
+        // the graph's prompt chunk is the device's to decide (prefill-plan.ts): "auto" is counted at its longest
+        const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? MATRIX_CORE_CHUNK : Number(env.VKMOE_PREFILL_CHUNK);
         const reserveBytes = hybridGraphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions), 1, chunk);
         const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
         let deviceDecoder: DeviceDecoder | undefined, whyNot = "";

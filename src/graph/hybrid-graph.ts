@@ -491,8 +491,9 @@ export class HybridGraph implements Disposable {
         });
         let deltaDispatches = chunked ? g + 1 : g;
         if (chunked && S > DELTA_RULE_MAX_S) {
-          // a longer prompt chunk: DELTA_RULE_MAX_S tokens at a time, each carrying the recurrent state on to the next
-          deltaDispatches = 0;
+          // a longer prompt chunk: DELTA_RULE_MAX_S tokens at a time, each carrying the recurrent state on
+          // to the next, then one gated norm over all of them
+          deltaDispatches = 1;
           for (let t0 = 0; t0 < S; t0 += DELTA_RULE_MAX_S) {
             const n = Math.min(DELTA_RULE_MAX_S, S - t0);
             const at = (j: number): DeltaRuleArgs => {
@@ -505,10 +506,10 @@ export class HybridGraph implements Disposable {
             };
             if (t0 > 0) cb.barrier("computeToCompute");
             for (let j = 0; j < g; j++) chunked.recordCore(cb, at(j));
-            cb.barrier("computeToCompute");
-            chunked.recordNorm(cb, { ...at(0), keyHeads: KH, valueHeads: VH });
-            deltaDispatches += g + 1;
+            deltaDispatches += g;
           }
+          cb.barrier("computeToCompute");
+          chunked.recordNorm(cb, { ...deltaArgs(0), keyHeads: KH, valueHeads: VH });
         } else if (chunked) {
           // every group's delta rule, one barrier, then one gated norm over all value heads (the groups' outputs tile s.core)
           for (let j = 0; j < g; j++) chunked.recordCore(cb, deltaArgs(j));

@@ -363,14 +363,18 @@ export class DeltaRuleChunkedKernel extends DecoderKernel {
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(r.Hv, slices);
   }
 
-  /** The gated norm of `a.norm` in place over the output recordCore(a) wrote (after a barrier the caller places). */
+  /**
+   * The gated norm of `a.norm` in place over the output recordCore(a) wrote (after a barrier the caller
+   * places); a.S may pass DELTA_RULE_MAX_S: a long chunk's sub-chunks' outputs normed at once.
+   */
   recordNorm(cb: CommandBuffer, a: DeltaRuleArgs): CommandBuffer {
-    const r = resolveDeltaRuleArgs(this.device, a, this.keyDim, this.valueDim);
+    if (!Number.isInteger(a.S) || a.S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${a.S}`);
+    const r = resolveDeltaRuleArgs(this.device, { ...a, S: Math.min(a.S, DELTA_RULE_MAX_S) }, this.keyDim, this.valueDim);
     const norm = r.norm;
     if (!norm) throw new InvalidArgumentError("delta rule recordNorm: the arguments have no norm");
     return this.gatedNorm.record(cb, {
       x: a.out, xOffset: r.outOffset, xStride: r.outStride, y: a.out, yOffset: r.outOffset, yStride: r.outStride,
-      z: norm.z, zOffset: r.zOffset, zStride: r.zStride, w: a.params!, wOffset: norm.weightOffset, S: r.S, heads: r.Hv, n: this.valueDim, eps: norm.eps,
+      z: norm.z, zOffset: r.zOffset, zStride: r.zStride, w: a.params!, wOffset: norm.weightOffset, S: a.S, heads: r.Hv, n: this.valueDim, eps: norm.eps,
     });
   }
 

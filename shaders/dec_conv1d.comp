@@ -16,7 +16,7 @@
 // delta rule's conv fold computed the outputs from the state as it was; it cannot write the state,
 // which several of its workgroups read); only the last KERNEL-1 tokens are read.
 // Blocks mode (flags bit 2, one sequence): workgroup row z takes tokens z*TOKEN_BLOCK .. of a long
-// prompt chunk (one invocation walking 512 tokens in order took 238 us on an H100), its window
+// prompt chunk (one invocation walking all of them in order waits on every load), its window
 // from the earlier tokens' inputs or the state; the state is not written (advance mode after it).
 
 layout(local_size_x = 64, local_size_x_id = 0) in;

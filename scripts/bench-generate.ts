@@ -424,7 +424,6 @@ interface ModelResult {
   log: string[];
 }
 
-/** Tokens of a prompt chunk the engine replays at once (the graph's largest recording). */
 /**
  * Warm-up: every shape the timed phases replay (a prompt of the timed one's length, so its chunks
  * whatever the graph's chunk length, a small chunk, one token), then the cache emptied. Without the

@@ -22,8 +22,8 @@
 // RB: the scores' keys cp * BC / CP .. and the values' dims cp * HEAD_DIM / CP .. of that block.
 // Shared memory (uvec4s, as the GEMM tiles: cooperative loads need 16-byte aligned starts): Q (f16,
 // BR rows of HEAD_DIM + 8), the K tile, then in its place the V tile (f16, BC rows), S (f32, BR rows
-// of BC + 4; pass 2 writes P as f16 over the start of each row, the row's one thread having read it
-// first); the O tile (f32, BR rows of HEAD_DIM + 4) reuses that space after the walk.
+// of BC + 4; pass 2 writes P as f16 over the start of each row, after a subgroup barrier by which
+// the row's threads have read its scores); the O tile (f32, BR rows of HEAD_DIM + 4) reuses that space after the walk.
 #include "cm_extensions.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 

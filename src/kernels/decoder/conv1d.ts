@@ -1,6 +1,6 @@
 /**
  * Gated DeltaNet's causal depthwise conv1d + SiLU on the GPU (shaders/dec_conv1d.comp), as
- * src/model/linear-attention.ts causalConv1dSilu, for S = 1..64 tokens: one invocation per channel,
+ * src/model/linear-attention.ts causalConv1dSilu, for S = 1..CONV1D_MAX_S tokens: one invocation per channel,
  * the rolling state [channels][kernel − 1] (oldest first) read and replaced in place. With `runs`
  * (a batch of sequences) the tokens are grouped by sequence (src/kernels/decoder/runs.ts): each
  * sequence's in order on its own state, the sequences side by side (a workgroup row each).

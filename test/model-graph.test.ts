@@ -331,6 +331,31 @@ test(`prefill in chunks of up to ${GRAPH_MAX_TOKENS} tokens a replay: prompts of
   expect(gpu.takeValidationMessages()).toEqual([]);
 }, 300_000);
 
+test("a timed session sums its replays' GPU time (counts.gpuUs, bench:generate's prefill figure); an untimed one keeps 0", async () => {
+  const ps = prompts();
+  using gpu = await load("qwen3-moe-tiny.Q4_0.gguf", baseEnv());
+  if (!ps || !gpu) return;
+  const ids = ps.flat().concat(ps.flat(), ps.flat(), ps.flat()).slice(0, 150);
+  // one replay a call: their lastGpuUs summed
+  using timed = gpu.session({ ctx: 256, timing: true });
+  let sum = 0;
+  for (const part of [ids.slice(0, GRAPH_MAX_TOKENS), ids.slice(GRAPH_MAX_TOKENS, 2 * GRAPH_MAX_TOKENS), ids.slice(2 * GRAPH_MAX_TOKENS)]) {
+    timed.prefill(part);
+    expect(timed.lastGpuUs).toBeGreaterThan(0);
+    sum += timed.lastGpuUs;
+  }
+  expect(timed.counts.gpuUs).toBeCloseTo(sum, 6);
+  // a prompt of three replays in one call: every replay counted, not only the last
+  using again = gpu.session({ ctx: 256, timing: true });
+  again.prefill(ids);
+  expect(again.counts.submits).toBe(3);
+  expect(again.counts.gpuUs).toBeGreaterThan(again.lastGpuUs);
+  using plain = gpu.session({ ctx: 256 });
+  plain.prefill(ids);
+  expect(plain.counts.gpuUs).toBe(0);
+  expect(gpu.takeValidationMessages()).toEqual([]);
+}, 120_000);
+
 describe("resident on every addressing and MoE call path", () => {
   const variants: { name: string; env: Partial<VkmoeEnv>; bound: number; mode: RegExp }[] = [
     { name: "descriptor addressing, fused call", env: { VKMOE_BDA: "off" }, bound: 1e-6, mode: /fused MoE call.*descriptor addressing/ },

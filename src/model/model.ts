@@ -118,13 +118,13 @@ export class Model implements Disposable {
       if (tokenizer.vocabSize > config.vocab) throw new ModelConfigError(`${path}: the tokenizer has ${tokenizer.vocabSize} tokens but the model only ${config.vocab} embedding rows`);
       progress("weights", 0);
       const env = options.env ?? readConfig();
+      // the graphs' prompt chunk is the device's to decide (prefill-plan.ts): the memory reserve counts "auto" at its longest
+      const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? MATRIX_CORE_CHUNK : Number(env.VKMOE_PREFILL_CHUNK);
       if (config.architecture === "qwen3_5_moe") {
         // The hybrid graph (src/graph/hybrid-graph.ts): resident where every expert is, else split
         // (the dense ops on the GPU a layer a submit, the routed experts through the per-layer MoE
         // call); without it the CPU decoder runs the token, the routed experts where openExperts puts them.
         const weights = loadQwen35Weights(file, config, plan, path, log, (f) => progress("weights", f));
-        // the graph's prompt chunk is the device's to decide (prefill-plan.ts): "auto" is counted at its longest
-        const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? MATRIX_CORE_CHUNK : Number(env.VKMOE_PREFILL_CHUNK);
         const reserveBytes = hybridGraphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions), 1, chunk);
         const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
         let deviceDecoder: DeviceDecoder | undefined, whyNot = "";
@@ -150,8 +150,6 @@ export class Model implements Disposable {
         return new Model({ path, format: file.format }, config, tokenizer, template, defaults, file, weights, experts, (performance.now() - t0) / 1000, deviceDecoder, whyNot, log);
       }
       const weights = loadWeights(file, config, plan, path, (f) => progress("weights", f));
-      // the graph's prompt chunk is the device's to decide (prefill-plan.ts): "auto" is counted at its longest
-      const chunk = env.VKMOE_PREFILL_CHUNK === "auto" ? MATRIX_CORE_CHUNK : Number(env.VKMOE_PREFILL_CHUNK);
       const reserveBytes = graphReserveBytes(config, weights, options.ctx ?? Math.min(4096, config.maxPositions), chunk);
       const experts = openExperts(config, weights, { log, budgetMB: options.budgetMB, env, syncValidation: options.syncValidation, reserveBytes, progress: (f) => progress("experts", f) });
       let deviceDecoder: DeviceDecoder | undefined, whyNot = "";

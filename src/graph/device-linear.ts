@@ -1,6 +1,7 @@
 /**
  * A decoder matrix in device memory with the kernel that multiplies by it: float weights
- * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, q4/q8 QuantMatrix
+ * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, or for calls of more than
+ * GEMV_HALF_MAX_S tokens through FloatGemmKernel (one dispatch for any S); q4/q8 QuantMatrix
  * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
  * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
  * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel (64
@@ -14,6 +15,7 @@
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
+import { FloatGemmKernel, floatGemmShape } from "../kernels/decoder/float-gemm.ts";
 import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
@@ -124,6 +126,8 @@ export interface LinearKernelsOptions {
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
 export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
+  /** By shape (floatGemmShape: the tile, or the narrow shape's rows). */
+  private readonly floatGemm = new Map<number, FloatGemmKernel>();
   private readonly quant = new Map<string, QuantGemvKernel>();
   private readonly quantGateUp = new Map<string, QuantGateUpKernel>();
   private readonly gemm = new Map<string, QuantGemmKernel>();
@@ -178,6 +182,14 @@ export class LinearKernels implements Disposable {
 
   floatKernel(): GemvHalfKernel {
     return (this.half ??= new GemvHalfKernel(this.device, { maxSets: 256, ...this.shape }));
+  }
+
+  /** The prompt-chunk GEMM of a float matrix of `rows` rows (more than GEMV_HALF_MAX_S tokens), in its shape (floatGemmShape). */
+  floatGemmKernel(rows: number): FloatGemmKernel {
+    const narrowRows = floatGemmShape(rows);
+    let k = this.floatGemm.get(narrowRows);
+    if (!k) this.floatGemm.set(narrowRows, (k = new FloatGemmKernel(this.device, { maxSets: 256, narrowRows })));
+    return k;
   }
 
   /** The decode GEMV of a q4/q8 matrix kind. */
@@ -260,6 +272,7 @@ export class LinearKernels implements Disposable {
 
   [Symbol.dispose](): void {
     this.half?.[Symbol.dispose]();
+    for (const k of this.floatGemm.values()) k[Symbol.dispose]();
     for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
     for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();
@@ -289,8 +302,9 @@ export class DeviceLinear implements Disposable {
   readonly onMatrixCores: boolean;
 
   /**
-   * `floatKernel`: a float matrix records through this kernel instead of the graph's shared one
-   * (the decode graph's routers: the shape its router-route fold computes, on every device).
+   * `floatKernel`: a float matrix records its calls of up to GEMV_HALF_MAX_S tokens through this
+   * GEMV instead of the graph's shared one (the decode graph's routers: the shape its router-route
+   * fold computes, on every device); longer calls take the graph's float GEMM either way.
    */
   constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear, private readonly floatKernel?: GemvHalfKernel) {
     const device = kernels.device;
@@ -355,7 +369,8 @@ export class DeviceLinear implements Disposable {
       return path === "idp-gemv" || path === "idp-gemm" ? 2 : path === "gemm" ? 1 : Math.ceil(S / GGML_GEMV_MAX_S);
     }
     if (this.matrix) return this.quantPath(S) === "idp-gemm" ? 2 : 1;
-    return Math.ceil(S / GEMV_HALF_MAX_S);
+    // float: the GEMV up to GEMV_HALF_MAX_S tokens, the GEMM past it
+    return 1;
   }
 
   /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */
@@ -439,11 +454,10 @@ export class DeviceLinear implements Disposable {
   /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, xOffset = 0, yOffset = 0): void {
     if (this.float) {
-      // the float kernel takes GEMV_HALF_MAX_S tokens a dispatch: more run as several (independent rows of y, no barrier)
-      for (let t = 0; t < S; t += GEMV_HALF_MAX_S) {
-        const n = Math.min(GEMV_HALF_MAX_S, S - t);
-        (this.floatKernel ?? this.kernels.floatKernel()).record(cb, { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S: n, dtype: this.float.dtype, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
-      }
+      // the GEMV (this matrix's own where given) takes up to GEMV_HALF_MAX_S tokens; longer calls one GEMM dispatch
+      const args = { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S, dtype: this.float.dtype, xOffset, yOffset };
+      if (S > GEMV_HALF_MAX_S) this.kernels.floatGemmKernel(this.rows).record(cb, args);
+      else (this.floatKernel ?? this.kernels.floatKernel()).record(cb, args);
     } else if (this.blocks) {
       this.recordGgml(cb, this.blocks, x, y, S, xOffset, yOffset);
     } else {

@@ -42,6 +42,7 @@ import { ArgmaxKernel, ARGMAX_NONE } from "../kernels/decoder/argmax.ts";
 import { ATTENTION_GQA, ATTENTION_HEAD_DIMS, DecoderAttention, MAX_ATTENTION_TOKENS, type AttentionBinding } from "../kernels/decoder/attention.ts";
 import { CONV1D_MAX_KERNEL, Conv1dKernel } from "../kernels/decoder/conv1d.ts";
 import { DELTA_RULE_CHUNKED_MIN_S, DELTA_RULE_MAX_S, DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../kernels/decoder/delta-rule.ts";
+import { DeltaRuleSplitKernel, DeltaRuleSplitScratch } from "../kernels/decoder/delta-rule-split.ts";
 import { GatingKernel } from "../kernels/decoder/gating.ts";
 import { GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
 import { ROUTER_ROUTE_MAX_S, routerNormTokens, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
@@ -147,6 +148,11 @@ export class HybridGraph implements Disposable {
   private readonly deltaRule: DeltaRuleKernel;
   /** Prompt chunks of DELTA_RULE_CHUNKED_MIN_S tokens or more (not batches); absent where the device's shared memory is too small for it. */
   private readonly deltaRuleChunked: DeltaRuleChunkedKernel | undefined;
+  /**
+   * Prompt chunks of more than DELTA_RULE_MAX_S tokens: the two-pass delta rule and its scratch (a stage made for such
+   * chunks, where the device fits it; VKMOE_DELTA_SPLIT=off: the chunked kernel DELTA_RULE_MAX_S tokens a dispatch).
+   */
+  private readonly deltaRuleSplit: { kernel: DeltaRuleSplitKernel; scratch: DeltaRuleSplitScratch } | undefined;
   /** The recurrent delta rule runs the conv1d itself (one dependent step fewer a linear layer); VKMOE_CONV_FOLD=off: the separate conv1d step. */
   readonly convFold: boolean;
   private readonly gating: GatingKernel;
@@ -290,6 +296,11 @@ export class HybridGraph implements Disposable {
       this.convFold = readConfig().VKMOE_CONV_FOLD !== "off";
       const chunkedFits = DeltaRuleChunkedKernel.sharedBytes(16) <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
       this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
+      const splitFits = DeltaRuleSplitKernel.sharedBytes() <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
+      if (chunkedFits && splitFits && maxTokens > DELTA_RULE_MAX_S && readConfig().VKMOE_DELTA_SPLIT !== "off") {
+        const kernel = this.own(new DeltaRuleSplitKernel(device, { keyDim: kd, valueDim: vd }));
+        this.deltaRuleSplit = { kernel, scratch: this.own(kernel.scratch(maxTokens, VH)) };
+      }
       this.gating = this.own(new GatingKernel(device, { maxSets: 64 }));
       this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
       // the route fold where the shared expert runs in the experts' call (auto, route); beside its own GEMVs (its
@@ -490,7 +501,17 @@ export class HybridGraph implements Disposable {
           ...(coreQ && { quantized: coreQ }),
         });
         let deltaDispatches = chunked ? g + 1 : g;
-        if (chunked && S > DELTA_RULE_MAX_S) {
+        const split = chunked && S > DELTA_RULE_MAX_S ? this.deltaRuleSplit : undefined;
+        if (split) {
+          // a longer prompt chunk in two passes: every group's prepare (all its 64-token chunks at once), one
+          // barrier, every group's state pass (the chunks in order inside each workgroup), one barrier, one norm
+          for (let j = 0; j < g; j++) split.kernel.recordPrepare(cb, deltaArgs(j), split.scratch, j * heads);
+          cb.barrier("computeToCompute");
+          for (let j = 0; j < g; j++) split.kernel.recordState(cb, deltaArgs(j), split.scratch, j * heads);
+          cb.barrier("computeToCompute");
+          split.kernel.recordNorm(cb, { ...deltaArgs(0), keyHeads: KH, valueHeads: VH });
+          deltaDispatches = 2 * g + 1;
+        } else if (chunked && S > DELTA_RULE_MAX_S) {
           // a longer prompt chunk: DELTA_RULE_MAX_S tokens at a time, each carrying the recurrent state on
           // to the next, then one gated norm over all of them
           deltaDispatches = 1;
@@ -970,5 +991,7 @@ export function hybridGraphReserveBytes(cfg: Qwen35MoeConfig, w: HybridWeights, 
   // full ones, router logits, the shared expert's rows, the experts' gate/up and down rows
   const D = cfg.hidden, qd = cfg.heads * cfg.headDim, kvd = cfg.kvHeads * cfg.headDim, Vd = VH * vd;
   const perToken = 4 * (6 * D + 2 * C + 2 * Vd + 2 * VH + 3 * qd + 2 * kvd + cfg.experts + 2 * cfg.sharedIntermediate + cfg.topK * (cfg.expertIntermediate + D));
-  return bytes + 2 * full * slots * ctx * kvd * 2 + partials + chunk * perToken + 8 * 2 ** 20;
+  // chunks past DELTA_RULE_MAX_S tokens: the two-pass delta rule's scratch
+  const split = chunk > DELTA_RULE_MAX_S ? DeltaRuleSplitScratch.bytes(chunk, VH, kd) : 0;
+  return bytes + 2 * full * slots * ctx * kvd * 2 + partials + chunk * perToken + split + 8 * 2 ** 20;
 }

@@ -201,8 +201,8 @@ export class DeltaRuleKernel extends DecoderKernel {
   }
 }
 
-/** A call's arguments checked against the buffers (the checks both delta-rule kernels share), with the defaults filled in. */
-interface ResolvedDeltaRuleArgs {
+/** A call's arguments checked against the buffers (the checks the delta-rule kernels share), with the defaults filled in. */
+export interface ResolvedDeltaRuleArgs {
   S: number;
   Hk: number;
   Hv: number;
@@ -225,9 +225,10 @@ interface ResolvedDeltaRuleArgs {
   dtBiasOffset: number;
 }
 
-function resolveDeltaRuleArgs(device: Device, a: DeltaRuleArgs, Dk: number, Dv: number): ResolvedDeltaRuleArgs {
+/** `maxS`: the most tokens the calling kernel takes in one call. */
+export function resolveDeltaRuleArgs(device: Device, a: DeltaRuleArgs, Dk: number, Dv: number, maxS = DELTA_RULE_MAX_S): ResolvedDeltaRuleArgs {
   const { S, keyHeads: Hk, valueHeads: Hv } = a;
-  if (!Number.isInteger(S) || S < 1 || S > DELTA_RULE_MAX_S) throw new InvalidArgumentError(`S must be an integer in 1..${DELTA_RULE_MAX_S}, got ${S}`);
+  if (!Number.isInteger(S) || S < 1 || S > maxS) throw new InvalidArgumentError(`S must be an integer in 1..${maxS}, got ${S}`);
   for (const [name, v] of [["keyHeads", Hk], ["valueHeads", Hv]] as const) {
     if (!Number.isInteger(v) || v < 1) throw new InvalidArgumentError(`${name} must be a positive integer, got ${v}`);
   }

@@ -296,7 +296,7 @@ export class HybridGraph implements Disposable {
       this.convFold = readConfig().VKMOE_CONV_FOLD !== "off";
       const chunkedFits = DeltaRuleChunkedKernel.sharedBytes(16) <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
       this.deltaRuleChunked = chunkedFits ? this.own(new DeltaRuleChunkedKernel(device, { keyDim: kd, valueDim: vd })) : undefined;
-      const splitFits = DeltaRuleSplitKernel.sharedBytes() <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
+      const splitFits = DeltaRuleSplitKernel.sharedBytes(kd) <= device.info.limits.maxComputeSharedMemorySize && device.info.limits.maxComputeWorkGroupInvocations >= 256;
       if (chunkedFits && splitFits && maxTokens > DELTA_RULE_MAX_S && readConfig().VKMOE_DELTA_SPLIT !== "off") {
         const kernel = this.own(new DeltaRuleSplitKernel(device, { keyDim: kd, valueDim: vd }));
         this.deltaRuleSplit = { kernel, scratch: this.own(kernel.scratch(maxTokens, VH)) };

@@ -129,7 +129,7 @@ export class DeltaRuleSplitKernel implements Disposable {
     }
     const limits = device.info.limits;
     if (WORKGROUP > limits.maxComputeWorkGroupInvocations) throw new InvalidArgumentError(`the split delta rule needs ${WORKGROUP} invocations a workgroup, over the device's ${limits.maxComputeWorkGroupInvocations}`);
-    const shared = DeltaRuleSplitKernel.sharedBytes();
+    const shared = DeltaRuleSplitKernel.sharedBytes(keyDim);
     if (shared > limits.maxComputeSharedMemorySize) throw new InvalidArgumentError(`the split delta rule needs ${shared} B of shared memory, over the device's ${limits.maxComputeSharedMemorySize}`);
     this.keyDim = keyDim;
     this.valueDim = valueDim;
@@ -148,10 +148,16 @@ export class DeltaRuleSplitKernel implements Disposable {
     }
   }
 
-  /** The larger of the two shaders' shared memory (the state pass's: two 64 x 17 tiles, a state tile, P, U, the factors). */
-  static sharedBytes(): number {
-    const kt = WORKGROUP / STATE_SLICE;
-    return 4 * (2 * CHUNK * (kt + 1) + kt * STATE_SLICE + CHUNK * (CHUNK + 1) + CHUNK * STATE_SLICE + FACTOR_FLOATS);
+  /**
+   * The larger of the two shaders' shared memory: the prepare pass's 64 x 65 matrix, six per-token arrays and
+   * dec_linear_attention.glsl's unused reduction array (counted in case the driver keeps it); the state pass's
+   * state slice, U and two chunks' factors.
+   */
+  static sharedBytes(keyDim: number): number {
+    const parts = WORKGROUP / STATE_SLICE;
+    const prepare = 4 * (CHUNK * (CHUNK + 1) + 6 * CHUNK + WORKGROUP);
+    const state = 4 * (parts * Math.ceil(keyDim / parts) * STATE_SLICE + CHUNK * STATE_SLICE + 2 * FACTOR_FLOATS);
+    return Math.max(prepare, state);
   }
 
   /** A scratch for calls of up to maxTokens tokens over valueHeads value heads in all. */

@@ -31,6 +31,16 @@ describe("benchmark scripts run to the end", () => {
     expect(out).not.toContain("NaN");
   }, SCRIPT_TIMEOUT_MS);
 
+  test("bench:delta-rule --tokens 70: the chunked kernel and the two passes on one row, their results equal within 1e-9", () => {
+    const { code, out } = script(["scripts/bench-delta-rule.ts", "--tokens", "70", "--reps", "1"]);
+    expect(code).toBe(0);
+    const row = out.split("\n").find((l) => l.startsWith("| 70 |"));
+    expect(row).toBeDefined();
+    const [, , , , , outNmse, stateNmse] = row!.split("|").map((c) => c.trim());
+    expect(Number(outNmse)).toBeLessThanOrEqual(1e-9);
+    expect(Number(stateNmse)).toBeLessThanOrEqual(1e-9);
+  }, SCRIPT_TIMEOUT_MS);
+
   test("bench:moe-ggml --quick: the decode experts' rows, the graph's call beside them", () => {
     const { code, out } = script(["scripts/bench-moe-ggml.ts", "--quick", "--no-q4", "--calls", "1"]);
     expect(code).toBe(0);

@@ -22,12 +22,16 @@ const uint PARTS = WG / SLICE;                   // invocations per column
 const uint D_PER = (KEY_DIM + PARTS - 1) / PARTS;  // state rows per invocation
 const uint ROWS_PER = CHUNK / PARTS;             // token rows per invocation
 const uint F_STRIDE = 2 * CHUNK + 4;
+const bool KEY_VEC4 = KEY_DIM % 4 == 0;         // W rows are vec4s, and with flags bit 0 q and k rows too
+const bool STATE_VEC4 = KEY_VEC4 && D_PER % 4 == 0;  // an invocation's state rows are whole vec4s of k
 
 layout(set = 0, binding = 0) readonly buffer QKV { float qkv[]; };
+layout(set = 0, binding = 0) readonly buffer QKV4 { vec4 qkv4[]; };
 layout(set = 0, binding = 1) buffer State { float state[]; };
 layout(set = 0, binding = 2) buffer Out { float outv[]; };
 layout(set = 0, binding = 3) readonly buffer WScratch { float wIn[]; };
-layout(set = 0, binding = 4) readonly buffer PScratch { float pIn[]; };
+layout(set = 0, binding = 3) readonly buffer WScratch4 { vec4 wIn4[]; };
+layout(set = 0, binding = 4) readonly buffer PScratch4 { vec4 pIn4[]; };
 layout(set = 0, binding = 5) readonly buffer FScratch { float fIn[]; };
 
 layout(push_constant) uniform Push {
@@ -42,6 +46,7 @@ layout(push_constant) uniform Push {
     uint stateOffset;   // floats: [valueHeads][KEY_DIM][VALUE_DIM]
     uint scratchHeads;
     uint headBase;
+    uint flags;         // bit 0: q and k rows start on 16-byte boundaries (qOffset, kOffset, qkvStride, KEY_DIM multiples of 4)
 } pc;
 
 shared float stateS[PARTS * D_PER * SLICE];  // the slice at the chunk's start, [d][col]
@@ -60,6 +65,7 @@ void main() {
     const uint keyAt = kh * KEY_DIM;
     const uint d0 = part * D_PER;
     const uint stateAt = pc.stateOffset + h * KEY_DIM * VALUE_DIM + column;  // + d * VALUE_DIM
+    const bool vecRows = (pc.flags & 1u) != 0u;
 
     float s[D_PER];
     for (uint e = 0u; e < D_PER; e++) {
@@ -88,10 +94,20 @@ void main() {
                 const uint wAt = (t * pc.scratchHeads + pc.headBase + h) * KEY_DIM;
                 const uint qAt = pc.qOffset + t * pc.qkvStride + keyAt;
                 float wsum = 0.0, qsum = 0.0;
-                for (uint d = 0u; d < KEY_DIM; d++) {
-                    const float sv = stateS[d * SLICE + col];
-                    wsum += wIn[wAt + d] * sv;
-                    qsum += qkv[qAt + d] * sv;
+                if (KEY_VEC4 && vecRows) {
+                    for (uint d4 = 0u; d4 < KEY_DIM / 4u; d4++) {
+                        const uint d = 4u * d4;
+                        const vec4 sv = vec4(stateS[d * SLICE + col], stateS[(d + 1u) * SLICE + col], stateS[(d + 2u) * SLICE + col], stateS[(d + 3u) * SLICE + col]);
+                        const vec4 w = wIn4[wAt / 4u + d4], q = qkv4[qAt / 4u + d4];
+                        wsum += w.x * sv.x; wsum += w.y * sv.y; wsum += w.z * sv.z; wsum += w.w * sv.w;
+                        qsum += q.x * sv.x; qsum += q.y * sv.y; qsum += q.z * sv.z; qsum += q.w * sv.w;
+                    }
+                } else {
+                    for (uint d = 0u; d < KEY_DIM; d++) {
+                        const float sv = stateS[d * SLICE + col];
+                        wsum += wIn[wAt + d] * sv;
+                        qsum += qkv[qAt + d] * sv;
+                    }
                 }
                 ws[r] = wsum;
                 qs[r] = qsum;
@@ -111,7 +127,15 @@ void main() {
             const uint i = part + r * PARTS;
             if (i < n && columnIn) {
                 float o = factors[fAt + i] * qs[r];
-                for (uint j = 0u; j <= i; j++) o += pIn[pAt + i * CHUNK + j] * uv[j * SLICE + col];
+                const uint rowAt = (pAt + i * CHUNK) / 4u;
+                for (uint j4 = 0u; 4u * j4 <= i; j4++) {
+                    const vec4 pv = pIn4[rowAt + j4];  // P_ij is 0 past the diagonal
+                    const uint j = 4u * j4;
+                    o += pv.x * uv[j * SLICE + col];
+                    o += pv.y * uv[(j + 1u) * SLICE + col];
+                    o += pv.z * uv[(j + 2u) * SLICE + col];
+                    o += pv.w * uv[(j + 3u) * SLICE + col];
+                }
                 outv[pc.outOffset + (t0 + i) * pc.outStride + h * VALUE_DIM + column] = o;
             }
         }
@@ -122,8 +146,18 @@ void main() {
         for (uint j = 0u; j < n; j++) {
             const float uj = uv[j * SLICE + col] * factors[fAt + CHUNK + j];
             const uint kAt = pc.kOffset + (t0 + j) * pc.qkvStride + keyAt + d0;
-            for (uint e = 0u; e < D_PER; e++) {
-                if (d0 + e < KEY_DIM) s[e] += qkv[kAt + e] * uj;
+            if (STATE_VEC4 && vecRows) {
+                for (uint e4 = 0u; e4 < D_PER / 4u; e4++) {
+                    const vec4 kv = qkv4[kAt / 4u + e4];
+                    s[4u * e4] += kv.x * uj;
+                    s[4u * e4 + 1u] += kv.y * uj;
+                    s[4u * e4 + 2u] += kv.z * uj;
+                    s[4u * e4 + 3u] += kv.w * uj;
+                }
+            } else {
+                for (uint e = 0u; e < D_PER; e++) {
+                    if (d0 + e < KEY_DIM) s[e] += qkv[kAt + e] * uj;
+                }
             }
         }
     }

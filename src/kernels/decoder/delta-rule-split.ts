@@ -31,9 +31,9 @@ import { GatedNormKernel } from "./gated-norm.ts";
 export const DEC_DELTA_RULE_PREPARE: ShaderInterface = { name: "dec_delta_rule_prepare", storageBuffers: 8, pushConstantBytes: 72 };
 /**
  * qkv r, state rw, out rw, W r, P r, factors r; push S, keyHeads, valueHeads, qOffset, kOffset, qkvStride,
- * outOffset, outStride, stateOffset, scratchHeads, headBase: 44 B.
+ * outOffset, outStride, stateOffset, scratchHeads, headBase, flags (bit 0: q and k rows 16-byte aligned): 48 B.
  */
-export const DEC_DELTA_RULE_STATE: ShaderInterface = { name: "dec_delta_rule_state", storageBuffers: 6, pushConstantBytes: 44 };
+export const DEC_DELTA_RULE_STATE: ShaderInterface = { name: "dec_delta_rule_state", storageBuffers: 6, pushConstantBytes: 48 };
 
 /** Tokens of a chunk (the shaders' CHUNK) and floats of a chunk's factors (F_STRIDE). */
 const CHUNK = 64;
@@ -105,7 +105,9 @@ class StateKernel extends DecoderKernel {
 
   record(cb: CommandBuffer, a: DeltaRuleArgs, r: ResolvedDeltaRuleArgs, scratch: DeltaRuleSplitScratch, headBase: number, slices: number): void {
     const set = this.setFor([a.qkv, a.state, a.out, scratch.w, scratch.p, scratch.factors]);
-    const pc = pushWords([r.S, r.Hk, r.Hv, r.qOffset, r.kOffset, r.qkvStride, r.outOffset, r.outStride, r.stateOffset, scratch.valueHeads, headBase]);
+    // q and k rows as vec4s where every row starts on a 16-byte boundary
+    const aligned = [r.qOffset, r.kOffset, r.qkvStride, scratch.keyDim].every((x) => x % 4 === 0);
+    const pc = pushWords([r.S, r.Hk, r.Hv, r.qOffset, r.kOffset, r.qkvStride, r.outOffset, r.outStride, r.stateOffset, scratch.valueHeads, headBase, aligned ? 1 : 0]);
     cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(r.Hv, slices);
   }
 }

@@ -15,7 +15,7 @@ import { InvalidArgumentError } from "../src/errors.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../src/kernels/decoder/delta-rule.ts";
 import { gatedDeltaRuleRecurrent, type DeltaRuleShape } from "../src/model/linear-attention.ts";
-import { bufferOf as deviceBuffer, cpuLayer, DeviceLayer as LayerBuffers, expectClose, gates, layerInputs as inputsOf, type LayerInputs, nmse, NMSE_BOUND, NONE, relMaxErr, seededRandom, worstOf } from "./support/delta-layer.ts";
+import { bufferOf as deviceBuffer, cpuLayer, DeviceLayer as LayerBuffers, expectClose, gates, layerInputs as inputsOf, type LayerCall, type LayerInputs, type LayerRunOptions, nmse, runLayerCalls, NMSE_BOUND, NONE, relMaxErr, seededRandom, worstOf } from "./support/delta-layer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer } from "./support/host-buffers.ts";
 
@@ -55,27 +55,8 @@ class DeviceLayer extends LayerBuffers {
 type Kernel = DeltaRuleKernel | DeltaRuleChunkedKernel;
 
 /** Runs the calls (token counts, each through its kernel, a barrier between) on one submit from `state0`; returns out and the state. */
-function gpuLayer(shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, calls: [Kernel, number][], o: { norm: boolean; gatesGiven?: boolean; pad?: number; stateOffset?: number; outOffset?: number }): { out: Float32Array; state: Float32Array } {
-  const S = calls.reduce((n, [, c]) => n + c, 0), Vd = shape.valueHeads * shape.valueDim;
-  const stateOffset = o.stateOffset ?? 0, outOffset = o.outOffset ?? 0;
-  using layer = new DeviceLayer(shape, x, S, o.pad ?? 0);
-  const st = new Float32Array(stateOffset + state0.length);
-  st.set(state0, stateOffset);
-  using sb = bufferOf(st);
-  using ob = hostBuffer(device, outOffset + S * Vd);
-  submitAndWait(device, (cb) => {
-    let t0 = 0;
-    for (const [i, [kernel, n]] of calls.entries()) {
-      if (i > 0) cb.barrier("computeToCompute");
-      kernel.record(cb, layer.args(t0, n, sb, ob, o));
-      t0 += n;
-    }
-  });
-  expectTail(ob, outOffset + S * Vd, "delta rule out");
-  expectTail(sb, st.length, "delta rule state");
-  // nothing before the offsets written
-  expect(Array.from(f32(sb, stateOffset))).toEqual(Array.from(st.subarray(0, stateOffset)));
-  return { out: f32(ob, S * Vd, outOffset).slice(), state: f32(sb, state0.length, stateOffset).slice() };
+function gpuLayer(shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, calls: [Kernel, number][], o: LayerRunOptions): { out: Float32Array; state: Float32Array } {
+  return runLayerCalls(device, shape, x, state0, calls.map(([kernel, n]): LayerCall => [(cb, args) => kernel.record(cb, args), n]), o);
 }
 
 const SHAPES: [string, DeltaRuleShape][] = [

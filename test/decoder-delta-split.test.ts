@@ -18,7 +18,7 @@ import { DeltaRuleKernel, type DeltaRuleArgs } from "../src/kernels/decoder/delt
 import { DeltaRuleSplitKernel, type DeltaRuleSplitScratch } from "../src/kernels/decoder/delta-rule-split.ts";
 import { gatedDeltaRuleRecurrent, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import type { CommandBuffer } from "../src/vk/commands.ts";
-import { bufferOf, cpuLayer, DeviceLayer, expectClose, gates, layerInputs, NONE, seededRandom, worstOf, type LayerInputs } from "./support/delta-layer.ts";
+import { bufferOf, cpuLayer, DeviceLayer, expectClose, gates, layerInputs, NONE, runLayerCalls, seededRandom, worstOf, type LayerCall, type LayerInputs, type LayerRunOptions } from "./support/delta-layer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer } from "./support/host-buffers.ts";
 
@@ -59,31 +59,14 @@ const random = seededRandom(9101);
 const stateOf = (shape: DeltaRuleShape) => random(shape.valueHeads * shape.keyDim * shape.valueDim, 0.5);
 
 type Call = ["split" | "recurrent", number];
-interface Options { norm: boolean; gatesGiven?: boolean; pad?: number; stateOffset?: number; outOffset?: number }
 
 /** Runs the calls (a barrier between) on one submit from `state0`; returns out and the state. */
-function gpuLayer(shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, calls: Call[], o: Options): { out: Float32Array; state: Float32Array } {
-  const S = calls.reduce((n, [, c]) => n + c, 0), Vd = shape.valueHeads * shape.valueDim;
-  const stateOffset = o.stateOffset ?? 0, outOffset = o.outOffset ?? 0;
-  using layer = new DeviceLayer(device, shape, x, S, o.pad ?? 0);
-  const st = new Float32Array(stateOffset + state0.length);
-  st.set(state0, stateOffset);
-  using sb = bufferOf(device, st);
-  using ob = hostBuffer(device, outOffset + S * Vd);
-  submitAndWait(device, (cb) => {
-    let t0 = 0;
-    for (const [i, [kind, n]] of calls.entries()) {
-      if (i > 0) cb.barrier("computeToCompute");
-      const args = layer.args(t0, n, sb, ob, o);
-      if (kind === "split") splitKernel(shape).record(cb, args, scratchFor(shape));
-      else recurrentKernel(shape).record(cb, args);
-      t0 += n;
-    }
-  });
-  expectTail(ob, outOffset + S * Vd, "delta rule out");
-  expectTail(sb, st.length, "delta rule state");
-  expect(Array.from(f32(sb, stateOffset))).toEqual(Array.from(st.subarray(0, stateOffset)));
-  return { out: f32(ob, S * Vd, outOffset).slice(), state: f32(sb, state0.length, stateOffset).slice() };
+function gpuLayer(shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, calls: Call[], o: LayerRunOptions): { out: Float32Array; state: Float32Array } {
+  const recorders = {
+    split: (cb: CommandBuffer, args: DeltaRuleArgs) => splitKernel(shape).record(cb, args, scratchFor(shape)),
+    recurrent: (cb: CommandBuffer, args: DeltaRuleArgs) => recurrentKernel(shape).record(cb, args),
+  };
+  return runLayerCalls(device, shape, x, state0, calls.map(([kind, n]): LayerCall => [recorders[kind], n]), o);
 }
 
 const SHAPES: [string, DeltaRuleShape][] = [

@@ -14,6 +14,7 @@ import { CONV1D_MAX_S, CONV1D_TOKEN_BLOCK, Conv1dKernel, DeltaRuleKernel, GatedN
 import { causalConv1dSilu, gatedDeltaRuleChunked, gatedDeltaRuleRecurrent, gatedRmsNorm, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { Buffer } from "../src/vk/memory.ts";
+import { gates, layerInputs, type LayerInputs } from "./support/delta-layer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer as deviceHostBuffer } from "./support/host-buffers.ts";
 
@@ -174,44 +175,6 @@ describe("dec_conv1d vs causalConv1dSilu (kernel 4, non-zero starting state)", (
 });
 
 // ---------------------------------------------------------------------------------------------
-interface LayerInputs {
-  q: Float32Array;
-  k: Float32Array;
-  v: Float32Array;
-  /** The a and b projections, and the per-head parameters. */
-  a: Float32Array;
-  b: Float32Array;
-  negA: Float32Array;
-  dtBias: Float32Array;
-  z: Float32Array;
-  normW: Float32Array;
-}
-
-function layerInputs(shape: DeltaRuleShape, S: number): LayerInputs {
-  const { keyHeads: Hk, valueHeads: Hv, keyDim: Dk, valueDim: Dv } = shape;
-  // −exp(A_log) from slow (0.02) to fast (4) decay across heads, as trained layers have; dt_bias around −1
-  const negA = Float32Array.from({ length: Hv }, (_, h) => -Math.fround(0.02 * 200 ** (h / Math.max(1, Hv - 1))));
-  return {
-    q: random(S * Hk * Dk), k: random(S * Hk * Dk), v: random(S * Hv * Dv),
-    a: random(S * Hv), b: random(S * Hv, 2), negA, dtBias: random(Hv).map((x) => x - 1),
-    z: random(S * Hv * Dv), normW: random(Dv, 0.3).map((x) => x + 1),
-  };
-}
-
-/** beta and g as src/model/hybrid-decoder.ts deltaNet computes them (sigmoid; torch's softplus, threshold 20). */
-function gates(x: LayerInputs, S: number, Hv: number): { g: Float32Array; beta: Float32Array } {
-  const softplus = (v: number) => (v > 20 ? v : Math.log1p(Math.exp(v)));
-  const g = new Float32Array(S * Hv), beta = new Float32Array(S * Hv);
-  for (let t = 0; t < S; t++) {
-    for (let h = 0; h < Hv; h++) {
-      const i = t * Hv + h;
-      beta[i] = 1 / (1 + Math.exp(-x.b[i]!));
-      g[i] = x.negA[h]! * Math.fround(softplus(Math.fround(x.a[i]! + x.dtBias[h]!)));
-    }
-  }
-  return { g, beta };
-}
-
 /** The CPU path: gatedDeltaRuleRecurrent (or Chunked) from `state` (updated), then optionally gatedRmsNorm. */
 function cpuLayer(shape: DeltaRuleShape, x: LayerInputs, S: number, state: Float32Array, norm: boolean, kind: "recurrent" | "chunked" = "recurrent"): Float32Array {
   const { g, beta } = gates(x, S, shape.valueHeads);
@@ -305,7 +268,7 @@ describe("dec_delta_rule vs gatedDeltaRuleRecurrent (gates from a, b in the kern
       const kernel = deltaKernel(shape.keyDim, shape.valueDim);
       let worst = 0;
       for (const S of SIZES) {
-        const x = layerInputs(shape, S);
+        const x = layerInputs(shape, S, random);
         const state0 = random(shape.valueHeads * shape.keyDim * shape.valueDim, 0.5);
         const refState = state0.slice();
         const ref = cpuLayer(shape, x, S, refState, false);
@@ -321,7 +284,7 @@ describe("dec_delta_rule vs gatedDeltaRuleRecurrent (gates from a, b in the kern
   test("g and beta given (flags bit 1), offsets past zero, decode tokens one call each", () => {
     const shape = TINY, S = 5, Hv = shape.valueHeads;
     const kernel = deltaKernel(shape.keyDim, shape.valueDim);
-    const x = layerInputs(shape, S);
+    const x = layerInputs(shape, S, random);
     const { g, beta } = gates(x, S, Hv);
     const state0 = random(Hv * shape.keyDim * shape.valueDim, 0.5), refState = state0.slice();
     const ref = new Float32Array(S * Hv * shape.valueDim);
@@ -367,7 +330,7 @@ describe("dec_delta_rule with the gated RMSNorm fused in vs gatedDeltaRuleRecurr
       for (const [label, shape] of cases) {
         const kernel = deltaKernel(shape.keyDim, shape.valueDim, useSubgroup);
         for (const S of [1, 17, 64]) {
-          const x = layerInputs(shape, S);
+          const x = layerInputs(shape, S, random);
           const state0 = random(shape.valueHeads * shape.keyDim * shape.valueDim, 0.5), refState = state0.slice();
           const ref = cpuLayer(shape, x, S, refState, true);
           const got = gpuLayer(kernel, shape, x, state0, S === 1 ? [1] : [split(S), S - split(S)], true);
@@ -437,7 +400,7 @@ describe("conv1d → delta rule (+ gated norm) chained as the layer runs them, v
       const kernel = deltaKernel(Dk, Dv);
       // the in_proj_qkv output (conv input) and the other projections, random; the layer's parameters
       const mixed = random(S * C), convW = random(C * KERNEL, 0.5);
-      const x = layerInputs(shape, S);
+      const x = layerInputs(shape, S, random);
       const convState0 = random(C * (KERNEL - 1)), deltaState0 = random(Hv * Dk * Dv, 0.5);
       // CPU: as hybrid-decoder.ts deltaNet, call by call
       const cpuConv = convState0.slice(), cpuDelta = deltaState0.slice(), ref = new Float32Array(S * Vd);

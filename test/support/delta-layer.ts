@@ -7,9 +7,11 @@ import { expect } from "bun:test";
 import type { DeltaRuleArgs } from "../../src/kernels/decoder/delta-rule.ts";
 import { gatedDeltaRuleRecurrent, gatedRmsNorm, type DeltaRuleShape } from "../../src/model/linear-attention.ts";
 import { randomGaussianF32 } from "../../src/quant/random.ts";
+import { submitAndWait } from "../../src/kernels/decoder/common.ts";
+import type { CommandBuffer } from "../../src/vk/commands.ts";
 import type { Device } from "../../src/vk/device.ts";
 import type { Buffer } from "../../src/vk/memory.ts";
-import { f32, hostBuffer } from "./host-buffers.ts";
+import { expectTail, f32, hostBuffer } from "./host-buffers.ts";
 
 /** NMSE (sum (got - ref)^2 / sum ref^2) against the f64 reference, and max |got - ref| / max |ref| (the recurrent kernel's bound). */
 export const NMSE_BOUND = 1e-9;
@@ -172,4 +174,35 @@ export class DeviceLayer implements Disposable {
   [Symbol.dispose](): void {
     for (const b of [this.gb, this.params, this.z, this.b, this.a, this.qkv]) b[Symbol.dispose]();
   }
+}
+
+export interface LayerRunOptions { norm: boolean; gatesGiven?: boolean; pad?: number; stateOffset?: number; outOffset?: number }
+/** A call of `tokens` tokens, recorded by `record` from its arguments. */
+export type LayerCall = [record: (cb: CommandBuffer, args: DeltaRuleArgs) => void, tokens: number];
+
+/**
+ * Runs the calls one after another (a barrier between) on one submit from `state0`, the outputs and
+ * state past the offsets, sentinels checked past their ends and nothing before the state's offset
+ * written; returns out and the state.
+ */
+export function runLayerCalls(device: Device, shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, calls: LayerCall[], o: LayerRunOptions): { out: Float32Array; state: Float32Array } {
+  const S = calls.reduce((n, [, c]) => n + c, 0), Vd = shape.valueHeads * shape.valueDim;
+  const stateOffset = o.stateOffset ?? 0, outOffset = o.outOffset ?? 0;
+  using layer = new DeviceLayer(device, shape, x, S, o.pad ?? 0);
+  const st = new Float32Array(stateOffset + state0.length);
+  st.set(state0, stateOffset);
+  using sb = bufferOf(device, st);
+  using ob = hostBuffer(device, outOffset + S * Vd);
+  submitAndWait(device, (cb) => {
+    let t0 = 0;
+    for (const [i, [record, n]] of calls.entries()) {
+      if (i > 0) cb.barrier("computeToCompute");
+      record(cb, layer.args(t0, n, sb, ob, o));
+      t0 += n;
+    }
+  });
+  expectTail(ob, outOffset + S * Vd, "delta rule out");
+  expectTail(sb, st.length, "delta rule state");
+  expect(Array.from(f32(sb, stateOffset))).toEqual(Array.from(st.subarray(0, stateOffset)));
+  return { out: f32(ob, S * Vd, outOffset).slice(), state: f32(sb, state0.length, stateOffset).slice() };
 }

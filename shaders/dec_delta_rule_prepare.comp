@@ -17,12 +17,11 @@
 //
 // Phases: gates and G; the Gram blocks k.k^T and q.k^T over tiles of key rows (a 4x4 register block
 // per invocation on a 16x16 grid, as the chunked kernel); A into shared memory, P and the factors out;
-// then each invocation solves (I + A) x = r for its own right-hand columns (beta v's VALUE_DIM
-// columns, then beta exp(G) k's KEY_DIM), by forward substitution over the 64 rows held in registers.
+// then (I + A) x = r for the right-hand columns (beta v's VALUE_DIM, then beta exp(G) k's KEY_DIM),
+// 32 at a time in shared memory, by blocks as dec_delta_rule_chunked solves its slice.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint KEY_DIM = 128;
@@ -38,6 +37,8 @@ const uint TILE_STRIDE = KT + 1;
 const uint K_TILE = 0;
 const uint Q_TILE = CHUNK * TILE_STRIDE;
 const uint F_STRIDE = 2 * CHUNK + 4;  // qFactor[CHUNK], kFactor[CHUNK], decay, padding
+const uint BLOCK = 16;                // diagonal blocks of the triangular solve
+const uint GROUP = 32;                // right-hand columns solved at a time
 const float L2_EPS = 1e-6;
 
 #include "dec_linear_attention.glsl"
@@ -72,7 +73,9 @@ layout(push_constant) uniform Push {
     uint headBase;      // P of (c, h) at (c * scratchHeads + headBase + h) * CHUNK * CHUNK, factors * F_STRIDE
 } pc;
 
-shared float mat[CHUNK * MAT_STRIDE];  // the k and q tiles, then A (strictly lower)
+shared float mat[CHUNK * MAT_STRIDE];  // the k and q tiles, then A (strictly lower) and the diagonal blocks' inverses
+shared float rhs[CHUNK * GROUP];       // a group of right-hand columns, then their solutions
+shared float yBlock[BLOCK * GROUP];
 shared float gLog[CHUNK];
 shared float gHi[CHUNK];               // G = gHi + gLo
 shared float gLo[CHUNK];
@@ -204,31 +207,55 @@ void main() {
     }
     barrier();
 
-    // ---- (I + A) x = r, one right-hand column an invocation: beta v's columns, then beta exp(G) k's
-    for (uint col = li; col < VALUE_DIM + KEY_DIM; col += WG) {
-        const bool isV = col < VALUE_DIM;
-        const uint d = col - VALUE_DIM;
-        float r[CHUNK];
-        [[unroll]] for (uint i = 0u; i < CHUNK; i++) {
+    // ---- (I + A) x = r over the right-hand columns (beta v's VALUE_DIM, then beta exp(G) k's KEY_DIM), GROUP
+    // at a time in shared memory: the 16 x 16 diagonal blocks inverted once (column m of a block's inverse
+    // at mat[base + m][base + i], the upper triangle A leaves unread), then per group block forward
+    // substitution as dec_delta_rule_chunked's (y = r_b - A_b,<b x_<b, x_b = inv(I + A_bb) y)
+    const uint blocks = (n + BLOCK - 1u) / BLOCK;
+    if (li < blocks * BLOCK) {
+        const uint base = (li / BLOCK) * BLOCK, m = li % BLOCK;
+        const uint colAt = (base + m) * MAT_STRIDE + base;
+        for (uint i = m + 1u; i < BLOCK; i++) {
+            const uint rowAt = (base + i) * MAT_STRIDE + base;
+            float acc = mat[rowAt + m];
+            for (uint j = m + 1u; j < i; j++) acc += mat[rowAt + j] * mat[colAt + j];
+            mat[colAt + i] = -acc;
+        }
+    }
+    for (uint g0 = 0u; g0 < VALUE_DIM + KEY_DIM; g0 += GROUP) {
+        for (uint e = li; e < CHUNK * GROUP; e += WG) {
+            const uint i = e / GROUP, col = g0 + e % GROUP;
             float v = 0.0;
-            if (i < n) {
+            if (i < n && col < VALUE_DIM + KEY_DIM) {
                 const uint t = t0 + i;
-                if (isV) v = betaS[i] * qkv[pc.vOffset + t * pc.qkvStride + h * VALUE_DIM + col];
-                else v = betaS[i] * exp(gHi[i] + gLo[i]) * (qkv[pc.kOffset + t * pc.qkvStride + keyAt + d] * (1.0 / sqrt(kSq[i] + L2_EPS)));
+                if (col < VALUE_DIM) v = betaS[i] * qkv[pc.vOffset + t * pc.qkvStride + h * VALUE_DIM + col];
+                else v = betaS[i] * exp(gHi[i] + gLo[i]) * (qkv[pc.kOffset + t * pc.qkvStride + keyAt + col - VALUE_DIM] * (1.0 / sqrt(kSq[i] + L2_EPS)));
             }
-            r[i] = v;
+            rhs[e] = v;
         }
-        [[unroll]] for (uint i = 1u; i < CHUNK; i++) {
-            float acc = r[i];
-            [[unroll]] for (uint j = 0u; j < i; j++) acc -= mat[i * MAT_STRIDE + j] * r[j];
-            r[i] = acc;
-        }
-        [[unroll]] for (uint i = 0u; i < CHUNK; i++) {
-            if (i < n) {
-                const uint t = t0 + i;
-                if (isV) outv[pc.outOffset + t * pc.outStride + h * VALUE_DIM + col] = r[i];
-                else wOut[(t * pc.scratchHeads + pc.headBase + h) * KEY_DIM + d] = r[i];
+        barrier();  // also orders the block inverses above before their first reads
+        for (uint bk = 0u; bk < blocks; bk++) {
+            const uint base = bk * BLOCK;
+            for (uint e = li; e < BLOCK * GROUP; e += WG) {
+                const uint i = base + e / GROUP, c = e % GROUP;
+                float y = rhs[i * GROUP + c];
+                for (uint j = 0u; j < base; j++) y -= mat[i * MAT_STRIDE + j] * rhs[j * GROUP + c];
+                yBlock[e] = y;
             }
+            barrier();
+            for (uint e = li; e < BLOCK * GROUP; e += WG) {
+                const uint il = e / GROUP, c = e % GROUP;
+                float u = yBlock[e];
+                for (uint m = 0u; m < il; m++) u += mat[(base + m) * MAT_STRIDE + base + il] * yBlock[m * GROUP + c];
+                rhs[(base + il) * GROUP + c] = u;
+            }
+            barrier();
         }
+        for (uint e = li; e < n * GROUP; e += WG) {
+            const uint i = e / GROUP, col = g0 + e % GROUP, t = t0 + i;
+            if (col < VALUE_DIM) outv[pc.outOffset + t * pc.outStride + h * VALUE_DIM + col] = rhs[e];
+            else if (col < VALUE_DIM + KEY_DIM) wOut[(t * pc.scratchHeads + pc.headBase + h) * KEY_DIM + col - VALUE_DIM] = rhs[e];
+        }
+        barrier();  // the group's rows read before the next group's are written
     }
 }

@@ -40,6 +40,8 @@ const CHUNK = 64;
 const FACTOR_FLOATS = 2 * CHUNK + 4;
 const WORKGROUP = 256;
 const STATE_SLICE = 16;
+/** Right-hand columns the prepare pass solves at a time (its GROUP). */
+const SOLVE_GROUP = 32;
 
 /** The prepare pass's outputs for up to `maxTokens` tokens of `valueHeads` value heads of keyDim columns. */
 export class DeltaRuleSplitScratch implements Disposable {
@@ -151,13 +153,14 @@ export class DeltaRuleSplitKernel implements Disposable {
   }
 
   /**
-   * The larger of the two shaders' shared memory: the prepare pass's 64 x 65 matrix, six per-token arrays and
+   * The larger of the two shaders' shared memory: the prepare pass's 64 x 65 matrix, a group of right-hand
+   * columns and a block of them, six per-token arrays and
    * dec_linear_attention.glsl's unused reduction array (counted in case the driver keeps it); the state pass's
    * state slice, U and two chunks' factors.
    */
   static sharedBytes(keyDim: number): number {
     const parts = WORKGROUP / STATE_SLICE;
-    const prepare = 4 * (CHUNK * (CHUNK + 1) + 6 * CHUNK + WORKGROUP);
+    const prepare = 4 * (CHUNK * (CHUNK + 1) + CHUNK * SOLVE_GROUP + 16 * SOLVE_GROUP + 6 * CHUNK + WORKGROUP);
     const state = 4 * (parts * Math.ceil(keyDim / parts) * STATE_SLICE + CHUNK * STATE_SLICE + 2 * FACTOR_FLOATS);
     return Math.max(prepare, state);
   }

@@ -8,7 +8,7 @@
  *   mid-word, a partial last step) and 2048 (the 16-byte and word load paths); S = 9, 64 and 513 (a
  *   partial token tile, one tile, 8 tiles and one token). Each shape also runs on the other's matrices
  *   (any shape takes any matrix), and with offsets (unaligned x, odd weightOffset).
- * - DeviceLinear: a float matrix at S = 100 is one dispatch and equals its calls of GEMV_HALF_MAX_S
+ * - DeviceLinear: a float matrix of fewer than 32 rows at S = 100 is one dispatch (a router's: GEMV calls) and equals its calls of GEMV_HALF_MAX_S
  *   tokens or fewer (the GEMV path), and its `floatKernel` GEMV still runs the decode calls.
  * Output buffers carry sentinel words before yOffset and past the end, checked after each run.
  *
@@ -190,8 +190,8 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
   });
 });
 
-describe("DeviceLinear sends float prompt chunks to the GEMM", () => {
-  test("f32, f16, bf16; 256 x 2048 (router) and 1 x 2048 (shared_expert_gate), 3 x 37: S = 100 is one dispatch and equals its GEMV calls of <= 8 tokens", () => {
+describe("DeviceLinear sends the float prompt chunks of matrices of few rows to the GEMM", () => {
+  test("f32, f16, bf16; 1 x 2048 (shared_expert_gate) and 3 x 37: S = 100 is one dispatch; 256 x 2048 (router): GEMV calls of 8 tokens; each equals its GEMV calls of <= 8 tokens", () => {
     using linears = new LinearKernels(device, { integerDot: false });
     const S = 100;
     let worst = 0;
@@ -199,7 +199,8 @@ describe("DeviceLinear sends float prompt chunks to the GEMM", () => {
       for (const [rows, cols] of [[256, 2048], [1, 2048], [3, 37]] as const) {
         const m = randomMatrix(dtype, rows, cols);
         using dl = new DeviceLinear(linears, "blk.0.ffn_gate_inp.weight", m);
-        expect([dl.dispatches(1), dl.dispatches(GEMV_HALF_MAX_S), dl.dispatches(GEMV_HALF_MAX_S + 1), dl.dispatches(S), dl.dispatches(512)]).toEqual([1, 1, 1, 1, 1]);
+        const gemm = rows < 32;
+        expect([dl.dispatches(1), dl.dispatches(GEMV_HALF_MAX_S), dl.dispatches(GEMV_HALF_MAX_S + 1), dl.dispatches(S), dl.dispatches(512)]).toEqual(gemm ? [1, 1, 1, 1, 1] : [1, 1, 2, 13, 64]);
         const x = randomGaussianF32(S * cols, seed++);
         const viaGemm = runOnGpu(m, x, S, 4, 3, (xb, yb) => submitAndWait(device, (cb) => dl.record(cb, xb, yb, S, 4, 3)));
         // the GEMV path: calls of GEMV_HALF_MAX_S tokens (and a last of 4), independent rows of y
@@ -219,10 +220,10 @@ describe("DeviceLinear sends float prompt chunks to the GEMM", () => {
     console.log(`  DeviceLinear GEMM vs GEMV calls: worst NMSE ${worst.toExponential(2)}`);
   }, 600_000);
 
-  test("a floatKernel GEMV still runs the decode calls (bit for bit its own output); S > 8 takes the GEMM", () => {
+  test("a floatKernel GEMV still runs the GEMV calls (bit for bit its own output); a 3-row matrix's S > 8 takes the GEMM", () => {
     using linears = new LinearKernels(device, { integerDot: false });
     using own = new GemvHalfKernel(device, { workgroupSize: 32, rowsPerWorkgroup: 2, useSubgroup: false });
-    const m = randomMatrix("f32", 64, 300);
+    const m = randomMatrix("f32", 3, 300);
     using dl = new DeviceLinear(linears, "blk.0.ffn_gate_inp.weight", m, own);
     using wb = weightBuffer(m, 0);
     for (const S of [1, 5, GEMV_HALF_MAX_S]) {

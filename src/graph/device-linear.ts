@@ -1,7 +1,8 @@
 /**
  * A decoder matrix in device memory with the kernel that multiplies by it: float weights
  * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, or for calls of more than
- * GEMV_HALF_MAX_S tokens through FloatGemmKernel (one dispatch for any S); q4/q8 QuantMatrix
+ * GEMV_HALF_MAX_S tokens of a matrix of few rows through FloatGemmKernel's narrow shape (one dispatch
+ * for any S); q4/q8 QuantMatrix
  * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
  * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
  * (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the file's blocks as they are) through GgmlGemvKernel (64
@@ -302,9 +303,9 @@ export class DeviceLinear implements Disposable {
   readonly onMatrixCores: boolean;
 
   /**
-   * `floatKernel`: a float matrix records its calls of up to GEMV_HALF_MAX_S tokens through this
-   * GEMV instead of the graph's shared one (the decode graph's routers: the shape its router-route
-   * fold computes, on every device); longer calls take the graph's float GEMM either way.
+   * `floatKernel`: a float matrix records its GEMV calls through this GEMV instead of the graph's
+   * shared one (the decode graph's routers: the shape its router-route fold computes, on every
+   * device); a matrix of few rows takes the graph's float GEMM past GEMV_HALF_MAX_S tokens either way.
    */
   constructor(private readonly kernels: LinearKernels, readonly name: string, linear: Linear, private readonly floatKernel?: GemvHalfKernel) {
     const device = kernels.device;
@@ -369,8 +370,19 @@ export class DeviceLinear implements Disposable {
       return path === "idp-gemv" || path === "idp-gemm" ? 2 : path === "gemm" ? 1 : Math.ceil(S / GGML_GEMV_MAX_S);
     }
     if (this.matrix) return this.quantPath(S) === "idp-gemm" ? 2 : 1;
-    // float: the GEMV up to GEMV_HALF_MAX_S tokens, the GEMM past it
-    return 1;
+    // float: the narrow GEMM for a chunk of a matrix of few rows, else the GEMV GEMV_HALF_MAX_S tokens a dispatch
+    return this.floatGemmTakes(S) ? 1 : Math.ceil(S / GEMV_HALF_MAX_S);
+  }
+
+  /**
+   * Whether a float matrix's call of S tokens takes the float GEMM: past GEMV_HALF_MAX_S tokens, and only a
+   * matrix of fewer rows than a GEMM tile (the narrow shape: a 1-row shared_expert_gate 98 -> 45 µs at 512
+   * tokens on the H100); the routers keep the GEMV dispatches, which the GEMM's tile did not beat there
+   * (128 x 2048 at 512 tokens 281 µs through the GEMVs, 455 the tile, 254 the narrow shape; 256 x 2048
+   * 501, 454, 477; and 64 -> 113 µs a layer for Qwen3-30B's router in profile:graph; 2026-12-07).
+   */
+  private floatGemmTakes(S: number): boolean {
+    return S > GEMV_HALF_MAX_S && floatGemmShape(this.rows) !== 0;
   }
 
   /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */
@@ -454,10 +466,16 @@ export class DeviceLinear implements Disposable {
   /** y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
   record(cb: CommandBuffer, x: Buffer, y: Buffer, S = 1, xOffset = 0, yOffset = 0): void {
     if (this.float) {
-      // the GEMV (this matrix's own where given) takes up to GEMV_HALF_MAX_S tokens; longer calls one GEMM dispatch
       const args = { weights: this.float.buffer, x, y, rows: this.rows, cols: this.cols, S, dtype: this.float.dtype, xOffset, yOffset };
-      if (S > GEMV_HALF_MAX_S) this.kernels.floatGemmKernel(this.rows).record(cb, args);
-      else (this.floatKernel ?? this.kernels.floatKernel()).record(cb, args);
+      if (this.floatGemmTakes(S)) {
+        this.kernels.floatGemmKernel(this.rows).record(cb, args);
+      } else {
+        // the GEMV (this matrix's own where given) takes GEMV_HALF_MAX_S tokens a dispatch: more run as several (independent rows of y, no barrier)
+        for (let t = 0; t < S; t += GEMV_HALF_MAX_S) {
+          const n = Math.min(GEMV_HALF_MAX_S, S - t);
+          (this.floatKernel ?? this.kernels.floatKernel()).record(cb, { ...args, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
+        }
+      }
     } else if (this.blocks) {
       this.recordGgml(cb, this.blocks, x, y, S, xOffset, yOffset);
     } else {

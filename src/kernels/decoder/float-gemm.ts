@@ -10,6 +10,8 @@
  * x 64 tokens with the weights staged in shared memory, and for matrices of fewer rows than a tile
  * (the shared expert's 1-row gate) a narrow shape of 1..4 rows x 8 tokens a workgroup, which spreads
  * the tokens over S / 8 workgroups instead of leaving a 32-row tile mostly empty (floatGemmShape).
+ * DeviceLinear takes the narrow shape only: on the H100 the tile did not beat the GEMV's dispatches
+ * for the routers (device-linear.ts floatGemmTakes has the figures).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";

@@ -50,6 +50,7 @@ const envSchema = z.strictObject({
   VKMOE_COMBINE_TAIL: z.enum(["auto", "off"]).default("auto"),
   /** Decode's Gated DeltaNet delta rule runs the conv1d itself ("auto"), or after the conv's own dispatch ("off"). */
   VKMOE_CONV_FOLD: z.enum(["auto", "off"]).default("auto"),
+  /** Qwen3.5 prompt chunks past 64 tokens run the delta rule in two passes ("auto"), or 64 tokens a dispatch ("off"). */
   VKMOE_DELTA_SPLIT: z.enum(["auto", "off"]).default("auto"),
   /**
    * Decode's MoE router GEMV does the post-attention norm in each workgroup and routes the tokens in

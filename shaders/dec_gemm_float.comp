@@ -4,34 +4,26 @@
 // packed two per uint, element 2j of the flat array in the low half (with I odd, rows start
 // mid-word), or with flags bit 1 f32, one element per uint (weightOffset then counts f32
 // elements).  x f32 [S][I] at xOffset, y f32 [S][O] at yOffset, f32 sums.  dec_gemv_half takes at
-// most 8 tokens a dispatch, reading each weight once per 8 tokens; this reads it once per tile.
+// most 8 tokens a dispatch; this takes any S in one.
 //
-// Two shapes, by the spec constant NARROW_ROWS:
-// - 0, the tile (dec_gemm_quant's): a workgroup of 128 threads per BM = 32 rows x BN = 64 tokens
-//   walks the columns BK = 32 at a time, the weight tile converted to f32 in shared memory once
-//   for all 64 tokens and the x tile once for all 32 rows; each thread accumulates a 4 x 4 (rows x
-//   tokens) register tile.  The next step's weights and x are loaded into registers while the
-//   current step computes.  Grid ceil(O / 32) x ceil(S / 64).
-// - 1..4, for matrices of fewer rows than a tile (the shared expert's 1-row gate: a 32-row tile
-//   would compute 31 rows for nothing, in only S / 64 workgroups): a workgroup per NARROW_ROWS rows
-//   x NT = 8 tokens, so the tokens spread over S / 8 workgroups.  Thread (g, k) = (t / 32, t % 32)
-//   takes the 4-column chunks k, k + 32, ... of tokens 2g, 2g + 1, each weight chunk (read from
-//   global memory: a few rows stay in cache) serving both tokens; the 32 partials of each output
-//   are then added in shared memory, in order.  Grid ceil(O / NARROW_ROWS) x ceil(S / 8).
+// A workgroup per NARROW_ROWS (1..4) rows x NT = 8 tokens, for matrices of few rows (the shared
+// expert's 1-row gate), so the tokens spread over S / 8 workgroups.  Thread (g, k) = (t / 32, t % 32)
+// takes the 4-column chunks k, k + 32, ... of tokens 2g, 2g + 1, each weight chunk (read from
+// global memory: a few rows stay in cache) serving both tokens; the 32 partials of each output are
+// then added in shared memory, in order.  Grid ceil(O / NARROW_ROWS) x ceil(S / 8).  (A 32 x 64
+// tile with the weights staged in shared memory was slower than dec_gemv_half's dispatches for the
+// routers on the H100, 2026-12-07: docs/measurements.md.)
 // Rows past O, tokens past S and columns past I compute zeros that are never stored (weights and
 // x past I are read as 0, nothing past the matrix or x is read).
 #extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint NARROW_ROWS = 0u;  // 0: the 32 x 64 tile; 1..4: the narrow shape's rows
+layout(constant_id = 0) const uint NARROW_ROWS = 4u;  // rows a workgroup, 1..4
 
 const uint WG = 128u;
-const uint BM = 32u;  // tile: rows per workgroup
-const uint BN = 64u;  // tile: tokens per workgroup
-const uint BK = 32u;  // tile: columns per step
-const uint KS = 32u;  // narrow: threads over a token's columns
-const uint TN = 2u;   // narrow: tokens per thread
-const uint NT = (WG / KS) * TN;  // narrow: tokens per workgroup (8)
+const uint KS = 32u;  // threads over a token's columns
+const uint TN = 2u;   // tokens per thread
+const uint NT = (WG / KS) * TN;  // tokens per workgroup (8)
 const uint MAX_NARROW = 4u;
 
 layout(std430, binding = 0) readonly restrict buffer W4 { uvec4 w4[]; };
@@ -50,10 +42,7 @@ layout(push_constant, std430) uniform PC {
     uint flags;         // bit 0: bf16 (else f16); bit 1: f32 weights (bit 0 ignored)
 } pc;
 
-// tile: [column][row / 4] and [column][token / 4], one vec4 of each read per column per thread
-shared vec4 wTile[BK][BM / 4u];
-shared vec4 xTile[BK][BN / 4u];
-// narrow: each thread's partials [row][token of the thread][thread]
+// each thread's partials [row][token of the thread][thread]
 shared float red[MAX_NARROW * TN * WG];
 
 bool bf16() { return (pc.flags & 1u) != 0u; }
@@ -104,72 +93,6 @@ vec4 loadX4(uint s, uint col, bool xAligned) {
     return v;
 }
 
-// ---- the tile ----
-
-// The next step's inputs, loaded into registers while the current step computes.
-vec4 nextW[2];
-vec4 nextX[4];
-
-// Thread t's part of step k0: 8 weights (columns lc .. lc + 7 of row wRow) and 4 vec4s of x.
-void loadStep(uint k0, uint wRow, uint lc, bool xAligned) {
-    const uint t = gl_LocalInvocationIndex;
-    nextW[0] = vec4(0.0);
-    nextW[1] = vec4(0.0);
-    if (wRow < pc.O) {
-        nextW[0] = loadWeights4(wRow, k0 + lc);
-        nextW[1] = loadWeights4(wRow, k0 + lc + 4u);
-    }
-    // x: 64 tokens x 32 columns, 4 vec4s per thread
-    [[unroll]] for (uint m = 0u; m < 4u; m++) {
-        const uint e = t + WG * m;
-        const uint tok = e / 8u, c = (e % 8u) * 4u;
-        const uint s = gl_WorkGroupID.y * BN + tok;
-        nextX[m] = s < pc.S ? loadX4(s, k0 + c, xAligned) : vec4(0.0);
-    }
-}
-
-void tileMain(bool xAligned) {
-    const uint t = gl_LocalInvocationIndex;
-    const uint rowBase = gl_WorkGroupID.x * BM;
-    const uint tokBase = gl_WorkGroupID.y * BN;
-    const uint ty = t / 16u, tx = t % 16u;  // this thread's rows ty*4.., tokens tx*4..
-    const uint lr = t / 4u, lc = (t % 4u) * 8u;  // the weight tile: row lr, columns lc .. lc + 7 of each step
-    const uint wRow = rowBase + lr;
-    float acc[4][4];
-    [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
-
-    loadStep(0u, wRow, lc, xAligned);
-    for (uint k0 = 0u; k0 < pc.I; k0 += BK) {
-        [[unroll]] for (uint i = 0u; i < 4u; i++) {
-            wTile[lc + i][lr / 4u][lr % 4u] = nextW[0][i];
-            wTile[lc + 4u + i][lr / 4u][lr % 4u] = nextW[1][i];
-        }
-        [[unroll]] for (uint m = 0u; m < 4u; m++) {
-            const uint e = t + WG * m;
-            const uint tok = e / 8u, c = (e % 8u) * 4u;
-            [[unroll]] for (uint q = 0u; q < 4u; q++) xTile[c + q][tok / 4u][tok % 4u] = nextX[m][q];
-        }
-        barrier();
-        if (k0 + BK < pc.I) loadStep(k0 + BK, wRow, lc, xAligned);  // uniform
-        [[unroll]] for (uint k = 0u; k < BK; k++) {
-            const vec4 a = wTile[k][ty];
-            const vec4 b = xTile[k][tx];
-            [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint j = 0u; j < 4u; j++) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-        }
-        barrier();
-    }
-    [[unroll]] for (uint j = 0u; j < 4u; j++) {
-        const uint s = tokBase + tx * 4u + j;
-        if (s >= pc.S) continue;
-        [[unroll]] for (uint i = 0u; i < 4u; i++) {
-            const uint row = rowBase + ty * 4u + i;
-            if (row < pc.O) yb[pc.yOffset + s * pc.O + row] = acc[i][j];
-        }
-    }
-}
-
-// ---- the narrow shape ----
-
 void narrowMain(bool xAligned) {
     const uint t = gl_LocalInvocationIndex;
     const uint R = NARROW_ROWS;
@@ -215,6 +138,5 @@ void narrowMain(bool xAligned) {
 
 void main() {
     const bool xAligned = ((pc.xOffset | pc.I) & 3u) == 0u;
-    if (NARROW_ROWS == 0u) tileMain(xAligned);
-    else narrowMain(xAligned);
+    narrowMain(xAligned);
 }

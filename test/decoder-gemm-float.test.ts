@@ -3,24 +3,22 @@
  * real driver, under the validation layer.
  *
  * - Against FloatLinear (src/model/linear.ts: f64 sums of the same weights, f16/bf16 decoded as the
- *   GPU decodes them) on random data: f32 (full 24-bit mantissas), f16 and bf16; rows 1, 3 (the narrow
- *   shape) and 256 (the tile: the Qwen3.5/3.6 router's rows); cols 37 and 2049 (odd: 16-bit rows start
- *   mid-word, a partial last step) and 2048 (the 16-byte and word load paths); S = 9, 64 and 513 (a
- *   partial token tile, one tile, 8 tiles and one token). Each shape also runs on the other's matrices
- *   (any shape takes any matrix), and with offsets (unaligned x, odd weightOffset).
+ *   GPU decodes them) on random data: f32 (full 24-bit mantissas), f16 and bf16; rows 1, 3 and 31 (the
+ *   most DeviceLinear sends it: 8 workgroups of 4 rows, the last partial); cols 37 and 2049 (odd:
+ *   16-bit rows start mid-word) and 2048 (the 16-byte and word load paths); S = 9, 64 and 513 (a partial
+ *   token block, whole blocks, and one token past them). Every rows-a-workgroup (1..4) also runs on
+ *   other matrices (any takes any matrix), and with offsets (unaligned x, odd weightOffset).
  * - DeviceLinear: a float matrix of fewer than 32 rows at S = 100 is one dispatch (a router's: GEMV calls) and equals its calls of GEMV_HALF_MAX_S
  *   tokens or fewer (the GEMV path), and its `floatKernel` GEMV still runs the decode calls.
  * Output buffers carry sentinel words before yOffset and past the end, checked after each run.
  *
- * Bound: NMSE <= 1e-10, as dec_gemv_half's test. The GPU sums in f32: a tile thread's output is one
- * fma chain over all I columns (the narrow shape: 32 chains of I / 32 added in order), whose error
- * for random data gives NMSE about u² I / 6 (u = 2^-24: ~1e-12 at I = 2049), the f32 products of
- * 16-bit weights adding ~u² more; measured worst 7.4e-13 (Lavapipe). 1e-10 leaves two orders of
+ * Bound: NMSE <= 1e-10, as dec_gemv_half's test. The GPU sums in f32: an output is the
+ * sum of 32 fma chains of I / 32 columns added in order, whose error for random data gives NMSE at
+ * most about u² I / 6 (u = 2^-24: ~1e-12 at I = 2049), the f32 products of
+ * 16-bit weights adding ~u² more; measured worst 7.4e-13 (Lavapipe, with the 256-row tile this kernel once had; 6.6e-14 now). 1e-10 leaves two orders of
  * margin and still catches any wrong weight or token (one wrong element of 2049 gives ~5e-4).
- * Negative controls (by hand, 2026-12-07, each seen failing, then reverted): the tile's x loaded from
- * column k0 + c + 1 instead of k0 + c (an index off by one in loadStep) gave NMSE 1.8..2.1 on every
- * tile case (0.003 where the aligned vec4 loads round the index down); the narrow shape's partials
- * added from thread kk + 1 instead of kk gave 0.02..0.4 on every 1- and 3-row case.
+ * Negative control (by hand, 2026-12-07, seen failing, then reverted): the partials added from
+ * thread kk + 1 instead of kk gave 0.02..0.4 on every 1- and 3-row case.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
@@ -109,10 +107,10 @@ function error(narrowRows: number, m: FloatLinear, S: number, o: Offsets = {}): 
 
 describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
   for (const dtype of ["f32", "f16", "bf16"] as const) {
-    test(`${dtype}: rows 1, 3, 256 x cols 37, 2049; S = 9, 64, 513 (each matrix in its own shape, floatGemmShape)`, () => {
+    test(`${dtype}: rows 1, 3, 31 x cols 37, 2049; S = 9, 64, 513 (each matrix at its rows a workgroup, floatGemmShape)`, () => {
       let worst = 0;
       const failures: string[] = [];
-      for (const rows of [1, 3, 256]) for (const cols of [37, 2049]) {
+      for (const rows of [1, 3, 31]) for (const cols of [37, 2049]) {
         const m = randomMatrix(dtype, rows, cols);
         for (const S of [9, 64, 513]) {
           const e = error(floatGemmShape(rows), m, S);
@@ -142,12 +140,12 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
     expect(failures).toEqual([]);
   }, 600_000);
 
-  test("every shape takes any matrix: the tile on 1 and 3 rows, the narrow shapes (1..4 rows) on 5, 33 and 256 rows; cols 1, 3, 130", () => {
+  test("every rows-a-workgroup (1..4) takes any matrix: 1, 3, 5, 33 and 256 rows; cols 1, 3, 130", () => {
     const failures: string[] = [];
     for (const dtype of ["f32", "f16", "bf16"] as const) {
       for (const [rows, cols] of [[1, 130], [3, 3], [5, 1], [33, 130], [256, 37]] as const) {
         const m = randomMatrix(dtype, rows, cols);
-        for (let narrowRows = 0; narrowRows <= FLOAT_GEMM_NARROW_MAX_ROWS; narrowRows++) {
+        for (let narrowRows = 1; narrowRows <= FLOAT_GEMM_NARROW_MAX_ROWS; narrowRows++) {
           for (const S of [1, 9, 65]) {
             const e = error(narrowRows, m, S, { weightOffset: 3, xOffset: 1, yOffset: 2 });
             if (!(e <= BOUND)) failures.push(`${dtype} ${rows}x${cols} narrowRows ${narrowRows} S=${S}: NMSE ${e}`);
@@ -158,13 +156,13 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
     expect(failures).toEqual([]);
   }, 600_000);
 
-  test("floatGemmShape: the tile from 32 rows, the narrow shape below (at most 4 rows a workgroup)", () => {
-    expect([1, 2, 3, 4, 5, 31, 32, 256].map(floatGemmShape)).toEqual([1, 2, 3, 4, 4, 4, 0, 0]);
+  test("floatGemmShape: the matrix's rows, at most 4 a workgroup", () => {
+    expect([1, 2, 3, 4, 5, 31].map(floatGemmShape)).toEqual([1, 2, 3, 4, 4, 4]);
   });
 
   test("argument checks throw InvalidArgumentError", () => {
     using b = hostBuffer(device, 64, "upload");
-    const gemm = gemmFor(0);
+    const gemm = gemmFor(4);
     const call = (a: Partial<Parameters<FloatGemmKernel["record"]>[1]>) => () =>
       submitAndWait(device, (cb) => gemm.record(cb, { weights: b, x: b, y: b, rows: 4, cols: 8, S: 2, dtype: "f16", ...a }));
     for (const [a, message] of [
@@ -184,7 +182,7 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
       expect(call(a)).toThrow(message);
     }
     expect(() => new FloatGemmKernel(device, { narrowRows: 5 })).toThrow(InvalidArgumentError);
-    expect(() => new FloatGemmKernel(device, { narrowRows: -1 })).toThrow(InvalidArgumentError);
+    expect(() => new FloatGemmKernel(device, { narrowRows: 0 })).toThrow(InvalidArgumentError);
     const maxY = device.info.limits.maxComputeWorkGroupCount[1]!;
     expect(() => gemmFor(1).workgroups(1, 8 * maxY + 1)).toThrow(InvalidArgumentError);
   });

@@ -1,7 +1,7 @@
 /**
  * A decoder matrix in device memory with the kernel that multiplies by it: float weights
  * (f32/f16/bf16, the file's bytes as they are) through GemvHalfKernel, or for calls of more than
- * GEMV_HALF_MAX_S tokens of a matrix of few rows through FloatGemmKernel's narrow shape (one dispatch
+ * GEMV_HALF_MAX_S tokens of a matrix of few rows through FloatGemmKernel (one dispatch
  * for any S); q4/q8 QuantMatrix
  * through QuantGemvKernel, or for a prompt chunk of GEMM_FROM_TOKENS tokens or more through
  * QuantGemmKernel (tiles that read each weight once for the whole chunk); GGML block tensors
@@ -16,7 +16,7 @@
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
-import { FloatGemmKernel, floatGemmShape } from "../kernels/decoder/float-gemm.ts";
+import { FLOAT_GEMM_MAX_ROWS, FloatGemmKernel, floatGemmShape } from "../kernels/decoder/float-gemm.ts";
 import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
@@ -127,7 +127,7 @@ export interface LinearKernelsOptions {
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
 export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
-  /** By shape (floatGemmShape: the tile, or the narrow shape's rows). */
+  /** By rows a workgroup (floatGemmShape). */
   private readonly floatGemm = new Map<number, FloatGemmKernel>();
   private readonly quant = new Map<string, QuantGemvKernel>();
   private readonly quantGateUp = new Map<string, QuantGateUpKernel>();
@@ -185,7 +185,7 @@ export class LinearKernels implements Disposable {
     return (this.half ??= new GemvHalfKernel(this.device, { maxSets: 256, ...this.shape }));
   }
 
-  /** The prompt-chunk GEMM of a float matrix of `rows` rows (more than GEMV_HALF_MAX_S tokens), in its shape (floatGemmShape). */
+  /** The prompt-chunk GEMM of a float matrix of `rows` rows (more than GEMV_HALF_MAX_S tokens), at its rows a workgroup (floatGemmShape). */
   floatGemmKernel(rows: number): FloatGemmKernel {
     const narrowRows = floatGemmShape(rows);
     let k = this.floatGemm.get(narrowRows);
@@ -376,13 +376,13 @@ export class DeviceLinear implements Disposable {
 
   /**
    * Whether a float matrix's call of S tokens takes the float GEMM: past GEMV_HALF_MAX_S tokens, and only a
-   * matrix of fewer rows than a GEMM tile (the narrow shape: a 1-row shared_expert_gate 98 -> 45 µs at 512
-   * tokens on the H100); the routers keep the GEMV dispatches, which the GEMM's tile did not beat there
+   * matrix of fewer than FLOAT_GEMM_MAX_ROWS rows (a 1-row shared_expert_gate 98 -> 45 µs at 512 tokens on
+   * the H100); the routers keep the GEMV dispatches, which a 32 x 64 tile of the GEMM did not beat there
    * (128 x 2048 at 512 tokens 281 µs through the GEMVs, 455 the tile, 254 the narrow shape; 256 x 2048
    * 501, 454, 477; and 64 -> 113 µs a layer for Qwen3-30B's router in profile:graph; 2026-12-07).
    */
   private floatGemmTakes(S: number): boolean {
-    return S > GEMV_HALF_MAX_S && floatGemmShape(this.rows) !== 0;
+    return S > GEMV_HALF_MAX_S && this.rows < FLOAT_GEMM_MAX_ROWS;
   }
 
   /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */

@@ -1,17 +1,12 @@
 /**
- * Dense matrix products of a prompt chunk on float weights (shaders/dec_gemm_float.comp): y[s, o] =
- * Σ_i W[o, i] x[s, i] for any S, W as GemvHalfKernel reads it (f16/bf16 packed two per uint, odd cols
- * included, or f32 one per uint), f32 sums, one dispatch. GemvHalfKernel takes at most
- * GEMV_HALF_MAX_S tokens a dispatch, so a 512-token chunk of a Qwen3.5/3.6 router (256 x 2048, F32 in
- * llama.cpp's GGUFs) was 64 dispatches each reading every weight; this reads each weight once per
- * tile of 64 tokens. Decode keeps the GEMV (its sums are the router-route fold's, bit for bit).
- *
- * Two shapes, one pipeline each (any shape takes any matrix; they differ in speed): tiles of 32 rows
- * x 64 tokens with the weights staged in shared memory, and for matrices of fewer rows than a tile
- * (the shared expert's 1-row gate) a narrow shape of 1..4 rows x 8 tokens a workgroup, which spreads
- * the tokens over S / 8 workgroups instead of leaving a 32-row tile mostly empty (floatGemmShape).
- * DeviceLinear takes the narrow shape only: on the H100 the tile did not beat the GEMV's dispatches
- * for the routers (device-linear.ts floatGemmTakes has the figures).
+ * Dense matrix products of a prompt chunk on float weights of few rows (shaders/dec_gemm_float.comp):
+ * y[s, o] = Σ_i W[o, i] x[s, i] for any S, W as GemvHalfKernel reads it (f16/bf16 packed two per
+ * uint, odd cols included, or f32 one per uint), f32 sums, one dispatch. GemvHalfKernel takes at most
+ * GEMV_HALF_MAX_S tokens a dispatch, so a 512-token chunk of the shared expert's 1-row gate was 64
+ * dispatches; this spreads the tokens over S / 8 workgroups of 1..4 rows each (floatGemmShape).
+ * DeviceLinear takes it for matrices of fewer than FLOAT_GEMM_MAX_ROWS rows only: a 32 x 64 tile with
+ * the weights in shared memory did not beat the GEMV's dispatches for the routers on the H100
+ * (device-linear.ts floatGemmTakes has the figures).
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -22,10 +17,9 @@ import { checkFloatWeights, type GemvHalfArgs } from "./gemv-half.ts";
 
 /** weights `uint[]` r, x r, y w; push O, I, S, weightOffset (uints), xOffset, yOffset (floats), flags (dec_gemv_half's): 28 B. */
 export const DEC_GEMM_FLOAT: ShaderInterface = { name: "dec_gemm_float", storageBuffers: 3, pushConstantBytes: 28 };
-/** Rows and tokens of the tile shape's workgroup. */
-export const FLOAT_GEMM_ROWS = 32;
-export const FLOAT_GEMM_TOKENS = 64;
-/** The narrow shape: at most this many rows a workgroup, and its tokens a workgroup. */
+/** DeviceLinear's float matrices of fewer rows than this take the GEMM for calls past GEMV_HALF_MAX_S tokens. */
+export const FLOAT_GEMM_MAX_ROWS = 32;
+/** At most this many rows a workgroup, and its tokens a workgroup. */
 export const FLOAT_GEMM_NARROW_MAX_ROWS = 4;
 export const FLOAT_GEMM_NARROW_TOKENS = 8;
 
@@ -33,27 +27,23 @@ export const FLOAT_GEMM_NARROW_TOKENS = 8;
 export type FloatGemmArgs = GemvHalfArgs;
 
 export interface FloatGemmKernelOptions extends DecoderKernelOptions {
-  /** 0 (default): tiles of 32 rows x 64 tokens; 1..4: the narrow shape with this many rows a workgroup. */
+  /** Rows a workgroup, 1..4 (default 4). */
   narrowRows?: number;
 }
 
-/**
- * The shape for a matrix of `rows` rows (FloatGemmKernelOptions.narrowRows): the tile for a tile of
- * rows or more, else the narrow shape over min(rows, 4) rows (not timed against each other on a GPU
- * in between: the cut is where a tile would be mostly empty).
- */
+/** The rows a workgroup for a matrix of `rows` rows (FloatGemmKernelOptions.narrowRows): min(rows, 4). */
 export function floatGemmShape(rows: number): number {
-  return rows >= FLOAT_GEMM_ROWS ? 0 : Math.min(rows, FLOAT_GEMM_NARROW_MAX_ROWS);
+  return Math.min(Math.max(1, rows), FLOAT_GEMM_NARROW_MAX_ROWS);
 }
 
 export class FloatGemmKernel extends DecoderKernel {
-  /** 0: the tile; 1..4: the narrow shape's rows a workgroup. */
+  /** Rows a workgroup, 1..4. */
   readonly narrowRows: number;
 
   constructor(device: Device, options: FloatGemmKernelOptions = {}) {
-    const narrowRows = options.narrowRows ?? 0;
-    if (!Number.isInteger(narrowRows) || narrowRows < 0 || narrowRows > FLOAT_GEMM_NARROW_MAX_ROWS) {
-      throw new InvalidArgumentError(`narrowRows must be an integer in 0..${FLOAT_GEMM_NARROW_MAX_ROWS}, got ${narrowRows}`);
+    const narrowRows = options.narrowRows ?? FLOAT_GEMM_NARROW_MAX_ROWS;
+    if (!Number.isInteger(narrowRows) || narrowRows < 1 || narrowRows > FLOAT_GEMM_NARROW_MAX_ROWS) {
+      throw new InvalidArgumentError(`narrowRows must be an integer in 1..${FLOAT_GEMM_NARROW_MAX_ROWS}, got ${narrowRows}`);
     }
     super(device, DEC_GEMM_FLOAT, { 0: narrowRows }, options);
     this.narrowRows = narrowRows;
@@ -61,8 +51,8 @@ export class FloatGemmKernel extends DecoderKernel {
 
   /** The workgroup grid of a call: row blocks x token blocks, refused past the device's workgroup counts. */
   workgroups(rows: number, S: number): [number, number] {
-    const gx = this.narrowRows === 0 ? Math.ceil(rows / FLOAT_GEMM_ROWS) : Math.ceil(rows / this.narrowRows);
-    const gy = Math.ceil(S / (this.narrowRows === 0 ? FLOAT_GEMM_TOKENS : FLOAT_GEMM_NARROW_TOKENS));
+    const gx = Math.ceil(rows / this.narrowRows);
+    const gy = Math.ceil(S / FLOAT_GEMM_NARROW_TOKENS);
     const [maxX, maxY] = this.device.info.limits.maxComputeWorkGroupCount;
     if (gx > maxX!) throw new InvalidArgumentError(`${rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
     if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);

@@ -15,7 +15,7 @@ import { InvalidArgumentError } from "../src/errors.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeltaRuleChunkedKernel, DeltaRuleKernel, type DeltaRuleArgs } from "../src/kernels/decoder/delta-rule.ts";
 import { gatedDeltaRuleRecurrent, type DeltaRuleShape } from "../src/model/linear-attention.ts";
-import { bufferOf as deviceBuffer, cpuLayer, DeviceLayer as LayerBuffers, expectClose, gates, layerInputs as inputsOf, type LayerCall, type LayerInputs, type LayerRunOptions, nmse, runLayerCalls, NMSE_BOUND, NONE, relMaxErr, seededRandom, worstOf } from "./support/delta-layer.ts";
+import { bufferOf as deviceBuffer, cpuLayer, DeviceLayer as LayerBuffers, expectClose, gates, layerInputs as inputsOf, type LayerCall, type LayerInputs, type LayerRunOptions, nmse, runLayerCalls, NMSE_BOUND, NONE, relMaxErr, seededRandom, worstOf, DELTA_SHAPES } from "./support/delta-layer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer } from "./support/host-buffers.ts";
 
@@ -59,20 +59,13 @@ function gpuLayer(shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, c
   return runLayerCalls(device, shape, x, state0, calls.map(([kernel, n]): LayerCall => [(cb, args) => kernel.record(cb, args), n]), o);
 }
 
-const SHAPES: [string, DeltaRuleShape][] = [
-  ["dims 128, GQA 1 (2 / 2 heads)", { keyHeads: 2, valueHeads: 2, keyDim: 128, valueDim: 128 }],
-  ["dims 128, GQA 2 (2 / 4 heads)", { keyHeads: 2, valueHeads: 4, keyDim: 128, valueDim: 128 }],
-  ["tiny fixture (dims 32, 2 / 4 heads)", { keyHeads: 2, valueHeads: 4, keyDim: 32, valueDim: 32 }],
-  ["keyDim 64 > valueDim 32, GQA 2", { keyHeads: 2, valueHeads: 4, keyDim: 64, valueDim: 32 }],
-  ["keyDim 40, valueDim 24 (partial tiles and slices), GQA 1 (3 / 3 heads)", { keyHeads: 3, valueHeads: 3, keyDim: 40, valueDim: 24 }],
-];
 const SIZES = [1, 16, 37, 64];
 /** Two-call splits of each S (the second call continues from the first's state). */
 const split = (S: number) => Math.ceil(S / 3);
 const stateOf = (shape: DeltaRuleShape) => random(shape.valueHeads * shape.keyDim * shape.valueDim, 0.5);
 
 describe("dec_delta_rule_chunked vs the f64 reference and vs dec_delta_rule (gates from a, b; non-zero starting state)", () => {
-  for (const [label, shape] of SHAPES) {
+  for (const [label, shape] of DELTA_SHAPES) {
     test(`${label}: S = ${SIZES.join(", ")}, one call and two calls == one, without and with the gated norm`, () => {
       const chunked = chunkedKernel(shape), recurrent = recurrentKernel(shape);
       let worst = NONE, worstVsRecurrent = 0, recurrentWorst = NONE;
@@ -103,7 +96,7 @@ describe("dec_delta_rule_chunked vs the f64 reference and vs dec_delta_rule (gat
 describe("dec_delta_rule_chunked: slices, given gates, offsets, chunks in a row", () => {
   test("valueSlice 32 (8 key rows a tile): dims 128 GQA 2 and 40 x 24, S = 16, 64, two calls, with the norm", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[4]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[4]!]) {
       const kernel = chunkedKernel(shape, 32);
       for (const S of [16, 64]) {
         const x = layerInputs(shape, S), state0 = stateOf(shape);
@@ -117,7 +110,7 @@ describe("dec_delta_rule_chunked: slices, given gates, offsets, chunks in a row"
 
   test("g and beta given (flags bit 1), padded qkv rows, state and out past zero; without and with the norm (params unbound without)", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[0]!, SHAPES[2]!, SHAPES[4]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[0]!, DELTA_SHAPES[2]!, DELTA_SHAPES[4]!]) {
       const kernel = chunkedKernel(shape);
       for (const norm of [false, true]) {
         const S = 37, x = layerInputs(shape, S), state0 = stateOf(shape);
@@ -131,7 +124,7 @@ describe("dec_delta_rule_chunked: slices, given gates, offsets, chunks in a row"
 
   test("a prompt as the graph runs it: chunks of 64, 64, 37 (chunked), then decode tokens (recurrent), then a chunk of 16 (chunked): 184 tokens on one state", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[2]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[2]!]) {
       const chunked = chunkedKernel(shape), recurrent = recurrentKernel(shape);
       const calls: [Kernel, number][] = [[chunked, 64], [chunked, 64], [chunked, 37], [recurrent, 1], [recurrent, 1], [recurrent, 1], [chunked, 16]];
       const S = calls.reduce((n, [, c]) => n + c, 0);
@@ -144,7 +137,7 @@ describe("dec_delta_rule_chunked: slices, given gates, offsets, chunks in a row"
   }, 120_000);
 
   test("recordCore per head group, one barrier, one recordNorm over all heads (as the graph runs llama.cpp's tiled heads): dims 128, 2 / 2 heads as two calls of one head, S = 64", () => {
-    const shape = SHAPES[0]![1], { keyDim: Dk, valueDim: Dv, valueHeads: Hv } = shape, Kd = shape.keyHeads * Dk, Vd = Hv * Dv;
+    const shape = DELTA_SHAPES[0]![1], { keyDim: Dk, valueDim: Dv, valueHeads: Hv } = shape, Kd = shape.keyHeads * Dk, Vd = Hv * Dv;
     const kernel = chunkedKernel(shape), S = 64;
     const x = layerInputs(shape, S), state0 = stateOf(shape);
     const ref = cpuLayer(shape, x, S, state0, true);
@@ -174,7 +167,7 @@ describe("dec_delta_rule_chunked: slices, given gates, offsets, chunks in a row"
 
   test("extreme decays: g near 0 on some heads, about -60 a token on others (exp(G) alone underflows over a chunk): finite and within the bounds", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[2]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[2]!]) {
       const kernel = chunkedKernel(shape);
       const S = 64, x = layerInputs(shape, S), state0 = stateOf(shape);
       x.negA = Float32Array.from({ length: shape.valueHeads }, (_, h) => (h % 2 === 0 ? -1e-4 : -200));
@@ -188,7 +181,7 @@ describe("dec_delta_rule_chunked: slices, given gates, offsets, chunks in a row"
 
   test("a fast decay, then slow ones (G about -4000 a chunk, its nearby differences small: the compensated cumulative sum), g given", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[4]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[4]!]) {
       const kernel = chunkedKernel(shape), Hv = shape.valueHeads, S = 64;
       const x = layerInputs(shape, S), state0 = stateOf(shape);
       // g = -1000 on the first 4 tokens, then -U(0, 0.01): without compensation G_i - G_j of the later tokens carries 2.4e-4 of rounding

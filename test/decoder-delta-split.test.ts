@@ -18,7 +18,7 @@ import { DeltaRuleKernel, type DeltaRuleArgs } from "../src/kernels/decoder/delt
 import { DeltaRuleSplitKernel, type DeltaRuleSplitScratch } from "../src/kernels/decoder/delta-rule-split.ts";
 import { gatedDeltaRuleRecurrent, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import type { CommandBuffer } from "../src/vk/commands.ts";
-import { bufferOf, cpuLayer, DeviceLayer, expectClose, gates, layerInputs, NONE, runLayerCalls, seededRandom, worstOf, type LayerCall, type LayerInputs, type LayerRunOptions } from "./support/delta-layer.ts";
+import { bufferOf, cpuLayer, DeviceLayer, expectClose, gates, layerInputs, NONE, runLayerCalls, seededRandom, worstOf, type LayerCall, type LayerInputs, type LayerRunOptions, DELTA_SHAPES } from "./support/delta-layer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer } from "./support/host-buffers.ts";
 
@@ -69,17 +69,10 @@ function gpuLayer(shape: DeltaRuleShape, x: LayerInputs, state0: Float32Array, c
   return runLayerCalls(device, shape, x, state0, calls.map(([kind, n]): LayerCall => [recorders[kind], n]), o);
 }
 
-const SHAPES: [string, DeltaRuleShape][] = [
-  ["dims 128, GQA 1 (2 / 2 heads)", { keyHeads: 2, valueHeads: 2, keyDim: 128, valueDim: 128 }],
-  ["dims 128, GQA 2 (2 / 4 heads)", { keyHeads: 2, valueHeads: 4, keyDim: 128, valueDim: 128 }],
-  ["tiny fixture (dims 32, 2 / 4 heads)", { keyHeads: 2, valueHeads: 4, keyDim: 32, valueDim: 32 }],
-  ["keyDim 64 > valueDim 32, GQA 2", { keyHeads: 2, valueHeads: 4, keyDim: 64, valueDim: 32 }],
-  ["keyDim 40, valueDim 24 (partial tiles and slices), GQA 1 (3 / 3 heads)", { keyHeads: 3, valueHeads: 3, keyDim: 40, valueDim: 24 }],
-];
 const SIZES = [1, 37, 64, 65, 200];
 
 describe("dec_delta_rule_prepare + dec_delta_rule_state vs the f64 reference (gates from a, b; non-zero starting state)", () => {
-  for (const [label, shape] of SHAPES) {
+  for (const [label, shape] of DELTA_SHAPES) {
     test(`${label}: S = ${SIZES.join(", ")}, one call and two calls == one, without and with the gated norm`, () => {
       let worst = NONE;
       for (const S of SIZES) {
@@ -102,7 +95,7 @@ describe("dec_delta_rule_prepare + dec_delta_rule_state vs the f64 reference (ga
 describe("the split delta rule: given gates, offsets, groups, calls beside the recurrent kernel, decays", () => {
   test("g and beta given (flags bit 1), padded qkv rows, state and out past zero; without and with the norm", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[0]!, SHAPES[2]!, SHAPES[4]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[0]!, DELTA_SHAPES[2]!, DELTA_SHAPES[4]!]) {
       for (const norm of [false, true]) {
         const S = 130, x = layerInputs(shape, S, random), state0 = stateOf(shape);
         const ref = cpuLayer(shape, x, S, state0, norm);
@@ -115,7 +108,7 @@ describe("the split delta rule: given gates, offsets, groups, calls beside the r
 
   test("a prompt as the graph runs it: 150 tokens split, 3 decode tokens recurrent, 70 split: 223 tokens on one state", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[2]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[2]!]) {
       const calls: Call[] = [["split", 150], ["recurrent", 1], ["recurrent", 1], ["recurrent", 1], ["split", 70]];
       const S = calls.reduce((n, [, c]) => n + c, 0);
       const x = layerInputs(shape, S, random), state0 = stateOf(shape);
@@ -127,7 +120,7 @@ describe("the split delta rule: given gates, offsets, groups, calls beside the r
   }, 300_000);
 
   test("value-head groups as the graph runs llama.cpp's tiled heads: every group's prepare, one barrier, every state pass, one barrier, one norm over all heads (headBase keeps their scratch apart)", () => {
-    const shape = SHAPES[0]![1], { keyDim: Dk, valueDim: Dv, valueHeads: Hv } = shape, Kd = shape.keyHeads * Dk, Vd = Hv * Dv;
+    const shape = DELTA_SHAPES[0]![1], { keyDim: Dk, valueDim: Dv, valueHeads: Hv } = shape, Kd = shape.keyHeads * Dk, Vd = Hv * Dv;
     const kernel = splitKernel(shape), scratch = scratchFor(shape), S = 150;
     const x = layerInputs(shape, S, random), state0 = stateOf(shape);
     const ref = cpuLayer(shape, x, S, state0, true);
@@ -157,7 +150,7 @@ describe("the split delta rule: given gates, offsets, groups, calls beside the r
 
   test("extreme decays: g near 0 on some heads, about -60 a token on others: finite and within the bounds", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[2]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[2]!]) {
       const S = 140, x = layerInputs(shape, S, random), state0 = stateOf(shape);
       x.negA = Float32Array.from({ length: shape.valueHeads }, (_, h) => (h % 2 === 0 ? -1e-4 : -200));
       const ref = cpuLayer(shape, x, S, state0, false);
@@ -170,7 +163,7 @@ describe("the split delta rule: given gates, offsets, groups, calls beside the r
 
   test("a fast decay, then slow ones in every chunk (the compensated cumulative sum), g given", () => {
     let worst = NONE;
-    for (const [label, shape] of [SHAPES[1]!, SHAPES[4]!]) {
+    for (const [label, shape] of [DELTA_SHAPES[1]!, DELTA_SHAPES[4]!]) {
       const kernel = splitKernel(shape), Hv = shape.valueHeads, S = 128;
       const x = layerInputs(shape, S, random), state0 = stateOf(shape);
       // g = -1000 on each chunk's first 4 tokens, then -U(0, 0.01)

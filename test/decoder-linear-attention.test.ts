@@ -14,7 +14,7 @@ import { CONV1D_MAX_S, CONV1D_TOKEN_BLOCK, Conv1dKernel, DeltaRuleKernel, GatedN
 import { causalConv1dSilu, gatedDeltaRuleChunked, gatedDeltaRuleRecurrent, gatedRmsNorm, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
 import type { Buffer } from "../src/vk/memory.ts";
-import { gates, layerInputs, type LayerInputs } from "./support/delta-layer.ts";
+import { gates, layerInputs, relMaxErr, type LayerInputs } from "./support/delta-layer.ts";
 import { finish, openTestContext } from "./support/gpu.ts";
 import { expectTail, f32, hostBuffer as deviceHostBuffer } from "./support/host-buffers.ts";
 
@@ -55,18 +55,6 @@ function bufferOf(data: Float32Array): Buffer {
   return b;
 }
 const outBuffer = (words: number) => deviceHostBuffer(device, words);
-
-/** max |got − ref| / max |ref|. */
-function relMaxErr(ref: ArrayLike<number>, got: ArrayLike<number>): number {
-  expect(got.length).toBe(ref.length);
-  let err = 0, mag = 0;
-  for (let i = 0; i < ref.length; i++) {
-    const d = Math.abs(ref[i]! - got[i]!);
-    if (!(d <= err)) err = Number.isNaN(d) ? Infinity : d;
-    mag = Math.max(mag, Math.abs(ref[i]!));
-  }
-  return mag === 0 ? err : err / mag;
-}
 
 /** Every error below TOL, with the case and all errors in the failure message. */
 function expectClose(label: Record<string, unknown>, errors: Record<string, number>): number {

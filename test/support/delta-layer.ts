@@ -18,6 +18,15 @@ export const NMSE_BOUND = 1e-9;
 export const REL_BOUND = 1e-5;
 export const EPS = 1e-6;
 
+/** The delta-rule kernels' test shapes: dims 128 at GQA 1 and 2, the tiny fixture's, keyDim past valueDim, and dims that are neither a key tile nor a value slice. */
+export const DELTA_SHAPES: [string, DeltaRuleShape][] = [
+  ["dims 128, GQA 1 (2 / 2 heads)", { keyHeads: 2, valueHeads: 2, keyDim: 128, valueDim: 128 }],
+  ["dims 128, GQA 2 (2 / 4 heads)", { keyHeads: 2, valueHeads: 4, keyDim: 128, valueDim: 128 }],
+  ["tiny fixture (dims 32, 2 / 4 heads)", { keyHeads: 2, valueHeads: 4, keyDim: 32, valueDim: 32 }],
+  ["keyDim 64 > valueDim 32, GQA 2", { keyHeads: 2, valueHeads: 4, keyDim: 64, valueDim: 32 }],
+  ["keyDim 40, valueDim 24 (partial tiles and slices), GQA 1 (3 / 3 heads)", { keyHeads: 3, valueHeads: 3, keyDim: 40, valueDim: 24 }],
+];
+
 /** Seeded Gaussian arrays, each call the next seed from `seed`. */
 export type RandomArrays = (n: number, std?: number) => Float32Array;
 export function seededRandom(seed: number): RandomArrays {
@@ -44,6 +53,7 @@ export function nmse(ref: ArrayLike<number>, got: ArrayLike<number>): number {
 
 /** max |got - ref| / max |ref|. */
 export function relMaxErr(ref: ArrayLike<number>, got: ArrayLike<number>): number {
+  expect(got.length).toBe(ref.length);
   let err = 0, mag = 0;
   for (let i = 0; i < ref.length; i++) {
     const d = Math.abs(ref[i]! - got[i]!);

@@ -10,11 +10,11 @@
 // expert's 1-row gate), so the tokens spread over S / 8 workgroups.  Thread (g, k) = (t / 32, t % 32)
 // takes the 4-column chunks k, k + 32, ... of tokens 2g, 2g + 1, each weight chunk (read from
 // global memory: a few rows stay in cache) serving both tokens; the 32 partials of each output are
-// then added in shared memory, in order.  Grid ceil(O / NARROW_ROWS) x ceil(S / 8).  (A 32 x 64
-// tile with the weights staged in shared memory was slower than dec_gemv_half's dispatches for the
-// routers on the H100, 2026-12-07: docs/measurements.md.)
+// then added in shared memory, in order.  Grid ceil(O / NARROW_ROWS) x ceil(S / 8).  Matrices of
+// more rows (the routers) take dec_gemm_float_tile.
 // Rows past O, tokens past S and columns past I compute zeros that are never stored (weights and
 // x past I are read as 0, nothing past the matrix or x is read).
+#extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 128) in;
@@ -45,53 +45,7 @@ layout(push_constant, std430) uniform PC {
 // each thread's partials [row][token of the thread][thread]
 shared float red[MAX_NARROW * TN * WG];
 
-bool bf16() { return (pc.flags & 1u) != 0u; }
-bool f32w() { return (pc.flags & 2u) != 0u; }
-
-// The two 16-bit floats of word w: (element of the low half, element of the high half).
-vec2 decode2(uint w) {
-    if (bf16()) return vec2(uintBitsToFloat(w << 16u), uintBitsToFloat(w & 0xFFFF0000u));
-    return unpackHalf2x16(w);
-}
-
-// Half element h (index into the flat array of halves, weightOffset included) as a float.
-float loadHalf(uint h) {
-    const uint w = w1[h >> 1u];
-    const uint b = ((h & 1u) != 0u) ? (w >> 16u) : (w & 0xFFFFu);
-    return bf16() ? uintBitsToFloat(b << 16u) : unpackHalf2x16(b).x;
-}
-
-// Columns col .. col + 3 of row `row` (< O) as floats, 0 past I: 16-byte loads where the f32
-// elements are 16-byte aligned, word loads where the halves start a word, else half by half.
-vec4 loadWeights4(uint row, uint col) {
-    if (col + 4u <= pc.I) {
-        if (f32w()) {
-            const uint e = pc.weightOffset + row * pc.I + col;
-            if ((e & 3u) == 0u) return uintBitsToFloat(w4[e >> 2u]);
-            return uintBitsToFloat(uvec4(w1[e], w1[e + 1u], w1[e + 2u], w1[e + 3u]));
-        }
-        const uint h = 2u * pc.weightOffset + row * pc.I + col;
-        if ((h & 1u) == 0u) return vec4(decode2(w1[h >> 1u]), decode2(w1[(h >> 1u) + 1u]));
-        return vec4(loadHalf(h), loadHalf(h + 1u), loadHalf(h + 2u), loadHalf(h + 3u));
-    }
-    vec4 v = vec4(0.0);
-    [[unroll]] for (uint q = 0u; q < 4u; q++) {
-        if (col + q < pc.I) {
-            v[q] = f32w() ? uintBitsToFloat(w1[pc.weightOffset + row * pc.I + col + q])
-                          : loadHalf(2u * pc.weightOffset + row * pc.I + col + q);
-        }
-    }
-    return v;
-}
-
-// Columns col .. col + 3 of token s (< S) of x, 0 past I.
-vec4 loadX4(uint s, uint col, bool xAligned) {
-    const uint xb = pc.xOffset + s * pc.I + col;
-    if (xAligned && col + 4u <= pc.I) return xv[xb >> 2u];
-    vec4 v = vec4(0.0);
-    [[unroll]] for (uint q = 0u; q < 4u; q++) v[q] = col + q < pc.I ? xs[xb + q] : 0.0;
-    return v;
-}
+#include "float_weights.glsl"
 
 void narrowMain(bool xAligned) {
     const uint t = gl_LocalInvocationIndex;

@@ -1,6 +1,6 @@
 /**
- * dec_gemm_float (src/kernels/decoder/float-gemm.ts): the prompt-chunk GEMM over float weights on the
- * real driver, under the validation layer.
+ * dec_gemm_float and dec_gemm_float_tile (src/kernels/decoder/float-gemm.ts): the prompt-chunk GEMMs
+ * over float weights on the real driver, under the validation layer.
  *
  * - Against FloatLinear (src/model/linear.ts: f64 sums of the same weights, f16/bf16 decoded as the
  *   GPU decodes them) on random data: f32 (full 24-bit mantissas), f16 and bf16; rows 1, 3 and 31 (the
@@ -8,8 +8,12 @@
  *   16-bit rows start mid-word) and 2048 (the 16-byte and word load paths); S = 9, 64 and 513 (a partial
  *   token block, whole blocks, and one token past them). Every rows-a-workgroup (1..4) also runs on
  *   other matrices (any takes any matrix), and with offsets (unaligned x, odd weightOffset).
- * - DeviceLinear: a float matrix of fewer than 32 rows at S = 100 is one dispatch (a router's: GEMV calls) and equals its calls of GEMV_HALF_MAX_S
- *   tokens or fewer (the GEMV path), and its `floatKernel` GEMV still runs the decode calls.
+ * - The tile (the routers' shape): rows 32, 33, 97 and 256 (whole and partial 32-row tiles), cols 37,
+ *   2049 (a last column group shorter than the others, or empty) and 2048 with the same offsets;
+ *   S = 9, 33 and 513 (partial and whole 32-token tiles).
+ * - DeviceLinear: a float matrix at S = 100 is one dispatch (the narrow shape under 32 rows, the tile
+ *   from 32) and equals its calls of GEMV_HALF_MAX_S tokens or fewer (the GEMV path), and its
+ *   `floatKernel` GEMV still runs the decode calls.
  * Output buffers carry sentinel words before yOffset and past the end, checked after each run.
  *
  * Bound: NMSE <= 1e-10, as dec_gemv_half's test. The GPU sums in f32: an output is the
@@ -17,13 +21,15 @@
  * most about u² I / 6 (u = 2^-24: ~1e-12 at I = 2049), the f32 products of
  * 16-bit weights adding ~u² more; measured worst 7.4e-13 (Lavapipe, with the 256-row tile this kernel once had; 6.6e-14 now). 1e-10 leaves two orders of
  * margin and still catches any wrong weight or token (one wrong element of 2049 gives ~5e-4).
+ * The tile adds four column groups' f32 chains of I / 64 fma steps each, within the same bound.
  * Negative control (by hand, 2026-12-07, seen failing, then reverted): the partials added from
- * thread kk + 1 instead of kk gave 0.02..0.4 on every 1- and 3-row case.
+ * thread kk + 1 instead of kk gave 0.02..0.4 on every 1- and 3-row case; the tile without its last
+ * column group's partial gave 0.2..0.26.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
-import { FLOAT_GEMM_NARROW_MAX_ROWS, FloatGemmKernel, floatGemmShape } from "../src/kernels/decoder/float-gemm.ts";
+import { FLOAT_GEMM_NARROW_MAX_ROWS, FloatGemmKernel, floatGemmShape, FloatGemmTileKernel, type FloatGemm } from "../src/kernels/decoder/float-gemm.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel, type GemvWeightDType } from "../src/kernels/decoder/gemv-half.ts";
 import { DeviceLinear, LinearKernels } from "../src/graph/device-linear.ts";
 import { FloatLinear } from "../src/model/linear.ts";
@@ -38,8 +44,11 @@ const ctx = openTestContext();
 const device = ctx.device;
 const BOUND = 1e-10;
 
-const kernels = new Map<number, FloatGemmKernel>();
-const gemmFor = (narrowRows: number) => kernels.get(narrowRows) ?? kernels.set(narrowRows, new FloatGemmKernel(device, { narrowRows })).get(narrowRows)!;
+const kernels = new Map<number, FloatGemm & Disposable>();
+const TILE = 0;
+/** The narrow shape at narrowRows rows a workgroup, or the tile for TILE. */
+const gemmFor = (narrowRows: number) =>
+  kernels.get(narrowRows) ?? kernels.set(narrowRows, narrowRows === TILE ? new FloatGemmTileKernel(device) : new FloatGemmKernel(device, { narrowRows })).get(narrowRows)!;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 afterAll(() => {
   for (const k of kernels.values()) k[Symbol.dispose]();
@@ -88,7 +97,7 @@ interface Offsets {
   yOffset?: number;
 }
 
-/** The GEMM of shape `narrowRows` on m over x: y [S, rows]. */
+/** The GEMM of shape `narrowRows` (or TILE) on m over x: y [S, rows]. */
 function gpuGemm(narrowRows: number, m: FloatLinear, x: Float32Array, S: number, o: Offsets = {}): Float32Array {
   const weightOffset = o.weightOffset ?? 0, xOffset = o.xOffset ?? 0, yOffset = o.yOffset ?? 0;
   using wb = weightBuffer(m, weightOffset);
@@ -156,6 +165,24 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
     expect(failures).toEqual([]);
   }, 600_000);
 
+  for (const dtype of ["f32", "f16", "bf16"] as const) {
+    test(`the tile, ${dtype}: rows 32, 33, 97, 256 x cols 37, 2049, 2048 (with offsets); S = 9, 33, 513`, () => {
+      let worst = 0;
+      const failures: string[] = [];
+      for (const rows of [32, 33, 97, 256]) for (const cols of [37, 2049, 2048]) {
+        const m = randomMatrix(dtype, rows, cols);
+        for (const S of [9, 33, 513]) {
+          const o = cols === 2048 && S === 33 ? { weightOffset: 1, xOffset: 3, yOffset: 1 } : cols === 2048 && S === 9 ? { weightOffset: 4, xOffset: 8, yOffset: 5 } : {};
+          const e = error(TILE, m, S, o);
+          if (!(e <= BOUND)) failures.push(`${rows}x${cols} S=${S} ${JSON.stringify(o)}: NMSE ${e}`);
+          worst = Math.max(worst, e);
+        }
+      }
+      console.log(`  gemm-float tile ${dtype}: worst NMSE ${worst.toExponential(2)}`);
+      expect(failures).toEqual([]);
+    }, 600_000);
+  }
+
   test("floatGemmShape: the matrix's rows, at most 4 a workgroup", () => {
     expect([1, 2, 3, 4, 5, 31].map(floatGemmShape)).toEqual([1, 2, 3, 4, 4, 4]);
   });
@@ -184,12 +211,16 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
     expect(() => new FloatGemmKernel(device, { narrowRows: 5 })).toThrow(InvalidArgumentError);
     expect(() => new FloatGemmKernel(device, { narrowRows: 0 })).toThrow(InvalidArgumentError);
     const maxY = device.info.limits.maxComputeWorkGroupCount[1]!;
-    expect(() => gemmFor(1).workgroups(1, 8 * maxY + 1)).toThrow(InvalidArgumentError);
+    expect(() => (gemmFor(1) as FloatGemmKernel).workgroups(1, 8 * maxY + 1)).toThrow(InvalidArgumentError);
+    expect(() => (gemmFor(TILE) as FloatGemmTileKernel).workgroups(32, 32 * maxY + 1)).toThrow(InvalidArgumentError);
+    const tileCall = (a: Partial<Parameters<FloatGemmTileKernel["record"]>[1]>) => () =>
+      submitAndWait(device, (cb) => gemmFor(TILE).record(cb, { weights: b, x: b, y: b, rows: 4, cols: 8, S: 2, dtype: "f16", ...a }));
+    for (const [a, message] of [[{ S: 0 }, /S must be/], [{ rows: 50 }, /weights/], [{ xOffset: 70 }, /x/]] as const) expect(tileCall(a)).toThrow(message);
   });
 });
 
-describe("DeviceLinear sends the float prompt chunks of matrices of few rows to the GEMM", () => {
-  test("f32, f16, bf16; 1 x 2048 (shared_expert_gate) and 3 x 37: S = 100 is one dispatch; 256 x 2048 (router): GEMV calls of 8 tokens; each equals its GEMV calls of <= 8 tokens", () => {
+describe("DeviceLinear sends the float prompt chunks to the GEMMs", () => {
+  test("f32, f16, bf16; 1 x 2048 (shared_expert_gate), 3 x 37 and 256 x 2048 (router): S = 100 is one dispatch and equals its GEMV calls of <= 8 tokens", () => {
     using linears = new LinearKernels(device, { integerDot: false });
     const S = 100;
     let worst = 0;
@@ -197,8 +228,7 @@ describe("DeviceLinear sends the float prompt chunks of matrices of few rows to 
       for (const [rows, cols] of [[256, 2048], [1, 2048], [3, 37]] as const) {
         const m = randomMatrix(dtype, rows, cols);
         using dl = new DeviceLinear(linears, "blk.0.ffn_gate_inp.weight", m);
-        const gemm = rows < 32;
-        expect([dl.dispatches(1), dl.dispatches(GEMV_HALF_MAX_S), dl.dispatches(GEMV_HALF_MAX_S + 1), dl.dispatches(S), dl.dispatches(512)]).toEqual(gemm ? [1, 1, 1, 1, 1] : [1, 1, 2, 13, 64]);
+        expect([dl.dispatches(1), dl.dispatches(GEMV_HALF_MAX_S), dl.dispatches(GEMV_HALF_MAX_S + 1), dl.dispatches(S), dl.dispatches(512)]).toEqual([1, 1, 1, 1, 1]);
         const x = randomGaussianF32(S * cols, seed++);
         const viaGemm = runOnGpu(m, x, S, 4, 3, (xb, yb) => submitAndWait(device, (cb) => dl.record(cb, xb, yb, S, 4, 3)));
         // the GEMV path: calls of GEMV_HALF_MAX_S tokens (and a last of 4), independent rows of y

@@ -16,7 +16,7 @@
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
-import { FLOAT_GEMM_MAX_ROWS, FloatGemmKernel, floatGemmShape } from "../kernels/decoder/float-gemm.ts";
+import { FLOAT_GEMM_MAX_ROWS, FloatGemmKernel, floatGemmShape, FloatGemmTileKernel, type FloatGemm } from "../kernels/decoder/float-gemm.ts";
 import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
@@ -127,8 +127,9 @@ export interface LinearKernelsOptions {
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
 export class LinearKernels implements Disposable {
   private half: GemvHalfKernel | undefined;
-  /** By rows a workgroup (floatGemmShape). */
+  /** The narrow shape by rows a workgroup (floatGemmShape). */
   private readonly floatGemm = new Map<number, FloatGemmKernel>();
+  private floatTile: FloatGemmTileKernel | undefined;
   private readonly quant = new Map<string, QuantGemvKernel>();
   private readonly quantGateUp = new Map<string, QuantGateUpKernel>();
   private readonly gemm = new Map<string, QuantGemmKernel>();
@@ -185,8 +186,12 @@ export class LinearKernels implements Disposable {
     return (this.half ??= new GemvHalfKernel(this.device, { maxSets: 256, ...this.shape }));
   }
 
-  /** The prompt-chunk GEMM of a float matrix of `rows` rows (more than GEMV_HALF_MAX_S tokens), at its rows a workgroup (floatGemmShape). */
-  floatGemmKernel(rows: number): FloatGemmKernel {
+  /**
+   * The prompt-chunk GEMM of a float matrix of `rows` rows (more than GEMV_HALF_MAX_S tokens): the
+   * narrow shape at its rows a workgroup (floatGemmShape) under FLOAT_GEMM_MAX_ROWS rows, else the tile.
+   */
+  floatGemmKernel(rows: number): FloatGemm {
+    if (rows >= FLOAT_GEMM_MAX_ROWS) return (this.floatTile ??= new FloatGemmTileKernel(this.device, { maxSets: 256 }));
     const narrowRows = floatGemmShape(rows);
     let k = this.floatGemm.get(narrowRows);
     if (!k) this.floatGemm.set(narrowRows, (k = new FloatGemmKernel(this.device, { maxSets: 256, narrowRows })));
@@ -274,6 +279,7 @@ export class LinearKernels implements Disposable {
   [Symbol.dispose](): void {
     this.half?.[Symbol.dispose]();
     for (const k of this.floatGemm.values()) k[Symbol.dispose]();
+    this.floatTile?.[Symbol.dispose]();
     for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
     for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();
@@ -370,19 +376,13 @@ export class DeviceLinear implements Disposable {
       return path === "idp-gemv" || path === "idp-gemm" ? 2 : path === "gemm" ? 1 : Math.ceil(S / GGML_GEMV_MAX_S);
     }
     if (this.matrix) return this.quantPath(S) === "idp-gemm" ? 2 : 1;
-    // float: the narrow GEMM for a chunk of a matrix of few rows, else the GEMV GEMV_HALF_MAX_S tokens a dispatch
+    // float: the GEMM for a prompt chunk, else the GEMV GEMV_HALF_MAX_S tokens a dispatch
     return this.floatGemmTakes(S) ? 1 : Math.ceil(S / GEMV_HALF_MAX_S);
   }
 
-  /**
-   * Whether a float matrix's call of S tokens takes the float GEMM: past GEMV_HALF_MAX_S tokens, and only a
-   * matrix of fewer than FLOAT_GEMM_MAX_ROWS rows (a 1-row shared_expert_gate 98 -> 45 µs at 512 tokens on
-   * the H100); the routers keep the GEMV dispatches, which a 32 x 64 tile of the GEMM did not beat there
-   * (128 x 2048 at 512 tokens 281 µs through the GEMVs, 455 the tile, 254 the narrow shape; 256 x 2048
-   * 501, 454, 477; and 64 -> 113 µs a layer for Qwen3-30B's router in profile:graph; 2026-12-07).
-   */
+  /** Whether a float matrix's call of S tokens takes the float GEMM (LinearKernels.floatGemmKernel's shape for its rows): past GEMV_HALF_MAX_S tokens. */
   private floatGemmTakes(S: number): boolean {
-    return S > GEMV_HALF_MAX_S && this.rows < FLOAT_GEMM_MAX_ROWS;
+    return S > GEMV_HALF_MAX_S;
   }
 
   /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */

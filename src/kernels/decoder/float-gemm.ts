@@ -1,12 +1,14 @@
 /**
- * Dense matrix products of a prompt chunk on float weights of few rows (shaders/dec_gemm_float.comp):
+ * Dense matrix products of a prompt chunk on float weights (the routers, shared_expert_gate):
  * y[s, o] = Σ_i W[o, i] x[s, i] for any S, W as GemvHalfKernel reads it (f16/bf16 packed two per
  * uint, odd cols included, or f32 one per uint), f32 sums, one dispatch. GemvHalfKernel takes at most
- * GEMV_HALF_MAX_S tokens a dispatch, so a 512-token chunk of the shared expert's 1-row gate was 64
- * dispatches; this spreads the tokens over S / 8 workgroups of 1..4 rows each (floatGemmShape).
- * DeviceLinear takes it for matrices of fewer than FLOAT_GEMM_MAX_ROWS rows only: a 32 x 64 tile with
- * the weights in shared memory did not beat the GEMV's dispatches for the routers on the H100
- * (device-linear.ts floatGemmTakes has the figures).
+ * GEMV_HALF_MAX_S tokens a dispatch, so a 512-token chunk was 64 dispatches, each reading the whole
+ * matrix. Two shapes:
+ * - FloatGemmKernel (shaders/dec_gemm_float.comp), for matrices of fewer than FLOAT_GEMM_MAX_ROWS
+ *   rows (the shared expert's 1-row gate): the tokens spread over S / 8 workgroups of 1..4 rows
+ *   each (floatGemmShape);
+ * - FloatGemmTileKernel (shaders/dec_gemm_float_tile.comp), for the others: 32 x 32 tiles, each
+ *   workgroup's four thread groups taking a quarter of the columns.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -23,6 +25,12 @@ export const FLOAT_GEMM_MAX_ROWS = 32;
 export const FLOAT_GEMM_NARROW_MAX_ROWS = 4;
 export const FLOAT_GEMM_NARROW_TOKENS = 8;
 
+/** dec_gemm_float_tile: DEC_GEMM_FLOAT's bindings and push constants. */
+export const DEC_GEMM_FLOAT_TILE: ShaderInterface = { ...DEC_GEMM_FLOAT, name: "dec_gemm_float_tile" };
+/** The tile's rows and tokens. */
+export const FLOAT_GEMM_TILE_ROWS = 32;
+export const FLOAT_GEMM_TILE_TOKENS = 32;
+
 /** As the GEMV's arguments, S any positive integer. */
 export type FloatGemmArgs = GemvHalfArgs;
 
@@ -36,7 +44,37 @@ export function floatGemmShape(rows: number): number {
   return Math.min(Math.max(1, rows), FLOAT_GEMM_NARROW_MAX_ROWS);
 }
 
-export class FloatGemmKernel extends DecoderKernel {
+/** The grid of a call: row blocks x token blocks, refused past the device's workgroup counts. */
+function floatGrid(device: Device, rows: number, S: number, blockRows: number, blockTokens: number): [number, number] {
+  const gx = Math.ceil(rows / blockRows);
+  const gy = Math.ceil(S / blockTokens);
+  const [maxX, maxY] = device.info.limits.maxComputeWorkGroupCount;
+  if (gx > maxX!) throw new InvalidArgumentError(`${rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
+  if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);
+  return [gx, gy];
+}
+
+/** Checks a call's arguments and returns its push constants (both shapes take the same). */
+function floatPush(a: FloatGemmArgs): Uint8Array {
+  const { rows: O, cols: I, S } = a;
+  if (!Number.isInteger(O) || O < 1) throw new InvalidArgumentError(`rows must be a positive integer, got ${O}`);
+  if (!Number.isInteger(I) || I < 1) throw new InvalidArgumentError(`cols must be a positive integer, got ${I}`);
+  if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
+  const weightOffset = a.weightOffset ?? 0, xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
+  const flags = checkFloatWeights("float gemm", a.weights, a.dtype, weightOffset, O * I);
+  // the shaders index x and y with 32-bit integers
+  if (xOffset + S * I > 2 ** 32 - 1 || yOffset + S * O > 2 ** 32 - 1) throw new InvalidArgumentError(`x or y of ${S} tokens exceed 32-bit indexing`);
+  checkRange("float gemm x", a.x, xOffset, S * I);
+  checkRange("float gemm y", a.y, yOffset, S * O);
+  return pushWords([O, I, S, weightOffset, xOffset, yOffset, flags]);
+}
+
+/** A prompt chunk's product on a float matrix: either shape (LinearKernels.floatGemmKernel picks it by rows). */
+export interface FloatGemm {
+  record(cb: CommandBuffer, a: FloatGemmArgs): CommandBuffer;
+}
+
+export class FloatGemmKernel extends DecoderKernel implements FloatGemm {
   /** Rows a workgroup, 1..4. */
   readonly narrowRows: number;
 
@@ -51,29 +89,33 @@ export class FloatGemmKernel extends DecoderKernel {
 
   /** The workgroup grid of a call: row blocks x token blocks, refused past the device's workgroup counts. */
   workgroups(rows: number, S: number): [number, number] {
-    const gx = Math.ceil(rows / this.narrowRows);
-    const gy = Math.ceil(S / FLOAT_GEMM_NARROW_TOKENS);
-    const [maxX, maxY] = this.device.info.limits.maxComputeWorkGroupCount;
-    if (gx > maxX!) throw new InvalidArgumentError(`${rows} rows need ${gx} workgroups, past maxComputeWorkGroupCount[0] (${maxX})`);
-    if (gy > maxY!) throw new InvalidArgumentError(`${S} tokens need ${gy} workgroups, past maxComputeWorkGroupCount[1] (${maxY})`);
-    return [gx, gy];
+    return floatGrid(this.device, rows, S, this.narrowRows, FLOAT_GEMM_NARROW_TOKENS);
   }
 
   /** Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
   record(cb: CommandBuffer, a: FloatGemmArgs): CommandBuffer {
-    const { rows: O, cols: I, S } = a;
-    if (!Number.isInteger(O) || O < 1) throw new InvalidArgumentError(`rows must be a positive integer, got ${O}`);
-    if (!Number.isInteger(I) || I < 1) throw new InvalidArgumentError(`cols must be a positive integer, got ${I}`);
-    if (!Number.isInteger(S) || S < 1) throw new InvalidArgumentError(`S must be a positive integer, got ${S}`);
-    const weightOffset = a.weightOffset ?? 0, xOffset = a.xOffset ?? 0, yOffset = a.yOffset ?? 0;
-    const flags = checkFloatWeights("float gemm", a.weights, a.dtype, weightOffset, O * I);
-    // the shader indexes x and y with 32-bit integers
-    if (xOffset + S * I > 2 ** 32 - 1 || yOffset + S * O > 2 ** 32 - 1) throw new InvalidArgumentError(`x or y of ${S} tokens exceed 32-bit indexing`);
-    checkRange("float gemm x", a.x, xOffset, S * I);
-    checkRange("float gemm y", a.y, yOffset, S * O);
-    const [gx, gy] = this.workgroups(O, S);
+    const pc = floatPush(a);
+    const [gx, gy] = this.workgroups(a.rows, a.S);
     const set = this.setFor([a.weights, a.x, a.y]);
-    const pc = pushWords([O, I, S, weightOffset, xOffset, yOffset, flags]);
+    return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
+  }
+}
+
+export class FloatGemmTileKernel extends DecoderKernel implements FloatGemm {
+  constructor(device: Device, options: DecoderKernelOptions = {}) {
+    super(device, DEC_GEMM_FLOAT_TILE, {}, options);
+  }
+
+  /** The workgroup grid of a call: 32-row x 32-token tiles, refused past the device's workgroup counts. */
+  workgroups(rows: number, S: number): [number, number] {
+    return floatGrid(this.device, rows, S, FLOAT_GEMM_TILE_ROWS, FLOAT_GEMM_TILE_TOKENS);
+  }
+
+  /** Records one dispatch: y[S][rows] = x[S][cols] · Wᵀ. The caller places barriers around it. */
+  record(cb: CommandBuffer, a: FloatGemmArgs): CommandBuffer {
+    const pc = floatPush(a);
+    const [gx, gy] = this.workgroups(a.rows, a.S);
+    const set = this.setFor([a.weights, a.x, a.y]);
     return cb.bind(this.pipeline, set).pushConstants(this.pipeline, pc).dispatch(gx, gy);
   }
 }

@@ -23,6 +23,7 @@ import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, G
 import { planKernels } from "../kernels/setup.ts";
 import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
+import { GgmlGemmWideKernel, QuantGemmWideKernel, WIDE_GEMM_FROM_TOKENS } from "../kernels/decoder/wide-gemm.ts";
 import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
 import { QuantGateUpKernel, QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
@@ -122,6 +123,8 @@ export interface LinearKernelsOptions {
    * integer-dot GEMMs for every matrix).
    */
   matrixCores?: boolean;
+  /** With matrixCores: calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (wide-gemm.ts; default VKMOE_WIDE_GEMM). */
+  wideGemm?: boolean;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -139,6 +142,7 @@ export class LinearKernels implements Disposable {
   private readonly ggmlIdp = new Map<string, GgmlGemvIdpKernel>();
   private readonly ggmlGemmKernels = new Map<string, GgmlGemmKernel>();
   private readonly ggmlGemmIdpKernels = new Map<GgmlBlockType, GgmlGemmIdpKernel>();
+  private readonly wide = new Map<string, QuantGemmWideKernel | GgmlGemmWideKernel>();
   /** GGML block matrices take the integer-dot path (for calls of up to GGML_IDP_MAX_TOKENS tokens). */
   readonly integerDot: boolean;
   /** GGML block matrices' prompt chunks (GEMM_FROM_TOKENS tokens or more, off the integer-dot path) go through GgmlGemmKernel. */
@@ -149,6 +153,8 @@ export class LinearKernels implements Disposable {
   readonly quantGemmIdp: boolean;
   /** Prompt chunks' GEMMs (q4/q8 and GGML blocks) run on the matrix cores (LinearKernelsOptions.matrixCores). */
   readonly matrixCores: boolean;
+  /** Their calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (LinearKernelsOptions.wideGemm). */
+  readonly wideGemm: boolean;
   /**
    * The most tokens a matrix's call takes x quantized for (0: none), and so what every
    * quantized-x scratch holds: each matrix's own, and the norms' and attention's shared rows that
@@ -173,6 +179,7 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
+    this.wideGemm = this.matrixCores && (options.wideGemm ?? readConfig().VKMOE_WIDE_GEMM === "on");
     if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     // with the matrix cores on, the matrices below MATRIX_CORE_MIN_DIM keep these
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
@@ -196,6 +203,22 @@ export class LinearKernels implements Disposable {
     let k = this.floatGemm.get(narrowRows);
     if (!k) this.floatGemm.set(narrowRows, (k = new FloatGemmKernel(this.device, { maxSets: 256, narrowRows })));
     return k;
+  }
+
+  /** The wide-tile GEMM of a q4/q8 matrix kind (wideGemm on). */
+  quantWideKernel(m: QuantLinear["matrix"]): QuantGemmWideKernel {
+    const key = `q/${m.format}/${m.scaleType}/${m.groupSize}`;
+    let k = this.wide.get(key);
+    if (!k) this.wide.set(key, (k = new QuantGemmWideKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
+    return k as QuantGemmWideKernel;
+  }
+
+  /** The wide-tile GEMM of a GGML block type (wideGemm on). */
+  ggmlWideKernel(type: GgmlBlockType): GgmlGemmWideKernel {
+    const key = `g/${type}`;
+    let k = this.wide.get(key);
+    if (!k) this.wide.set(key, (k = new GgmlGemmWideKernel(this.device, type, { maxSets: 256 })));
+    return k as GgmlGemmWideKernel;
   }
 
   /** The decode GEMV of a q4/q8 matrix kind. */
@@ -280,6 +303,7 @@ export class LinearKernels implements Disposable {
     this.half?.[Symbol.dispose]();
     for (const k of this.floatGemm.values()) k[Symbol.dispose]();
     this.floatTile?.[Symbol.dispose]();
+    for (const k of this.wide.values()) k[Symbol.dispose]();
     for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
     for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();
@@ -483,6 +507,7 @@ export class DeviceLinear implements Disposable {
       const args = { matrix: this.matrix!, x, y, S, xOffset, yOffset };
       const path = this.quantPath(S);
       if (path === "idp-gemm") this.kernels.gemmIdpKernel(m).record(cb, { ...args, scratch: this.idpScratch! }, this.splitFor(S));
+      else if (path === "gemm" && this.takesWide(S)) this.kernels.quantWideKernel(m).record(cb, args);
       else if (path === "gemm") this.kernels.gemmKernel(m, this.onMatrixCores).record(cb, args, this.splitFor(S));
       else this.kernels.quantKernel(m).record(cb, args);
     }
@@ -494,6 +519,8 @@ export class DeviceLinear implements Disposable {
       this.kernels.ggmlIdpKernel(blocks.type, this.rows, S).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! });
     } else if (path === "idp-gemm") {
       this.kernels.ggmlGemmIdpKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset, scratch: this.idpScratch! }, this.splitFor(S));
+    } else if (path === "gemm" && this.takesWide(S)) {
+      this.kernels.ggmlWideKernel(blocks.type).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset });
     } else if (path === "gemm") {
       this.kernels.ggmlGemmKernel(blocks.type, this.onMatrixCores).record(cb, { matrix: blocks, x, y, S, xOffset, yOffset }, this.splitFor(S));
     } else {
@@ -502,6 +529,11 @@ export class DeviceLinear implements Disposable {
         this.kernels.ggmlKernel(blocks.type, this.rows, n).record(cb, { matrix: blocks, x, y, S: n, xOffset: xOffset + t * this.cols, yOffset: yOffset + t * this.rows });
       }
     }
+  }
+
+  /** Whether a matrix-core GEMM call of S tokens takes the wide tile (LinearKernels.wideGemm). */
+  private takesWide(S: number): boolean {
+    return this.onMatrixCores && this.kernels.wideGemm && S >= WIDE_GEMM_FROM_TOKENS;
   }
 
   /** The split scratch for a GEMM call of S tokens: the matrix's, where it has one that holds S (one token tile). */

@@ -37,7 +37,7 @@ export const GGML_GEMM_ROWS = GEMM_ROWS;
 export const GGML_GEMM_TOKENS = GEMM_TOKENS;
 
 /** ggml_blocks.glsl's GGML_FMT_* (specialization constant 0), as dec_gemv_ggml's FORMAT. */
-const FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q5_1: 2, Q4_K: 3, Q5_K: 4, Q6_K: 5 };
+export const GGML_FORMAT_ID: Readonly<Record<GgmlBlockType, number>> = { Q4_1: 0, Q5_0: 1, Q5_1: 2, Q4_K: 3, Q5_K: 4, Q6_K: 5 };
 
 /** The arguments of GgmlGemvKernel.record, for any S >= 1 (one dispatch: ceil(S / 64) token tiles). */
 export type GgmlGemmArgs = GgmlGemvArgs;
@@ -78,7 +78,7 @@ export class GgmlGemmKernel extends DecoderKernel {
   constructor(device: Device, readonly type: GgmlBlockType, options: ChunkGemmOptions = {}) {
     if (!GGML_BLOCK_TYPES.includes(type)) throw new InvalidArgumentError(`no GPU GEMM for GGML type ${String(type)}; supported: ${GGML_BLOCK_TYPES.join(", ")}`);
     const { shader, tileRows } = chunkGemmTile(device, { f32: DEC_GEMM_GGML, cm: DEC_GEMM_GGML_CM, emulated: DEC_GEMM_GGML_CM_EMU }, options.matrixCores);
-    super(device, shader, { 0: FORMAT_ID[type] }, options);
+    super(device, shader, { 0: GGML_FORMAT_ID[type] }, options);
     this.tileRows = tileRows;
   }
 
@@ -137,7 +137,7 @@ export class GgmlGemmIdpKernel extends DecoderKernel {
     if (!device.enabled.integerDotProduct) throw new InvalidArgumentError(`the integer-dot GGML GEMM needs shaderIntegerDotProduct, not enabled on ${device.info.name}`);
     const step = options.slicesPerStep ?? 1;
     if (!Number.isInteger(step) || step < 1 || step > 4) throw new InvalidArgumentError(`slicesPerStep must be an integer in 1..4, got ${step}`);
-    super(device, DEC_GEMM_GGML_IDP, { 0: FORMAT_ID[type], 1: step }, options);
+    super(device, DEC_GEMM_GGML_IDP, { 0: GGML_FORMAT_ID[type], 1: step }, options);
     this.slicesPerStep = step;
     try {
       this.quantize = new GgmlQuantizeKernel(device, options);

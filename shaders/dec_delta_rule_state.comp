@@ -24,6 +24,7 @@ const uint ROWS_PER = CHUNK / PARTS;             // token rows per invocation
 const uint F_STRIDE = 2 * CHUNK + 4;
 const bool KEY_VEC4 = KEY_DIM % 4 == 0;         // W rows are vec4s, and with flags bit 0 q and k rows too
 const bool STATE_VEC4 = KEY_VEC4 && D_PER % 4 == 0;  // an invocation's state rows are whole vec4s of k
+const uint K_VECS = D_PER / 4 > 0 ? D_PER / 4 : 1;   // vec4s of k an invocation reads a token (an array size: never 0)
 
 layout(set = 0, binding = 0) readonly buffer QKV { float qkv[]; };
 layout(set = 0, binding = 0) readonly buffer QKV4 { vec4 qkv4[]; };
@@ -83,34 +84,42 @@ void main() {
         if (li < F_STRIDE) factors[fAt + li] = fIn[scratchHead * F_STRIDE + li];
         barrier();
 
-        // ---- W S and q S: this invocation's token rows, the slice from shared memory
+        // ---- W S and q S: this invocation's token rows, the slice from shared memory (vec4 rows: the rows
+        // inside the loop over key columns, so that each step has all their loads in flight at once)
         float ws[ROWS_PER], qs[ROWS_PER];
         for (uint r = 0u; r < ROWS_PER; r++) {
             ws[r] = 0.0;
             qs[r] = 0.0;
-            const uint i = part + r * PARTS;
-            if (i < n) {
-                const uint t = t0 + i;
-                const uint wAt = (t * pc.scratchHeads + pc.headBase + h) * KEY_DIM;
-                const uint qAt = pc.qOffset + t * pc.qkvStride + keyAt;
-                float wsum = 0.0, qsum = 0.0;
-                if (KEY_VEC4 && vecRows) {
-                    for (uint d4 = 0u; d4 < KEY_DIM / 4u; d4++) {
-                        const uint d = 4u * d4;
-                        const vec4 sv = vec4(stateS[d * SLICE + col], stateS[(d + 1u) * SLICE + col], stateS[(d + 2u) * SLICE + col], stateS[(d + 3u) * SLICE + col]);
-                        const vec4 w = wIn4[wAt / 4u + d4], q = qkv4[qAt / 4u + d4];
-                        wsum += w.x * sv.x; wsum += w.y * sv.y; wsum += w.z * sv.z; wsum += w.w * sv.w;
-                        qsum += q.x * sv.x; qsum += q.y * sv.y; qsum += q.z * sv.z; qsum += q.w * sv.w;
-                    }
-                } else {
+        }
+        if (KEY_VEC4 && vecRows) {
+            uint wRow[ROWS_PER], qRow[ROWS_PER];
+            for (uint r = 0u; r < ROWS_PER; r++) {
+                const uint t = t0 + min(part + r * PARTS, n - 1u);  // rows past n read row n - 1 (their sums unused)
+                wRow[r] = (t * pc.scratchHeads + pc.headBase + h) * (KEY_DIM / 4u);
+                qRow[r] = (pc.qOffset + t * pc.qkvStride + keyAt) / 4u;
+            }
+            for (uint d4 = 0u; d4 < KEY_DIM / 4u; d4++) {
+                const uint d = 4u * d4;
+                const vec4 sv = vec4(stateS[d * SLICE + col], stateS[(d + 1u) * SLICE + col], stateS[(d + 2u) * SLICE + col], stateS[(d + 3u) * SLICE + col]);
+                for (uint r = 0u; r < ROWS_PER; r++) {
+                    const vec4 w = wIn4[wRow[r] + d4], q = qkv4[qRow[r] + d4];
+                    ws[r] += w.x * sv.x; ws[r] += w.y * sv.y; ws[r] += w.z * sv.z; ws[r] += w.w * sv.w;
+                    qs[r] += q.x * sv.x; qs[r] += q.y * sv.y; qs[r] += q.z * sv.z; qs[r] += q.w * sv.w;
+                }
+            }
+        } else {
+            for (uint r = 0u; r < ROWS_PER; r++) {
+                const uint i = part + r * PARTS;
+                if (i < n) {
+                    const uint t = t0 + i;
+                    const uint wAt = (t * pc.scratchHeads + pc.headBase + h) * KEY_DIM;
+                    const uint qAt = pc.qOffset + t * pc.qkvStride + keyAt;
                     for (uint d = 0u; d < KEY_DIM; d++) {
                         const float sv = stateS[d * SLICE + col];
-                        wsum += wIn[wAt + d] * sv;
-                        qsum += qkv[qAt + d] * sv;
+                        ws[r] += wIn[wAt + d] * sv;
+                        qs[r] += qkv[qAt + d] * sv;
                     }
                 }
-                ws[r] = wsum;
-                qs[r] = qsum;
             }
         }
 
@@ -143,7 +152,28 @@ void main() {
         // ---- S = decay S + sum_j (kFactor_j k_j)^T U_j (U and the factors read until the next chunk's first barrier)
         const float decay = factors[fAt + 2u * CHUNK];
         for (uint e = 0u; e < D_PER; e++) s[e] *= decay;
-        for (uint j = 0u; j < n; j++) {
+        uint j = 0u;
+        if (STATE_VEC4 && vecRows) {
+            // four tokens' k rows loaded before any is added (the sums in token order as below)
+            for (; j + 4u <= n; j += 4u) {
+                vec4 kv[4][K_VECS];
+                float uj[4];
+                for (uint jj = 0u; jj < 4u; jj++) {
+                    const uint kAt = (pc.kOffset + (t0 + j + jj) * pc.qkvStride + keyAt + d0) / 4u;
+                    for (uint e4 = 0u; e4 < D_PER / 4u; e4++) kv[jj][e4] = qkv4[kAt + e4];
+                    uj[jj] = uv[(j + jj) * SLICE + col] * factors[fAt + CHUNK + j + jj];
+                }
+                for (uint jj = 0u; jj < 4u; jj++) {
+                    for (uint e4 = 0u; e4 < D_PER / 4u; e4++) {
+                        s[4u * e4] += kv[jj][e4].x * uj[jj];
+                        s[4u * e4 + 1u] += kv[jj][e4].y * uj[jj];
+                        s[4u * e4 + 2u] += kv[jj][e4].z * uj[jj];
+                        s[4u * e4 + 3u] += kv[jj][e4].w * uj[jj];
+                    }
+                }
+            }
+        }
+        for (; j < n; j++) {
             const float uj = uv[j * SLICE + col] * factors[fAt + CHUNK + j];
             const uint kAt = pc.kOffset + (t0 + j) * pc.qkvStride + keyAt + d0;
             if (STATE_VEC4 && vecRows) {

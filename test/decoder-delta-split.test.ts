@@ -10,6 +10,9 @@
  * kernel; extreme and fast-then-slow decays. Bounds as the chunked kernel's
  * (test/support/delta-layer.ts): NMSE <= 1e-9 and max-relative <= 1e-5, per output and per state.
  * Every output buffer carries sentinel words past its end.
+ * Negative controls (by hand, seen failing, then reverted; others in the 2026-12-07 afternoon note):
+ * the state pass's four-token k loop taking token j + 2's decay factor for token j + 3 failed the
+ * dims-128 cases.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";

@@ -11,9 +11,9 @@
  * - The tile (the routers' shape): rows 32, 33, 97 and 256 (whole and partial 32-row tiles), cols 37,
  *   2049 (a last column group shorter than the others, or empty) and 2048 with the same offsets;
  *   S = 9, 33 and 513 (partial and whole 32-token tiles).
- * - DeviceLinear: a float matrix at S = 100 is one dispatch (the narrow shape under 32 rows, the tile
- *   from 32) and equals its calls of GEMV_HALF_MAX_S tokens or fewer (the GEMV path), and its
- *   `floatKernel` GEMV still runs the decode calls.
+ * - DeviceLinear: a float matrix of fewer than 32 rows at S = 100 is one dispatch (the narrow shape),
+ *   a router's calls from 256 tokens (the tile), each equal to its calls of GEMV_HALF_MAX_S tokens or
+ *   fewer (the GEMV path), and its `floatKernel` GEMV still runs the decode calls.
  * Output buffers carry sentinel words before yOffset and past the end, checked after each run.
  *
  * Bound: NMSE <= 1e-10, as dec_gemv_half's test. The GPU sums in f32: an output is the
@@ -29,7 +29,7 @@
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { InvalidArgumentError } from "../src/errors.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
-import { FLOAT_GEMM_NARROW_MAX_ROWS, FloatGemmKernel, floatGemmShape, FloatGemmTileKernel, type FloatGemm } from "../src/kernels/decoder/float-gemm.ts";
+import { FLOAT_GEMM_NARROW_MAX_ROWS, FLOAT_GEMM_TILE_FROM_TOKENS, FloatGemmKernel, floatGemmShape, FloatGemmTileKernel, type FloatGemm } from "../src/kernels/decoder/float-gemm.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel, type GemvWeightDType } from "../src/kernels/decoder/gemv-half.ts";
 import { DeviceLinear, LinearKernels } from "../src/graph/device-linear.ts";
 import { FloatLinear } from "../src/model/linear.ts";
@@ -220,15 +220,16 @@ describe(`dec_gemm_float vs FloatLinear (f64 sums), NMSE <= ${BOUND}`, () => {
 });
 
 describe("DeviceLinear sends the float prompt chunks to the GEMMs", () => {
-  test("f32, f16, bf16; 1 x 2048 (shared_expert_gate), 3 x 37 and 256 x 2048 (router): S = 100 is one dispatch and equals its GEMV calls of <= 8 tokens", () => {
+  test("f32, f16, bf16; 1 x 2048 (shared_expert_gate) and 3 x 37 at S = 100, 256 x 2048 (router) at S = 256: one dispatch, equal to its GEMV calls of <= 8 tokens", () => {
     using linears = new LinearKernels(device, { integerDot: false });
-    const S = 100;
     let worst = 0;
     for (const dtype of ["f32", "f16", "bf16"] as const) {
       for (const [rows, cols] of [[256, 2048], [1, 2048], [3, 37]] as const) {
         const m = randomMatrix(dtype, rows, cols);
+        const S = rows < 32 ? 100 : FLOAT_GEMM_TILE_FROM_TOKENS;
         using dl = new DeviceLinear(linears, "blk.0.ffn_gate_inp.weight", m);
-        expect([dl.dispatches(1), dl.dispatches(GEMV_HALF_MAX_S), dl.dispatches(GEMV_HALF_MAX_S + 1), dl.dispatches(S), dl.dispatches(512)]).toEqual([1, 1, 1, 1, 1]);
+        const counts = [1, GEMV_HALF_MAX_S, GEMV_HALF_MAX_S + 1, 100, FLOAT_GEMM_TILE_FROM_TOKENS - 1, FLOAT_GEMM_TILE_FROM_TOKENS, 512].map((n) => dl.dispatches(n));
+        expect(counts).toEqual(rows < 32 ? [1, 1, 1, 1, 1, 1, 1] : [1, 1, 2, 13, 32, 1, 1]);
         const x = randomGaussianF32(S * cols, seed++);
         const viaGemm = runOnGpu(m, x, S, 4, 3, (xb, yb) => submitAndWait(device, (cb) => dl.record(cb, xb, yb, S, 4, 3)));
         // the GEMV path: calls of GEMV_HALF_MAX_S tokens (and a last of 4), independent rows of y

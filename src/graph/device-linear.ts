@@ -16,7 +16,7 @@
  */
 import { DeviceMatrix } from "../kernels/gemv.ts";
 import { GEMV_HALF_MAX_S, GemvHalfKernel } from "../kernels/decoder/gemv-half.ts";
-import { FLOAT_GEMM_MAX_ROWS, FloatGemmKernel, floatGemmShape, FloatGemmTileKernel, type FloatGemm } from "../kernels/decoder/float-gemm.ts";
+import { FLOAT_GEMM_MAX_ROWS, FLOAT_GEMM_TILE_FROM_TOKENS, FloatGemmKernel, floatGemmShape, FloatGemmTileKernel, type FloatGemm } from "../kernels/decoder/float-gemm.ts";
 import { readConfig } from "../config.ts";
 import { GgmlGemmIdpKernel, GgmlGemmKernel } from "../kernels/decoder/ggml-gemm.ts";
 import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
@@ -404,9 +404,15 @@ export class DeviceLinear implements Disposable {
     return this.floatGemmTakes(S) ? 1 : Math.ceil(S / GEMV_HALF_MAX_S);
   }
 
-  /** Whether a float matrix's call of S tokens takes the float GEMM (LinearKernels.floatGemmKernel's shape for its rows): past GEMV_HALF_MAX_S tokens. */
+  /**
+   * Whether a float matrix's call of S tokens takes the float GEMM (LinearKernels.floatGemmKernel's
+   * shape for its rows): past GEMV_HALF_MAX_S tokens under FLOAT_GEMM_MAX_ROWS rows (a 1-row
+   * shared_expert_gate 98 -> 45 µs at 512 tokens on an H100), from FLOAT_GEMM_TILE_FROM_TOKENS tokens
+   * for more rows (a 256 x 2048 router at 512 tokens 157-208 -> 62 µs; the GEMV's dispatches are
+   * faster at 128 tokens or fewer; H100, 2026-12-07).
+   */
   private floatGemmTakes(S: number): boolean {
-    return S > GEMV_HALF_MAX_S;
+    return S > GEMV_HALF_MAX_S && (this.rows < FLOAT_GEMM_MAX_ROWS || S >= FLOAT_GEMM_TILE_FROM_TOKENS);
   }
 
   /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */

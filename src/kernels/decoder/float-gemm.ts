@@ -7,8 +7,8 @@
  * - FloatGemmKernel (shaders/dec_gemm_float.comp), for matrices of fewer than FLOAT_GEMM_MAX_ROWS
  *   rows (the shared expert's 1-row gate): the tokens spread over S / 8 workgroups of 1..4 rows
  *   each (floatGemmShape);
- * - FloatGemmTileKernel (shaders/dec_gemm_float_tile.comp), for the others: 32 x 32 tiles, each
- *   workgroup's four thread groups taking a quarter of the columns.
+ * - FloatGemmTileKernel (shaders/dec_gemm_float_tile.comp), for the others' long chunks: 32 x 32
+ *   tiles, each workgroup's four thread groups taking a quarter of the columns.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -27,6 +27,12 @@ export const FLOAT_GEMM_NARROW_TOKENS = 8;
 
 /** dec_gemm_float_tile: DEC_GEMM_FLOAT's bindings and push constants. */
 export const DEC_GEMM_FLOAT_TILE: ShaderInterface = { ...DEC_GEMM_FLOAT, name: "dec_gemm_float_tile" };
+/**
+ * DeviceLinear's matrices of FLOAT_GEMM_MAX_ROWS rows or more take the tile for calls of this many
+ * tokens or more, the GEMV's 8-token dispatches below (faster there: the tile's workgroups each walk
+ * a quarter of the columns, about 62 µs at any S for a 256 x 2048 router on an H100, 2026-12-07).
+ */
+export const FLOAT_GEMM_TILE_FROM_TOKENS = 256;
 /** The tile's rows and tokens. */
 export const FLOAT_GEMM_TILE_ROWS = 32;
 export const FLOAT_GEMM_TILE_TOKENS = 32;

@@ -6,7 +6,7 @@ export { ARGMAX_NONE, DEC_ARGMAX, ArgmaxKernel, type ArgmaxArgs, type ArgmaxKern
 export { DEC_TOPK, TOPK_MAX, TopKKernel, type TopKArgs, type TopKKernelOptions } from "./topk.ts";
 export { DecoderAttention, type AttentionBuffers, type DecoderAttentionOptions } from "./attention.ts";
 export { DEC_GEMV_HALF, GEMV_HALF_MAX_S, GemvHalfKernel, type GemvHalfArgs, type GemvHalfKernelOptions, type HalfDType } from "./gemv-half.ts";
-export { DEC_GEMM_FLOAT, DEC_GEMM_FLOAT_TILE, FLOAT_GEMM_MAX_ROWS, FLOAT_GEMM_NARROW_MAX_ROWS, FLOAT_GEMM_NARROW_TOKENS, FLOAT_GEMM_TILE_ROWS, FLOAT_GEMM_TILE_TOKENS, FloatGemmKernel, FloatGemmTileKernel, floatGemmShape, type FloatGemm, type FloatGemmArgs, type FloatGemmKernelOptions } from "./float-gemm.ts";
+export { DEC_GEMM_FLOAT, DEC_GEMM_FLOAT_TILE, FLOAT_GEMM_MAX_ROWS, FLOAT_GEMM_NARROW_MAX_ROWS, FLOAT_GEMM_NARROW_TOKENS, FLOAT_GEMM_TILE_FROM_TOKENS, FLOAT_GEMM_TILE_ROWS, FLOAT_GEMM_TILE_TOKENS, FloatGemmKernel, FloatGemmTileKernel, floatGemmShape, type FloatGemm, type FloatGemmArgs, type FloatGemmKernelOptions } from "./float-gemm.ts";
 export { COOPMAT_GEMM_ROWS, DEC_GEMM_QUANT, DEC_GEMM_QUANT_CM, GEMM_ROWS, GEMM_TOKENS, QuantGemmKernel, type ChunkGemmOptions } from "./quant-gemm.ts";
 export { QuantGemmIdpKernel, type QuantGemmIdpArgs } from "./quant-gemm-idp.ts";
 export { DEC_GEMM_GGML, DEC_GEMM_GGML_CM, GGML_GEMM_ROWS, GGML_GEMM_TOKENS, GgmlGemmKernel, type GgmlGemmArgs } from "./ggml-gemm.ts";

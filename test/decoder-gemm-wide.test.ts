@@ -13,8 +13,9 @@
  *   Bound: NMSE <= 1e-5, as the 64 x 64 tiles' (decoder-gemm-coopmat.test.ts): the products' inputs
  *   are rounded to f16, random data gives ~1e-7, one wrong weight in 4096 ~2.5e-4.
  * - DeviceLinear with the matrix cores (where the device has them): calls of WIDE_GEMM_FROM_TOKENS
- *   tokens or more take the wide tile (its result, bit for bit), shorter ones the 64 x 64 tiles, and
- *   wideGemm false keeps the 64 x 64 tiles at any S.
+ *   tokens or more take the wide tile (its result, bit for bit), shorter ones the 64 x 64 tiles;
+ *   wideGemm false keeps the 64 x 64 tiles at any S, and "ggml" (VKMOE_WIDE_GEMM's auto) for q4/q8
+ *   matrices. Where the device has none, LinearKernels has wideGemm off.
  * Negative control (by hand, 2026-12-07, seen failing, then reverted): the q4/q8 loader reading x of
  * the next token gave NMSE 1 on the first emulated q4 case.
  */
@@ -140,10 +141,17 @@ describe("dec_gemm_ggml_wide_cm vs the CPU (f64 over dequantizeGgml; NMSE <= 1e-
   }
 });
 
+test("without cooperative matrices LinearKernels has the wide tile off", () => {
+  using lk = new LinearKernels(device);
+  if (!lk.matrixCores) expect(lk.wideGemm).toBe(false);
+  else expect(lk.wideGemm).not.toBe(false);
+});
+
 describe.skipIf(!on)("DeviceLinear's long chunks on a device with cooperative matrices", () => {
   test(`calls of ${WIDE_GEMM_FROM_TOKENS} tokens or more take the wide tile (bit for bit), shorter ones and wideGemm false the 64 x 64 tiles; all within the bound of the CPU`, () => {
     using wide = new LinearKernels(device, { matrixCores: true, wideGemm: true });
     using narrow = new LinearKernels(device, { matrixCores: true, wideGemm: false });
+    using ggmlOnly = new LinearKernels(device, { matrixCores: true, wideGemm: "ggml" });
     expect(wide.wideGemm).toBe(true);
     expect(narrow.wideGemm).toBe(false);
     const rows = MATRIX_CORE_MIN_DIM + 130, cols = MATRIX_CORE_MIN_DIM;
@@ -151,6 +159,7 @@ describe.skipIf(!on)("DeviceLinear's long chunks on a device with cooperative ma
     const linear = new QuantLinear(m);
     using dlWide = new DeviceLinear(wide, "m", linear);
     using dlNarrow = new DeviceLinear(narrow, "m", linear);
+    using dlGgmlOnly = new DeviceLinear(ggmlOnly, "m", linear);
     using dm = new DeviceMatrix(device, m);
     const bits = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
     for (const S of [WIDE_GEMM_FROM_TOKENS - 1, WIDE_GEMM_FROM_TOKENS, 300]) {
@@ -158,6 +167,8 @@ describe.skipIf(!on)("DeviceLinear's long chunks on a device with cooperative ma
       const viaWide = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlWide.record(cb, xb, yb, S));
       const viaNarrow = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlNarrow.record(cb, xb, yb, S));
       const direct = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => quantKernel(m, true).record(cb, { matrix: dm, x: xb, y: yb, S }));
+      const viaGgmlOnly = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlGgmlOnly.record(cb, xb, yb, S));
+      expect(bits(viaGgmlOnly)).toEqual(bits(viaNarrow));
       const ref = quantGemmReference(m, x, S);
       expect(nmse(ref, viaWide)).toBeLessThanOrEqual(BOUND);
       expect(nmse(ref, viaNarrow)).toBeLessThanOrEqual(BOUND);

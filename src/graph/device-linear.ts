@@ -123,8 +123,13 @@ export interface LinearKernelsOptions {
    * integer-dot GEMMs for every matrix).
    */
   matrixCores?: boolean;
-  /** With matrixCores: calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (wide-gemm.ts; default VKMOE_WIDE_GEMM). */
-  wideGemm?: boolean;
+  /**
+   * With matrixCores: calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (wide-gemm.ts),
+   * "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM: auto is "ggml": on an H100 the
+   * Qwen3-30B-like Q4_K_M graph's GPU time a prompt token fell 1.6% with them, the Qwen3.6-like Q4_0
+   * one's rose 1.3% with the q4 matrices' on them, 2026-12-07).
+   */
+  wideGemm?: boolean | "ggml";
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -154,7 +159,7 @@ export class LinearKernels implements Disposable {
   /** Prompt chunks' GEMMs (q4/q8 and GGML blocks) run on the matrix cores (LinearKernelsOptions.matrixCores). */
   readonly matrixCores: boolean;
   /** Their calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (LinearKernelsOptions.wideGemm). */
-  readonly wideGemm: boolean;
+  readonly wideGemm: boolean | "ggml";
   /**
    * The most tokens a matrix's call takes x quantized for (0: none), and so what every
    * quantized-x scratch holds: each matrix's own, and the norms' and attention's shared rows that
@@ -179,7 +184,8 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
-    this.wideGemm = this.matrixCores && (options.wideGemm ?? readConfig().VKMOE_WIDE_GEMM === "on");
+    const wide = readConfig().VKMOE_WIDE_GEMM;
+    this.wideGemm = this.matrixCores && (options.wideGemm ?? (wide === "auto" ? "ggml" : wide === "on"));
     if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     // with the matrix cores on, the matrices below MATRIX_CORE_MIN_DIM keep these
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
@@ -539,7 +545,8 @@ export class DeviceLinear implements Disposable {
 
   /** Whether a matrix-core GEMM call of S tokens takes the wide tile (LinearKernels.wideGemm). */
   private takesWide(S: number): boolean {
-    return this.onMatrixCores && this.kernels.wideGemm && S >= WIDE_GEMM_FROM_TOKENS;
+    const wide = this.kernels.wideGemm;
+    return this.onMatrixCores && S >= WIDE_GEMM_FROM_TOKENS && (wide === true || (wide === "ggml" && this.blocks !== undefined));
   }
 
   /** The split scratch for a GEMM call of S tokens: the matrix's, where it has one that holds S (one token tile). */

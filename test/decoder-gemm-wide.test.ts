@@ -14,7 +14,7 @@
  *   are rounded to f16, random data gives ~1e-7, one wrong weight in 4096 ~2.5e-4.
  * - DeviceLinear with the matrix cores (where the device has them): calls of WIDE_GEMM_FROM_TOKENS
  *   tokens or more take the wide tile (its result, bit for bit), shorter ones the 64 x 64 tiles;
- *   wideGemm false keeps the 64 x 64 tiles at any S, and "ggml" (VKMOE_WIDE_GEMM's auto) for q4/q8
+ *   wideGemm false keeps the 64 x 64 tiles at any S, and "ggml" (VKMOE_WIDE_GEMM=ggml) for q4/q8
  *   matrices. Where the device has none, LinearKernels has wideGemm off.
  * Negative control (by hand, 2026-12-07, seen failing, then reverted): the q4/q8 loader reading x of
  * the next token gave NMSE 1 on the first emulated q4 case.
@@ -141,10 +141,9 @@ describe("dec_gemm_ggml_wide_cm vs the CPU (f64 over dequantizeGgml; NMSE <= 1e-
   }
 });
 
-test("without cooperative matrices LinearKernels has the wide tile off", () => {
+test("LinearKernels has the wide tile off by default (VKMOE_WIDE_GEMM=off) and without cooperative matrices", () => {
   using lk = new LinearKernels(device);
-  if (!lk.matrixCores) expect(lk.wideGemm).toBe(false);
-  else expect(lk.wideGemm).not.toBe(false);
+  expect(lk.wideGemm).toBe(false);
 });
 
 describe.skipIf(!on)("DeviceLinear's long chunks on a device with cooperative matrices", () => {

@@ -125,9 +125,9 @@ export interface LinearKernelsOptions {
   matrixCores?: boolean;
   /**
    * With matrixCores: calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (wide-gemm.ts),
-   * "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM: auto is "ggml": on an H100 the
-   * Qwen3-30B-like Q4_K_M graph's GPU time a prompt token fell 1.6% with them, the Qwen3.6-like Q4_0
-   * one's rose 1.3% with the q4 matrices' on them, 2026-12-07).
+   * "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM; on an H100 the Qwen3-30B-like
+   * Q4_K_M graph's GPU time a prompt token fell 1.6% with them, the Qwen3.6-like Q4_0 one's rose 1.3%
+   * with the q4 matrices' on them, 2026-12-07).
    */
   wideGemm?: boolean | "ggml";
 }
@@ -185,7 +185,7 @@ export class LinearKernels implements Disposable {
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
     const wide = readConfig().VKMOE_WIDE_GEMM;
-    this.wideGemm = this.matrixCores && (options.wideGemm ?? (wide === "auto" ? "ggml" : wide === "on"));
+    this.wideGemm = this.matrixCores && (options.wideGemm ?? (wide === "ggml" ? "ggml" : wide === "on"));
     if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     // with the matrix cores on, the matrices below MATRIX_CORE_MIN_DIM keep these
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);

@@ -3,21 +3,7 @@
 // The includer declares the buffers w1 / w4 (binding 0), xs / xv (binding 1) and the push constants
 // pc.I, pc.weightOffset, pc.xOffset and pc.flags first.
 
-bool bf16() { return (pc.flags & 1u) != 0u; }
-bool f32w() { return (pc.flags & 2u) != 0u; }
-
-// The two 16-bit floats of word w: (element of the low half, element of the high half).
-vec2 decode2(uint w) {
-    if (bf16()) return vec2(uintBitsToFloat(w << 16u), uintBitsToFloat(w & 0xFFFF0000u));
-    return unpackHalf2x16(w);
-}
-
-// Half element h (index into the flat array of halves, weightOffset included) as a float.
-float loadHalf(uint h) {
-    const uint w = w1[h >> 1u];
-    const uint b = ((h & 1u) != 0u) ? (w >> 16u) : (w & 0xFFFFu);
-    return bf16() ? uintBitsToFloat(b << 16u) : unpackHalf2x16(b).x;
-}
+#include "half_words.glsl"
 
 // Columns col .. col + 3 of row `row` (< O) as floats, 0 past I: 16-byte loads where the f32
 // elements are 16-byte aligned, word loads where the halves start a word, else half by half.

@@ -19,21 +19,7 @@ const uint MAX_S = 8u;
 
 shared float red[WG * R];
 
-bool bf16() { return (pc.flags & 1u) != 0u; }
-bool f32w() { return (pc.flags & 2u) != 0u; }
-
-// The two 16-bit floats of word w: (element of the low half, element of the high half).
-vec2 decode2(uint w) {
-    if (bf16()) return vec2(uintBitsToFloat(w << 16u), uintBitsToFloat(w & 0xFFFF0000u));
-    return unpackHalf2x16(w);
-}
-
-// Half element h (index into the flat array of halves, weightOffset included) as a float.
-float loadHalf(uint h) {
-    const uint w = w1[h >> 1u];
-    const uint b = ((h & 1u) != 0u) ? (w >> 16u) : (w & 0xFFFFu);
-    return bf16() ? uintBitsToFloat(b << 16u) : unpackHalf2x16(b).x;
-}
+#include "half_words.glsl"
 
 // Element (row, col) of W as a float, any dtype (the tail).
 float loadWeight(uint row, uint col) {

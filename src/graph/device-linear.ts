@@ -147,7 +147,8 @@ export class LinearKernels implements Disposable {
   private readonly ggmlIdp = new Map<string, GgmlGemvIdpKernel>();
   private readonly ggmlGemmKernels = new Map<string, GgmlGemmKernel>();
   private readonly ggmlGemmIdpKernels = new Map<GgmlBlockType, GgmlGemmIdpKernel>();
-  private readonly wide = new Map<string, QuantGemmWideKernel | GgmlGemmWideKernel>();
+  private readonly quantWide = new Map<string, QuantGemmWideKernel>();
+  private readonly ggmlWide = new Map<GgmlBlockType, GgmlGemmWideKernel>();
   /** GGML block matrices take the integer-dot path (for calls of up to GGML_IDP_MAX_TOKENS tokens). */
   readonly integerDot: boolean;
   /** GGML block matrices' prompt chunks (GEMM_FROM_TOKENS tokens or more, off the integer-dot path) go through GgmlGemmKernel. */
@@ -213,18 +214,17 @@ export class LinearKernels implements Disposable {
 
   /** The wide-tile GEMM of a q4/q8 matrix kind (wideGemm on). */
   quantWideKernel(m: QuantLinear["matrix"]): QuantGemmWideKernel {
-    const key = `q/${m.format}/${m.scaleType}/${m.groupSize}`;
-    let k = this.wide.get(key);
-    if (!k) this.wide.set(key, (k = new QuantGemmWideKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
-    return k as QuantGemmWideKernel;
+    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+    let k = this.quantWide.get(key);
+    if (!k) this.quantWide.set(key, (k = new QuantGemmWideKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, { maxSets: 256 })));
+    return k;
   }
 
   /** The wide-tile GEMM of a GGML block type (wideGemm on). */
   ggmlWideKernel(type: GgmlBlockType): GgmlGemmWideKernel {
-    const key = `g/${type}`;
-    let k = this.wide.get(key);
-    if (!k) this.wide.set(key, (k = new GgmlGemmWideKernel(this.device, type, { maxSets: 256 })));
-    return k as GgmlGemmWideKernel;
+    let k = this.ggmlWide.get(type);
+    if (!k) this.ggmlWide.set(type, (k = new GgmlGemmWideKernel(this.device, type, { maxSets: 256 })));
+    return k;
   }
 
   /** The decode GEMV of a q4/q8 matrix kind. */
@@ -309,7 +309,8 @@ export class LinearKernels implements Disposable {
     this.half?.[Symbol.dispose]();
     for (const k of this.floatGemm.values()) k[Symbol.dispose]();
     this.floatTile?.[Symbol.dispose]();
-    for (const k of this.wide.values()) k[Symbol.dispose]();
+    for (const k of this.quantWide.values()) k[Symbol.dispose]();
+    for (const k of this.ggmlWide.values()) k[Symbol.dispose]();
     for (const k of this.ggml.values()) k[Symbol.dispose]();
     for (const k of this.ggmlIdp.values()) k[Symbol.dispose]();
     for (const k of this.ggmlGemmKernels.values()) k[Symbol.dispose]();

@@ -16,6 +16,8 @@
  *   tokens or more take the wide tile (its result, bit for bit), shorter ones the 64 x 64 tiles;
  *   wideGemm false keeps the 64 x 64 tiles at any S, and "ggml" (VKMOE_WIDE_GEMM=ggml) for q4/q8
  *   matrices. Where the device has none, LinearKernels has wideGemm off.
+ * - The wide tile's self-check (wideGemmSelfCheck, which VKMOE_WIDE_GEMM's ggml / on wait for) on
+ *   the emulated kernel: within its bound, and failing a bound below the f16 rounding.
  * Negative control (by hand, 2026-12-07, seen failing, then reverted): the q4/q8 loader reading x of
  * the next token gave NMSE 1 on the first emulated q4 case.
  */
@@ -23,7 +25,8 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { DeviceLinear, LinearKernels, MATRIX_CORE_MIN_DIM } from "../src/graph/device-linear.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeviceGgmlMatrix } from "../src/kernels/decoder/ggml-gemv.ts";
-import { GgmlGemmWideKernel, QuantGemmWideKernel, WIDE_GEMM_FROM_TOKENS, wideTileTokens } from "../src/kernels/decoder/wide-gemm.ts";
+import { COOPMAT_CHECK_BOUND } from "../src/kernels/decoder/coopmat-check.ts";
+import { GgmlGemmWideKernel, QuantGemmWideKernel, WIDE_GEMM_FROM_TOKENS, wideGemmSelfCheck, wideTileTokens } from "../src/kernels/decoder/wide-gemm.ts";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
 import { QuantLinear } from "../src/model/linear.ts";
 import { GGML_BLOCK_LAYOUTS, GGML_BLOCK_TYPES, type GgmlBlockType } from "../src/quant/ggml-blocks.ts";
@@ -140,6 +143,17 @@ describe("dec_gemm_ggml_wide_cm vs the CPU (f64 over dequantizeGgml; NMSE <= 1e-
     }, 300_000);
   }
 });
+
+test("the wide tile's self-check (wideGemmSelfCheck): the emulated kernel passes within its bound, and fails it with a reason when the bound is below its f16 rounding", () => {
+  const pass = wideGemmSelfCheck(device, "emulated");
+  expect(pass.ok).toBe(true);
+  expect(pass.nmse).toBeGreaterThan(0);
+  expect(pass.nmse).toBeLessThanOrEqual(COOPMAT_CHECK_BOUND);
+  const fail = wideGemmSelfCheck(device, "emulated", 1e-12);
+  expect(fail.ok).toBe(false);
+  expect(fail.why).toContain("wide matrix-core GEMM failed its self-check");
+  console.log(`  wide tile self-check (emulated): NMSE ${pass.nmse.toExponential(2)}`);
+}, 120_000);
 
 test("LinearKernels has the wide tile off by default (VKMOE_WIDE_GEMM=off) and without cooperative matrices", () => {
   using lk = new LinearKernels(device);

@@ -23,7 +23,7 @@ import { DeviceGgmlMatrix, GGML_GEMV_MAX_S, GgmlGemvIdpKernel, GgmlGemvKernel, G
 import { planKernels } from "../kernels/setup.ts";
 import { COOPMAT_GEMM_ROWS, GEMM_ROWS, GEMM_TOKENS, GemmSplitScratch, gemmSplits, QuantGemmKernel, splitRuns } from "../kernels/decoder/quant-gemm.ts";
 import { QuantGemmIdpKernel } from "../kernels/decoder/quant-gemm-idp.ts";
-import { GgmlGemmWideKernel, QuantGemmWideKernel, WIDE_GEMM_FROM_TOKENS } from "../kernels/decoder/wide-gemm.ts";
+import { GgmlGemmWideKernel, QuantGemmWideKernel, WIDE_GEMM_FROM_TOKENS, wideGemmPasses } from "../kernels/decoder/wide-gemm.ts";
 import { matrixCoresPass } from "../kernels/decoder/coopmat-check.ts";
 import { QuantGateUpKernel, QuantGemvKernel } from "../kernels/decoder/quant-gemv.ts";
 import { FloatLinear, GgmlBlockLinear, QuantLinear, type Linear } from "../model/linear.ts";
@@ -125,7 +125,8 @@ export interface LinearKernelsOptions {
   matrixCores?: boolean;
   /**
    * With matrixCores: calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (wide-gemm.ts),
-   * "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM; on an H100 the Qwen3-30B-like
+   * "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM, where the tile passes its self-check,
+   * wide-gemm.ts; on an H100 the Qwen3-30B-like
    * Q4_K_M graph's GPU time a prompt token fell 1.6% with them, the Qwen3.6-like Q4_0 one's rose 1.3%
    * with the q4 matrices' on them, 2026-12-07).
    */
@@ -185,8 +186,9 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
-    const wide = readConfig().VKMOE_WIDE_GEMM;
-    this.wideGemm = this.matrixCores && (options.wideGemm ?? (wide === "ggml" ? "ggml" : wide === "on"));
+    // what VKMOE_WIDE_GEMM asks for, where the tile passes its self-check (once per device); an explicit option as given
+    const wide = readConfig().VKMOE_WIDE_GEMM, asked = wide === "ggml" ? "ggml" : wide === "on";
+    this.wideGemm = this.matrixCores && (options.wideGemm ?? (asked && wideGemmPasses(device) ? asked : false));
     if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     // with the matrix cores on, the matrices below MATRIX_CORE_MIN_DIM keep these
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);

@@ -13,21 +13,11 @@ import { describe, expect, test } from "bun:test";
 import { openSafetensors } from "../src/formats/index.ts";
 import { causalConv1dSilu, gatedDeltaRuleChunked, gatedDeltaRuleRecurrent, gatedRmsNorm, newDeltaRuleState, type DeltaRuleShape } from "../src/model/linear-attention.ts";
 import { gaussian, mulberry32 } from "../src/quant/random.ts";
+import { relMaxErr } from "./support/delta-layer.ts";
 import { repoRoot } from "./support/paths.ts";
 
 const TOL = 1e-5;
 
-/** max |got − ref| / max |ref|. */
-function relMaxErr(ref: ArrayLike<number>, got: ArrayLike<number>): number {
-  expect(got.length).toBe(ref.length);
-  let err = 0, mag = 0;
-  for (let i = 0; i < ref.length; i++) {
-    const d = Math.abs(ref[i]! - got[i]!);
-    if (!(d <= err)) err = Number.isNaN(d) ? Infinity : d;
-    mag = Math.max(mag, Math.abs(ref[i]!));
-  }
-  return mag === 0 ? err : err / mag;
-}
 
 /** Every error below TOL, with the errors in the failure message. */
 function expectClose(label: Record<string, unknown>, errors: Record<string, number>): void {

@@ -8,15 +8,8 @@
  * WIDE_GEMM_FROM_TOKENS or more. No split over the columns: such calls have tiles enough.
  */
 import { InvalidArgumentError } from "../../errors.ts";
-import { gemvReference } from "../../quant/gemv-reference.ts";
-import { nmse } from "../../quant/metrics.ts";
-import { quantize } from "../../quant/quantize.ts";
-import { randomGaussianF32 } from "../../quant/random.ts";
-import { Buffer } from "../../vk/memory.ts";
-import { downloadBytes, uploadBytes } from "../../vk/transfer.ts";
-import { DeviceMatrix } from "../gemv.ts";
-import { COOPMAT_CHECK_BOUND, type CoopmatCheck } from "./coopmat-check.ts";
-import { submitAndWait } from "./common.ts";
+import type { DeviceMatrix } from "../gemv.ts";
+import { checkOnce, COOPMAT_CHECK_BOUND, passesOrSays, q8GemmCheck, type CoopmatCheck } from "./coopmat-check.ts";
 import { GGML_BLOCK_TYPES, type GgmlBlockType } from "../../quant/ggml-blocks.ts";
 import type { QuantFormat } from "../../quant/types.ts";
 import type { CommandBuffer } from "../../vk/commands.ts";
@@ -122,39 +115,15 @@ const verdicts = new WeakMap<Device, CoopmatCheck>();
  * device.
  */
 export function wideGemmSelfCheck(device: Device, variant: true | "emulated" = true, bound = COOPMAT_CHECK_BOUND): CoopmatCheck {
-  const cached = variant === true && bound === COOPMAT_CHECK_BOUND ? verdicts.get(device) : undefined;
-  if (cached) return cached;
-  const O = 130, I = 64, S = 70;
-  const m = quantize({ dtype: "f32", data: randomGaussianF32(O * I, 3) }, O, I, { format: "q8", scaleType: "f16", groupSize: 32 });
-  const x = randomGaussianF32(S * I, 4);
-  using kernel = new QuantGemmWideKernel(device, "q8", true, 32, { matrixCores: variant });
-  using matrix = new DeviceMatrix(device, m);
-  using xb = new Buffer(device, { size: BigInt(4 * S * I), memory: "device" });
-  using yb = new Buffer(device, { size: BigInt(4 * S * O), memory: "device" });
-  uploadBytes(device, xb, 0n, new Uint8Array(x.buffer));
-  submitAndWait(device, (cb) => kernel.record(cb, { matrix, x: xb, y: yb, S }));
-  const y = new Float32Array(downloadBytes(device, yb, 0n, 4 * S * O).buffer);
-  // gemvReference takes at most 64 tokens a call
-  const ref = new Float64Array(S * O);
-  for (let s0 = 0; s0 < S; s0 += 64) {
-    const n = Math.min(64, S - s0);
-    ref.set(gemvReference(m, x.subarray(s0 * I, (s0 + n) * I), n), s0 * O);
-  }
-  const e = nmse(ref, y);
-  const ok = e <= bound;
-  const verdict = { ok, nmse: e, why: ok ? `self-check NMSE ${e.toExponential(1)}` : `the wide matrix-core GEMM failed its self-check on ${device.info.name} (NMSE ${e.toExponential(1)} > ${bound})` };
-  if (variant === true && bound === COOPMAT_CHECK_BOUND) verdicts.set(device, verdict);
-  return verdict;
+  return checkOnce(verdicts, device, variant, bound, () => {
+    using kernel = new QuantGemmWideKernel(device, "q8", true, 32, { matrixCores: variant });
+    return q8GemmCheck(device, kernel, { O: 130, I: 64, S: 70 }, 3, "the wide matrix-core GEMM", bound);
+  });
 }
 
 const warned = new WeakSet<Device>();
 
 /** The wide tile's self-check verdict on this device, with one line on stderr the first time it fails. */
 export function wideGemmPasses(device: Device): boolean {
-  const check = wideGemmSelfCheck(device);
-  if (!check.ok && !warned.has(device)) {
-    warned.add(device);
-    console.error(`vkmoe: ${check.why}: long prompt chunks keep the 64 x 64 tiles (VKMOE_WIDE_GEMM)`);
-  }
-  return check.ok;
+  return passesOrSays(wideGemmSelfCheck(device), device, warned, "long prompt chunks keep the 64 x 64 tiles (VKMOE_WIDE_GEMM)");
 }

@@ -39,7 +39,7 @@ export const DEC_DELTA_RULE_STATE: ShaderInterface = { name: "dec_delta_rule_sta
 const CHUNK = 64;
 const FACTOR_FLOATS = 2 * CHUNK + 4;
 const WORKGROUP = 256;
-const STATE_SLICE = 16;
+const STATE_SLICE = 8;
 /** Right-hand columns the prepare pass solves at a time (its GROUP). */
 const SOLVE_GROUP = 32;
 

@@ -12,15 +12,15 @@ const uint GAP = GGML_SLICE_GAP(FORMAT);  // columns from a slice's first run to
 
 uint rowAddr;
 uint slotRow[X_PER_THREAD];
-uvec4 nextQ0, nextQ1;
-vec2 nextD, nextM;
+uvec4 nextQ0[2], nextQ1[2];  // by register set (cm_slice_tile.glsl)
+vec2 nextD[2], nextM[2];
 
-void tileLoadW(uint u) {
+void tileLoadW(uint u, uint p) {
     const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-    ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0, nextQ1, nextD, nextM);
+    ggml_slice(FORMAT, rowAddr + blk * BLOCK_BYTES, s, nextQ0[p], nextQ1[p], nextD[p], nextM[p]);
 }
 
-void tileWeights(out float w[32]) { ggml_slice_weights(FORMAT, nextQ0, nextQ1, nextD, nextM, w); }
+void tileWeights(uint p, out float w[32]) { ggml_slice_weights(FORMAT, nextQ0[p], nextQ1[p], nextD[p], nextM[p], w); }
 
 uint tileXCol(uint u, uint v) {
     const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;

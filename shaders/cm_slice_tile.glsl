@@ -43,25 +43,27 @@ const uint X_BASE = W_SPACE;
 const uint NO_SLOT = 0xffffffffu;  // an input the tile does not have (its x reads as zeros)
 // x vec4 m of this thread is input n = (t + 128 m) / 8 of the tile, the step's vec4 (t + 128 m) % 8
 uint xInput(uint m) { return (gl_LocalInvocationIndex + 128u * m) / 8u; }
-vec4 nextX[X_PER_THREAD];  // the next step's x
+// Two register sets p = 0, 1 of loaded steps: a step's loads are issued two steps before its store,
+// so each has two steps' products to arrive in (the steps are latency-bound with one).
+vec4 nextX[2][X_PER_THREAD];  // set p's x
 
-void tileLoadW(uint u);
-void tileWeights(out float w[32]);
+void tileLoadW(uint u, uint p);
+void tileWeights(uint p, out float w[32]);
 uint tileXCol(uint u, uint v);
 vec4 tileLoadX(uint m, uint col);
 
-void loadStep(uint u) {
+void loadStep(uint u, uint p) {
     const uint t = gl_LocalInvocationIndex;
-    tileLoadW(u);
+    tileLoadW(u, p);
     [[unroll]] for (uint m = 0u; m < X_PER_THREAD; m++) {
-        if (t + 128u * m < X_VECS) nextX[m] = tileLoadX(m, tileXCol(u, (t + 128u * m) % 8u));
+        if (t + 128u * m < X_VECS) nextX[p][m] = tileLoadX(m, tileXCol(u, (t + 128u * m) % 8u));
     }
 }
 
-void storeStep(uint buf) {
+void storeStep(uint buf, uint p) {
     const uint t = gl_LocalInvocationIndex;
     float w[32];
-    tileWeights(w);
+    tileWeights(p, w);
     const uint at = buf * W_TILE + t * ROW_V;
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         tiles[at + j] = uvec4(packHalf2x16(vec2(w[8u * j], w[8u * j + 1u])), packHalf2x16(vec2(w[8u * j + 2u], w[8u * j + 3u])),
@@ -71,8 +73,8 @@ void storeStep(uint buf) {
         const uint e = t + 128u * m;
         if (e < X_VECS) {
             const uint n = e / 8u, k = (e % 8u) * 4u;
-            X2(buf, n, k) = packHalf2x16(nextX[m].xy);
-            X2(buf, n, k + 2u) = packHalf2x16(nextX[m].zw);
+            X2(buf, n, k) = packHalf2x16(nextX[p][m].xy);
+            X2(buf, n, k + 2u) = packHalf2x16(nextX[p][m].zw);
         }
     }
 }
@@ -85,12 +87,13 @@ float emu[VALUES];
 void tileSteps(uint uBegin, uint uEnd) {
     const uint t = gl_LocalInvocationIndex;
     [[unroll]] for (uint e = 0u; e < VALUES; e++) emu[e] = 0.0;
-    if (uBegin < uEnd) loadStep(uBegin);
+    if (uBegin < uEnd) loadStep(uBegin, 0u);
+    if (uBegin + 1u < uEnd) loadStep(uBegin + 1u, 1u);
     for (uint u = uBegin; u < uEnd; u++) {
-        const uint buf = u & 1u;
-        storeStep(buf);
+        const uint buf = u & 1u, p = (u - uBegin) & 1u;
+        storeStep(buf, p);
         barrier();
-        if (u + 1u < uEnd) loadStep(u + 1u);
+        if (u + 2u < uEnd) loadStep(u + 2u, p);
         for (uint e = 0u; e < VALUES; e++) {
             const uint idx = e * 128u + t, row = idx % BM, n = idx / BM;
             float acc = 0.0;
@@ -129,20 +132,25 @@ void tileSteps(uint uBegin, uint uEnd) {
     const uint r0 = gl_SubgroupID * 32u;
     CM_C c00 = CM_C(0.0), c01 = CM_C(0.0), c02 = CM_C(0.0), c03 = CM_C(0.0), c04 = CM_C(0.0), c05 = CM_C(0.0), c06 = CM_C(0.0), c07 = CM_C(0.0);
     CM_C c10 = CM_C(0.0), c11 = CM_C(0.0), c12 = CM_C(0.0), c13 = CM_C(0.0), c14 = CM_C(0.0), c15 = CM_C(0.0), c16 = CM_C(0.0), c17 = CM_C(0.0);
-    if (uBegin < uEnd) loadStep(uBegin);
-    for (uint u = uBegin; u < uEnd; u++) {
-        const uint buf = u & 1u;
-        // The buffer written here was last read two steps ago, before the previous step's barrier.
-        storeStep(buf);
-        barrier();
-        if (u + 1u < uEnd) loadStep(u + 1u);
-        [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
-            CM_A a0, a1;
-            coopMatLoadNV(a0, tiles, buf * W_TILE + (r0 * LDS + kk) / 8u, ROW_V, false);
-            coopMatLoadNV(a1, tiles, buf * W_TILE + ((r0 + 16u) * LDS + kk) / 8u, ROW_V, false);
-            const uint xAt = X_BASE + buf * X_TILE + kk / 8u;
-            CM_STEP_J(0) CM_STEP_J(1) CM_STEP_J(2) CM_STEP_J(3) CM_STEP_J(4) CM_STEP_J(5) CM_STEP_J(6) CM_STEP_J(7)
-        }
+    if (uBegin < uEnd) loadStep(uBegin, 0u);
+    if (uBegin + 1u < uEnd) loadStep(uBegin + 1u, 1u);
+    // Steps two at a time, so that each uses its register set by a constant index (kept in registers).
+    // The buffer a step writes was last read two steps ago, before the previous step's barrier.
+#define CM_TILE_STEP(U, P) { \
+        const uint buf = (U) & 1u; \
+        storeStep(buf, P); \
+        barrier(); \
+        if ((U) + 2u < uEnd) loadStep((U) + 2u, P); \
+        [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) { \
+            CM_A a0, a1; \
+            coopMatLoadNV(a0, tiles, buf * W_TILE + (r0 * LDS + kk) / 8u, ROW_V, false); \
+            coopMatLoadNV(a1, tiles, buf * W_TILE + ((r0 + 16u) * LDS + kk) / 8u, ROW_V, false); \
+            const uint xAt = X_BASE + buf * X_TILE + kk / 8u; \
+            CM_STEP_J(0) CM_STEP_J(1) CM_STEP_J(2) CM_STEP_J(3) CM_STEP_J(4) CM_STEP_J(5) CM_STEP_J(6) CM_STEP_J(7) \
+        } }
+    for (uint u = uBegin; u < uEnd; u += 2u) {
+        CM_TILE_STEP(u, 0u)
+        if (u + 1u < uEnd) CM_TILE_STEP(u + 1u, 1u)  // uniform
     }
     barrier();  // the C tile reuses the weight tiles
     // C (rows x n) column-major: element (row, n) at n * CS + row

@@ -54,11 +54,10 @@ const envSchema = z.strictObject({
   VKMOE_DELTA_SPLIT: z.enum(["auto", "off"]).default("auto"),
   /**
    * Matrix-core prompt chunks of 256 tokens or more of the dense matrices on 128-row tiles: "ggml" for
-   * GGML block matrices (K-quant files; q4/q8 pool matrices were slower there on an H100), "on" for
-   * both, "off" (the default until the kernels' output is checked on a GPU) for neither: the 64 x 64
-   * tiles of shorter chunks.
+   * GGML block matrices (K-quant files; the default: q4/q8 pool matrices were slower there on an
+   * H100), "on" for both, "off" for neither: the 64 x 64 tiles of shorter chunks.
    */
-  VKMOE_WIDE_GEMM: z.enum(["ggml", "on", "off"]).default("off"),
+  VKMOE_WIDE_GEMM: z.enum(["ggml", "on", "off"]).default("ggml"),
   /**
    * Decode's MoE router GEMV does the post-attention norm in each workgroup and routes the tokens in
    * its last ("auto"), only routes them ("route": the norm its own dispatch), or neither ("off").

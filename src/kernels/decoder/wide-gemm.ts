@@ -3,9 +3,8 @@
  * products, the same arguments): cm_slice_tile.glsl's tiles of 128 rows x wideTileTokens tokens (the
  * experts' tile), where the 64 x 64 tiles of dec_gemm_*_cm serve shorter chunks. At 64 tokens the wide
  * tile gave a 2048-column matrix of 8192 rows 64 workgroups, half of a large GPU, and lost there
- * (docs/measurements.md, 2026-12-07); where VKMOE_WIDE_GEMM asks for it (off by default: its output
- * is not yet checked on a GPU, only through the emulated variants), DeviceLinear takes it for calls of
- * WIDE_GEMM_FROM_TOKENS or more. No split over the columns: such calls have tiles enough.
+ * (docs/measurements.md, 2026-12-07); where VKMOE_WIDE_GEMM asks for it (GGML block matrices by
+ * default) and its self-check passes, DeviceLinear takes it for calls of WIDE_GEMM_FROM_TOKENS or more. No split over the columns: such calls have tiles enough.
  */
 import { InvalidArgumentError } from "../../errors.ts";
 import type { DeviceMatrix } from "../gemv.ts";

@@ -31,6 +31,7 @@ layout(push_constant, std430) uniform PC {
 #define GGML_WORD(i) wb[i]
 #define GGML_VEC4(i) wv[i]
 #include "ggml_blocks.glsl"
+#define CM_LOAD_AHEAD 2  // two steps of loads in flight (cm_slice_tile.glsl)
 #include "cm_slice_tile.glsl"
 #include "cm_ggml_loader.glsl"
 

@@ -41,43 +41,43 @@ float scaleOf(uint k) {
 
 // This thread's row (tile row t) and its step's quants (q4: 4 words; q8: 8) and scale.
 uint wRow;
-uint nextW[2][8];  // by register set (cm_slice_tile.glsl)
-float nextScale[2];
-uint nextK0[2];
+uint nextW[8];
+float nextScale;
+uint nextK0;
 
-void tileLoadW(uint u, uint p) {
+void tileLoadW(uint u) {
     const uint k0 = u * BK;
-    nextK0[p] = k0;
-    [[unroll]] for (uint i = 0u; i < 8u; i++) nextW[p][i] = 0u;
-    nextScale[p] = 0.0;  // rows past O: every weight 0
+    nextK0 = k0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) nextW[i] = 0u;
+    nextScale = 0.0;  // rows past O: every weight 0
     if (wRow < pc.O) {
-        nextScale[p] = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
+        nextScale = scaleOf(wRow * pc.groupsPerRow + k0 / GROUP_SIZE);
         const uint rowWord = pc.weightOffset * 4u + wRow * pc.rowWords;
         if (QBITS == 4u) {
             // word k0/8 + j holds columns 8j .. 8j+7: the low nibbles of its bytes first, then the high
-            [[unroll]] for (uint i = 0u; i < 4u; i++) nextW[p][i] = wWords[rowWord + k0 / 8u + i];
+            [[unroll]] for (uint i = 0u; i < 4u; i++) nextW[i] = wWords[rowWord + k0 / 8u + i];
         } else {
             // a q8 row ends on a uvec4 (16 columns): the last step's second half may lie past it
             [[unroll]] for (uint i = 0u; i < 8u; i++) {
                 const uint wi = k0 / 4u + i;
-                if (wi < pc.rowWords) nextW[p][i] = wWords[rowWord + wi];
+                if (wi < pc.rowWords) nextW[i] = wWords[rowWord + wi];
             }
         }
     }
 }
 
-void tileWeights(uint p, out float w[32]) {
+void tileWeights(out float w[32]) {
     float q[32];
     if (QBITS == 4u) {
         [[unroll]] for (uint i = 0u; i < 4u; i++) [[unroll]] for (uint b = 0u; b < 4u; b++) {
-            q[8u * i + b] = float(int((nextW[p][i] >> (8u * b)) & 15u) - 8);
-            q[8u * i + b + 4u] = float(int((nextW[p][i] >> (8u * b + 4u)) & 15u) - 8);
+            q[8u * i + b] = float(int((nextW[i] >> (8u * b)) & 15u) - 8);
+            q[8u * i + b + 4u] = float(int((nextW[i] >> (8u * b + 4u)) & 15u) - 8);
         }
     } else {
-        [[unroll]] for (uint i = 0u; i < 8u; i++) [[unroll]] for (uint b = 0u; b < 4u; b++) q[4u * i + b] = float(bitfieldExtract(int(nextW[p][i]), int(8u * b), 8));
+        [[unroll]] for (uint i = 0u; i < 8u; i++) [[unroll]] for (uint b = 0u; b < 4u; b++) q[4u * i + b] = float(bitfieldExtract(int(nextW[i]), int(8u * b), 8));
     }
-    const bool tail = nextK0[p] + BK > pc.I;  // the padding past I may hold any quants
-    [[unroll]] for (uint k = 0u; k < 32u; k++) w[k] = tail && nextK0[p] + k >= pc.I ? 0.0 : nextScale[p] * q[k];
+    const bool tail = nextK0 + BK > pc.I;  // the padding past I may hold any quants
+    [[unroll]] for (uint k = 0u; k < 32u; k++) w[k] = tail && nextK0 + k >= pc.I ? 0.0 : nextScale * q[k];
 }
 
 uint tileXCol(uint u, uint v) { return u * BK + 4u * v; }

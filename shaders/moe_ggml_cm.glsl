@@ -39,6 +39,7 @@ layout(push_constant, std430) uniform PC {
 #define GGML_VEC4(i) ev[i]
 #include "ggml_blocks.glsl"
 
+#define CM_LOAD_AHEAD 2  // two steps of loads in flight (cm_slice_tile.glsl)
 #include "cm_slice_tile.glsl"
 #include "cm_ggml_loader.glsl"
 

@@ -40,38 +40,38 @@ uint wAt;
 uint scaleOffset;
 uint sAt;
 uint sStride;
-uvec4 nextQ[2][2];  // [register set][uvec4]
-float nextScale[2];
-uint nextK0[2];
+uvec4 nextQ[2];
+float nextScale;
+uint nextK0;
 uint slotRow[X_PER_THREAD];
 #include "cm_expert_item.glsl"
 
-void tileLoadW(uint u, uint p) {
+void tileLoadW(uint u) {
     const uint k0 = u * BK;
-    nextK0[p] = k0;
-    nextScale[p] = BLOB_SCALE(scaleOffset, sAt + (k0 / GROUP_SIZE) * sStride);
+    nextK0 = k0;
+    nextScale = BLOB_SCALE(scaleOffset, sAt + (k0 / GROUP_SIZE) * sStride);
     // a q4 uvec4 is 32 columns, a q8 one 16: a q8 step reads two (the second past a row of I <= 16 more columns is not read)
     [[unroll]] for (uint i = 0u; i < QBITS / 4u; i++) {
         const uint block = u * (QBITS / 4u) + i;
-        nextQ[p][i] = block * (QBITS == 4u ? 32u : 16u) < pc.I ? BLOB_V(GATEUP ? wAt + block : wAt + block * pc.O) : uvec4(0u);
+        nextQ[i] = block * (QBITS == 4u ? 32u : 16u) < pc.I ? BLOB_V(GATEUP ? wAt + block : wAt + block * pc.O) : uvec4(0u);
     }
 }
 
-void tileWeights(uint p, out float w[32]) {
+void tileWeights(out float w[32]) {
     float q[32];
     if (QBITS == 4u) {
         // word wi: columns 8wi + j in byte j's low nibble, 8wi + 4 + j in its high nibble
         [[unroll]] for (uint wi = 0u; wi < 4u; wi++) [[unroll]] for (uint j = 0u; j < 4u; j++) {
-            q[8u * wi + j] = float(int((nextQ[p][0][wi] >> (8u * j)) & 15u) - 8);
-            q[8u * wi + 4u + j] = float(int((nextQ[p][0][wi] >> (8u * j + 4u)) & 15u) - 8);
+            q[8u * wi + j] = float(int((nextQ[0][wi] >> (8u * j)) & 15u) - 8);
+            q[8u * wi + 4u + j] = float(int((nextQ[0][wi] >> (8u * j + 4u)) & 15u) - 8);
         }
     } else {
         [[unroll]] for (uint i = 0u; i < 2u; i++) [[unroll]] for (uint wi = 0u; wi < 4u; wi++) [[unroll]] for (uint j = 0u; j < 4u; j++) {
-            q[16u * i + 4u * wi + j] = float(bitfieldExtract(int(nextQ[p][i][wi]), int(8u * j), 8));
+            q[16u * i + 4u * wi + j] = float(bitfieldExtract(int(nextQ[i][wi]), int(8u * j), 8));
         }
     }
-    const bool tail = nextK0[p] + BK > pc.I;  // the padding past I may hold any quants
-    [[unroll]] for (uint k = 0u; k < 32u; k++) w[k] = tail && nextK0[p] + k >= pc.I ? 0.0 : nextScale[p] * q[k];
+    const bool tail = nextK0 + BK > pc.I;  // the padding past I may hold any quants
+    [[unroll]] for (uint k = 0u; k < 32u; k++) w[k] = tail && nextK0 + k >= pc.I ? 0.0 : nextScale * q[k];
 }
 
 uint tileXCol(uint u, uint v) { return u * BK + 4u * v; }

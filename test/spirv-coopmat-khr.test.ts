@@ -71,9 +71,9 @@ function checkKhr(name: string, multiplyAdds: number) {
 
 describe("NV -> KHR cooperative-matrix rewrite", () => {
   // gemm_coopmat_tile.glsl: 2 x 4 accumulators; cm_slice_tile.glsl: 2 row blocks x 8 column blocks
-  // (those past the tile's BN dropped by the driver)
+  // (those past the tile's BN dropped by the driver), twice where the steps run two at a time (CM_LOAD_AHEAD 2: the GGML loaders)
   // dec_attention_cm.glsl: 4 score and 16 value accumulators (those past its shape dropped likewise)
-  const shaders: [string, number][] = [["dec_gemm_quant_cm", 8], ["dec_gemm_ggml_cm", 8], ["moe_ggml_cm", 32], ["moe_pool_bda_cm", 32], ["moe_pool_desc_cm", 32], ["dec_gemm_quant_wide_cm", 32], ["dec_gemm_ggml_wide_cm", 32], ["dec_attention_cm", 20]];
+  const shaders: [string, number][] = [["dec_gemm_quant_cm", 8], ["dec_gemm_ggml_cm", 8], ["moe_ggml_cm", 32], ["moe_pool_bda_cm", 16], ["moe_pool_desc_cm", 16], ["dec_gemm_quant_wide_cm", 16], ["dec_gemm_ggml_wide_cm", 32], ["dec_attention_cm", 20]];
   for (const [name, multiplyAdds] of shaders) {
     test(`${name}k.spv: KHR instructions, uses, layouts and ids`, () => {
       const { nvWords, khrWords } = checkKhr(name, multiplyAdds);

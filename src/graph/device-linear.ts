@@ -186,10 +186,10 @@ export class LinearKernels implements Disposable {
     // faster (Q6_K 2.8x); fewer tokens can favour the GEMV, but one rule serves every device.
     this.ggmlGemm = options.ggmlGemm ?? true;
     this.matrixCores = options.matrixCores ?? (device.enabled.cooperativeMatrix && matrixCoresPass(device));
+    if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     // what VKMOE_WIDE_GEMM asks for, where the tile passes its self-check (once per device); an explicit option as given
     const wide = readConfig().VKMOE_WIDE_GEMM, asked = wide === "ggml" ? "ggml" : wide === "on";
     this.wideGemm = this.matrixCores && (options.wideGemm ?? (asked && wideGemmPasses(device) ? asked : false));
-    if (this.matrixCores && !device.enabled.cooperativeMatrix) throw new GraphUnsupportedError(`matrix-core GEMMs need VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix, not enabled on ${device.info.name}`);
     // with the matrix cores on, the matrices below MATRIX_CORE_MIN_DIM keep these
     this.ggmlGemmIdp = this.integerDot && this.ggmlGemm && (options.ggmlGemmIdp ?? true);
     this.quantGemmIdp = this.integerDot && (options.quantGemmIdp ?? readConfig().VKMOE_QUANT_GEMM_IDP === "on");

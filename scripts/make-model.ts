@@ -1,7 +1,8 @@
-// `bun run make-model --shape NAME --type q4_0|q8_0|f16|q4_k_m|q5_k_m|q6_k|q5_0 --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`:
+// `bun run make-model --shape NAME --type q4_0|q8_0|f16|q4_k_m|q5_k_m|q6_k|q5_0 --out FILE [--seed N] [--layers N] [--vocab N] [--threads N] [--kquant-search full|plain]`:
 // a random-weight Qwen3-MoE GGUF (llama.cpp arch qwen3moe), or Qwen3.5/3.6-MoE (qwen35moe) for the qwen3.5-* / qwen3.6-* shapes, with the Qwen3 tokenizer, so full-size
 // benchmarks need no download; --vocab N cuts the tokenizer to N tokens (small test files). The
-// K-quant types mix tensor types as llama-quantize does for that ftype (src/model/qwen3moe-quant-mix.ts).
+// K-quant types mix tensor types as llama-quantize does for that ftype (src/model/qwen3moe-quant-mix.ts);
+// --kquant-search plain skips their scale search (quicker builds of files only to be timed).
 // Progress goes to stderr; the last line (stdout) gives size and time.
 import { closeSync, openSync, renameSync, rmSync } from "node:fs";
 import { z } from "zod";
@@ -13,7 +14,7 @@ import { args, exit, fail, oneLine } from "./lib/cli.ts";
 import { formatBytes, Progress } from "./lib/progress.ts";
 
 const SCRIPT = "make-model";
-const USAGE = `usage: bun run make-model --shape ${SHAPE_NAMES.join("|")} --type ${MODEL_FILE_TYPES.join("|")} --out FILE [--seed N] [--layers N] [--vocab N] [--threads N]`;
+const USAGE = `usage: bun run make-model --shape ${SHAPE_NAMES.join("|")} --type ${MODEL_FILE_TYPES.join("|")} --out FILE [--seed N] [--layers N] [--vocab N] [--threads N] [--kquant-search full|plain]`;
 
 const integer = z.string().regex(/^\d+$/, "must be a non-negative integer").transform(Number);
 const flagsSchema = z.strictObject({
@@ -26,6 +27,8 @@ const flagsSchema = z.strictObject({
   // A smaller vocab than the shape's (the Qwen3 tokenizer's first tokens, its special tokens after them): files of a few MB for tests.
   vocab: integer.pipe(z.number().min(282, "must be at least 282 (256 byte tokens and 26 special tokens)")).optional(),
   threads: integer.pipe(z.number().min(1, "must be at least 1").max(256, "must be at most 256")).default(defaultThreads()),
+  // K-quant tensors: GGML's scale search ("full"), or each sub-block's plain fit ("plain": ~8x quicker, ~10-20% more error; benchmark files)
+  "kquant-search": z.enum(["full", "plain"], { message: "must be full or plain" }).default("full"),
 });
 
 /** One worker per core, up to 16 (writing the file becomes the limit well before). */
@@ -87,6 +90,7 @@ try {
     seed: flags.seed,
     threads: flags.threads,
     tokenizer,
+    kQuantSearch: flags["kquant-search"] === "full",
     onTensor: () => progress.tick(),
   });
   progress.finish();

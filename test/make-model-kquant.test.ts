@@ -95,6 +95,19 @@ describe("encoders, decoded by dequantizeGgmlRow", () => {
     });
   }
 
+  for (const type of ["Q4_K", "Q5_K", "Q6_K"] as const) {
+    test(`${type} without the scale search (make-model --kquant-search plain): within 1.25x GGML's error, above the search's`, () => {
+      const cols = 1024;
+      const x = randomGaussianF32(64 * cols, 5, 1);
+      const plain = new Uint8Array(ggmlTensorBytes(type, [cols, 64]));
+      expect(encodeAs(type, x, plain, 0, { search: false })).toBe(plain.length);
+      const e = nmse(x, decode(type, plain, cols));
+      // measured: Q4_K 6.06e-3 (5.01e-3 searched), Q5_K 1.45e-3 (1.29e-3), Q6_K 3.42e-4 (3.13e-4)
+      expect(e).toBeLessThan(1.25 * GAUSSIAN_NMSE[type]);
+      expect(e).toBeGreaterThan(nmse(x, decode(type, encode(type, x, cols), cols)));
+    });
+  }
+
   test("K-quants take whole 256-value super-blocks", () => {
     expect(() => encodeAs("Q4_K", new Float32Array(128), new Uint8Array(1024))).toThrow(/256/);
     expect(() => encodeAs("Q6_K", new Float32Array(256), new Uint8Array(100))).toThrow(/fit/);

@@ -175,13 +175,18 @@ describe("GGUF writer", () => {
 
 describe("chunk pool", () => {
   test("workers and this thread make the same bytes; a chunk that fails in a worker rejects with its message", async () => {
-    const job = { seed: 9, tensor: 3, chunk: 1, type: "Q4_0" as const, values: 4096, mean: 0, std: 0.1 };
+    const job = { seed: 9, tensor: 3, chunk: 1, type: "Q4_0" as const, values: 4096, mean: 0, std: 0.1, kQuantSearch: true };
     using inline = new ChunkPool(1);
     using workers = new ChunkPool(2);
     const [a, b] = await Promise.all([inline.make(job), workers.make(job)]);
     expect(b.length).toBe(4096 / 32 * 18);
     expect(hex(b)).toBe(hex(a));
     await expect(workers.make({ ...job, values: 31 })).rejects.toThrow(/blocks hold 32 values; got 31/);
+    // the K-quants' search setting reaches the workers: each setting's bytes as this thread's, the two different
+    const k = { ...job, type: "Q4_K" as const };
+    const [searched, plain, plainInline] = await Promise.all([workers.make(k), workers.make({ ...k, kQuantSearch: false }), inline.make({ ...k, kQuantSearch: false })]);
+    expect(hex(plain)).toBe(hex(plainInline));
+    expect(hex(plain)).not.toBe(hex(searched));
   });
 });
 

@@ -28,6 +28,16 @@ const GROUP_MAX_EPS = 1e-15;
  * Returns an integer-valued number; |v| stays far below 2^51 for every caller.
  */
 const ROUNDER = 6755399441055744;
+
+/**
+ * `search: false` keeps each sub-block's plain candidate (its range for Q4_K/Q5_K, its largest
+ * magnitude for Q6_K) and skips GGML's search over the others: about 8x faster, a larger error
+ * (test/make-model-kquant.test.ts), the same layout. For benchmark files of random weights, whose
+ * builds the search dominates; the default is the search.
+ */
+export interface KQuantOptions {
+  search?: boolean;
+}
 const nearestInt = (v: number): number => v + ROUNDER - ROUNDER;
 
 function checkSuperBlocks(src: Float32Array, dst: Uint8Array, dstOffset: number, blockBytes: number, type: string): number {
@@ -58,6 +68,7 @@ const scaleBytes = new Uint8Array(12);
  * Writes subScales[j] and subMins[j] (the min as subtracted, >= 0).
  */
 function fitScaleMin(nmax: number, rmin: number, rdelta: number, nstep: number, j: number): void {
+  // nstep -1: the plain candidate alone (KQuantOptions.search false)
   const x = values, w = weights;
   let min = x[0]!;
   let max = min;
@@ -131,12 +142,13 @@ function sixBit(x: number, inv: number): number {
  * scales and 8 mins to 6 bits against the largest (d = max/63, dmin = maxMin/63 as f16), then every
  * value again, l = round((x + dmin*m) / (d*sc)), against the stored scales.
  */
-function encodeK4or5(src: Float32Array, dst: Uint8Array, dstOffset: number, high: boolean): number {
+function encodeK4or5(src: Float32Array, dst: Uint8Array, dstOffset: number, high: boolean, search: boolean): number {
   const type = high ? "Q5_K" : "Q4_K";
   const blockBytes = high ? Q5_K_BLOCK_BYTES : Q4_K_BLOCK_BYTES;
   const blocks = checkSuperBlocks(src, dst, dstOffset, blockBytes, type);
   const nmax = high ? 31 : 15;
-  const [rmin, rdelta, nstep] = high ? [-0.5, 0.1, 15] : [-1, 0.1, 20];
+  const [rmin, rdelta, steps] = high ? [-0.5, 0.1, 15] : [-1, 0.1, 20];
+  const nstep = search ? steps : -1;
   const f16 = f16ToF32Table();
   let o = dstOffset;
   for (let b = 0; b < blocks; b++) {
@@ -219,13 +231,13 @@ function encodeK4or5(src: Float32Array, dst: Uint8Array, dstOffset: number, high
 }
 
 /** Q4_K super-blocks of 256 values (144 bytes each). Returns the bytes written. */
-export function encodeQ4_K(src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
-  return encodeK4or5(src, dst, dstOffset, false);
+export function encodeQ4_K(src: Float32Array, dst: Uint8Array, dstOffset = 0, options: KQuantOptions = {}): number {
+  return encodeK4or5(src, dst, dstOffset, false, options.search ?? true);
 }
 
 /** Q5_K super-blocks of 256 values (176 bytes each). Returns the bytes written. */
-export function encodeQ5_K(src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
-  return encodeK4or5(src, dst, dstOffset, true);
+export function encodeQ5_K(src: Float32Array, dst: Uint8Array, dstOffset = 0, options: KQuantOptions = {}): number {
+  return encodeK4or5(src, dst, dstOffset, true, options.search ?? true);
 }
 
 const xw = new Float64Array(16);
@@ -235,9 +247,9 @@ const xxw = new Float64Array(16);
  * make_qx_quants(16, 32, x, L, rmse_type 1, no weights): the symmetric scale of the 16 values at
  * x[o..], l = clamp(round(x * iscale), -32, 31), that best fits x with weights x² among iscale =
  * -(32 + 0.1*is) / max for is = 0, ±1..±9 (max: the value of largest magnitude, with its sign).
- * The scale is the weighted least-squares one for its l.
+ * The scale is the weighted least-squares one for its l. `search` false: is = 0 alone.
  */
-function fitSymmetricScale(x: Float32Array, o: number): number {
+function fitSymmetricScale(x: Float32Array, o: number, search: boolean): number {
   let max = 0;
   let amax = 0;
   for (let i = 0; i < 16; i++) {
@@ -253,7 +265,7 @@ function fitSymmetricScale(x: Float32Array, o: number): number {
   if (amax < GROUP_MAX_EPS) return 0;
   let scale = 0;
   let best = 0;
-  for (let is = 0; is <= 18; is++) {
+  for (let is = 0, last = search ? 18 : 0; is <= last; is++) {
     // is = 0 first (GGML's plain candidate), then -9..-1, 1..9.
     const step = is === 0 ? 0 : is <= 9 ? is - 10 : is - 9;
     const iscale = -(32 + 0.1 * step) / max;
@@ -281,7 +293,8 @@ function fitSymmetricScale(x: Float32Array, o: number): number {
  * f16, sc = min(127, round(scale / d))), then every value again, l = clamp(round(x / (d*sc)), -32, 31),
  * stored as l + 32. Returns the bytes written.
  */
-export function encodeQ6_K(src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
+export function encodeQ6_K(src: Float32Array, dst: Uint8Array, dstOffset = 0, options: KQuantOptions = {}): number {
+  const search = options.search ?? true;
   const blocks = checkSuperBlocks(src, dst, dstOffset, Q6_K_BLOCK_BYTES, "Q6_K");
   const f16 = f16ToF32Table();
   let o = dstOffset;
@@ -290,7 +303,7 @@ export function encodeQ6_K(src: Float32Array, dst: Uint8Array, dstOffset = 0): n
     let maxScale = 0;
     let maxAbsScale = 0;
     for (let ib = 0; ib < 16; ib++) {
-      const scale = fitSymmetricScale(src, base + 16 * ib);
+      const scale = fitSymmetricScale(src, base + 16 * ib, search);
       subScales[ib] = scale;
       if (Math.abs(scale) > maxAbsScale) {
         maxAbsScale = Math.abs(scale);

@@ -5,7 +5,7 @@
  * the block scales stored as IEEE half (round to nearest even). The K-quants are in ggml-quantize-k.ts.
  */
 import { f32ToF16Bits } from "../quant/half.ts";
-import { encodeQ4_K, encodeQ5_K, encodeQ6_K } from "./ggml-quantize-k.ts";
+import { encodeQ4_K, encodeQ5_K, encodeQ6_K, type KQuantOptions } from "./ggml-quantize-k.ts";
 import type { GgmlTypeName } from "./gguf-writer.ts";
 
 export const QK = 32;
@@ -240,17 +240,17 @@ export function encodeF32(src: Float32Array, dst: Uint8Array, dstOffset = 0): nu
   return bytes;
 }
 
-/** Encodes `src` (whole rows of the tensor, row-major) as `type`. Returns the bytes written. */
-export function encodeAs(type: GgmlTypeName, src: Float32Array, dst: Uint8Array, dstOffset = 0): number {
+/** Encodes `src` (whole rows of the tensor, row-major) as `type` (`kQuant`: the K-quants' options). Returns the bytes written. */
+export function encodeAs(type: GgmlTypeName, src: Float32Array, dst: Uint8Array, dstOffset = 0, kQuant: KQuantOptions = {}): number {
   switch (type) {
     case "Q8_0": return encodeQ8_0(src, dst, dstOffset);
     case "Q4_0": return encodeQ4_0(src, dst, dstOffset);
     case "Q4_1": return encodeQ4_1(src, dst, dstOffset);
     case "Q5_0": return encodeQ5_0(src, dst, dstOffset);
     case "Q5_1": return encodeQ5_1(src, dst, dstOffset);
-    case "Q4_K": return encodeQ4_K(src, dst, dstOffset);
-    case "Q5_K": return encodeQ5_K(src, dst, dstOffset);
-    case "Q6_K": return encodeQ6_K(src, dst, dstOffset);
+    case "Q4_K": return encodeQ4_K(src, dst, dstOffset, kQuant);
+    case "Q5_K": return encodeQ5_K(src, dst, dstOffset, kQuant);
+    case "Q6_K": return encodeQ6_K(src, dst, dstOffset, kQuant);
     case "F16": return encodeF16(src, dst, dstOffset);
     case "F32": return encodeF32(src, dst, dstOffset);
     default: throw new RangeError(`no ${type} encoder`);

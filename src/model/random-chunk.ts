@@ -15,6 +15,8 @@ export interface ChunkJob {
   values: number;
   mean: number;
   std: number;
+  /** K-quant tensors: GGML's scale search (KQuantOptions.search). */
+  kQuantSearch: boolean;
 }
 
 /** Bytes a chunk of `values` f32 values may take once encoded (F32 is the largest). */
@@ -24,5 +26,5 @@ export const encodedBound = (values: number): number => values * 4;
 export function makeChunk(job: ChunkJob, scratch: Float32Array, out: Uint8Array): number {
   const values = scratch.subarray(0, job.values);
   new WeightStream(job.seed, job.tensor, job.chunk).fill(values, job.mean, job.std);
-  return encodeAs(job.type, values, out);
+  return encodeAs(job.type, values, out, 0, { search: job.kQuantSearch });
 }

@@ -71,6 +71,8 @@ export interface RandomModelOptions {
   threads?: number;
   /** Defaults to the Qwen3 tokenizer. */
   tokenizer?: BpeTokenizerFiles;
+  /** K-quant tensors with GGML's scale search (default), or each sub-block's plain fit (KQuantOptions.search: quicker builds, more error). */
+  kQuantSearch?: boolean;
   /** Called after each tensor is written. */
   onTensor?: (tensor: PlannedTensor, index: number, count: number) => void;
 }
@@ -90,7 +92,7 @@ function chunkRows(rowLength: number): number {
 }
 
 /** Every chunk of every tensor, in file order. */
-function* chunkJobs(tensors: readonly PlannedTensor[], seed: number): Generator<ChunkJob & { last: boolean }> {
+function* chunkJobs(tensors: readonly PlannedTensor[], seed: number, kQuantSearch: boolean): Generator<ChunkJob & { last: boolean }> {
   for (let index = 0; index < tensors.length; index++) {
     const t = tensors[index]!;
     const rowLength = t.ne[0]!;
@@ -99,7 +101,7 @@ function* chunkJobs(tensors: readonly PlannedTensor[], seed: number): Generator<
     const { mean, std } = weightDistribution(t);
     for (let row = 0, chunk = 0; row < rows; row += rowsPerChunk, chunk++) {
       const n = Math.min(rowsPerChunk, rows - row);
-      yield { seed, tensor: index, chunk, type: t.type, values: n * rowLength, mean, std, last: row + n >= rows };
+      yield { seed, tensor: index, chunk, type: t.type, values: n * rowLength, mean, std, kQuantSearch, last: row + n >= rows };
     }
   }
 }
@@ -127,7 +129,7 @@ export async function writeRandomModel(o: RandomModelOptions): Promise<RandomMod
     writer.write(await next.bytes);
     if (next.last) o.onTensor?.(tensors[next.tensor]!, next.tensor, tensors.length);
   };
-  for (const job of chunkJobs(tensors, o.seed)) {
+  for (const job of chunkJobs(tensors, o.seed, o.kQuantSearch ?? true)) {
     const { last, ...chunk } = job;
     const bytes = pool.make(chunk);
     // After one chunk fails, the rest of the window is rejected unawaited: not an unhandled rejection.

@@ -5,10 +5,10 @@
 // x BN tokens (or slots), in steps of BK = 32 columns. Each step every thread forms its row's 32 weights (rounded to f16 for the
 // products) into the weight tile and the threads convert the BN inputs' 32 columns to f16 into the x
 // tile; the next step's loads (or the one after it's: CM_LOAD_AHEAD) are issued before this step's
-// products, and both tiles are double-buffered, so a step has one barrier. Subgroup g computes weight rows 32g.. x all BN
-// columns: 2 x BN/8 accumulators of the 16 x 8 x 16 f16 -> f32 shape. Weights and x become f16 (the
-// products' inputs; the sums are f32), as llama.cpp's matrix-core GEMM does: |x| past 65504 would
-// overflow.
+// products, and both tiles are double-buffered, so a step has one barrier. Subgroup g computes
+// weight rows 32g.. x all BN columns: 2 x BN/8 accumulators of the 16 x 8 x 16 f16 -> f32 shape.
+// Weights and x become f16 (the products' inputs; the sums are f32), as llama.cpp's matrix-core
+// GEMM does: |x| past 65504 would overflow.
 //
 // The includer includes cm_extensions.glsl first (GLSL takes an #extension only before any
 // declaration), declares BN (8, 16, 32 or 64), may define CM_LOAD_AHEAD (below), and defines,

@@ -27,7 +27,7 @@ const flagsSchema = z.strictObject({
   // A smaller vocab than the shape's (the Qwen3 tokenizer's first tokens, its special tokens after them): files of a few MB for tests.
   vocab: integer.pipe(z.number().min(282, "must be at least 282 (256 byte tokens and 26 special tokens)")).optional(),
   threads: integer.pipe(z.number().min(1, "must be at least 1").max(256, "must be at most 256")).default(defaultThreads()),
-  // K-quant tensors: GGML's scale search ("full"), or each sub-block's plain fit ("plain": ~8x quicker, ~10-20% more error; benchmark files)
+  // K-quant tensors: GGML's scale search ("full"), or each sub-block's plain fit ("plain": ~4x quicker builds, 10-20% more error; benchmark files)
   "kquant-search": z.enum(["full", "plain"], { message: "must be full or plain" }).default("full"),
 });
 

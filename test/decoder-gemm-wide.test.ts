@@ -22,7 +22,7 @@
  * the next token gave NMSE 1 on the first emulated q4 case.
  */
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
-import { DeviceLinear, LinearKernels, MATRIX_CORE_MIN_DIM } from "../src/graph/device-linear.ts";
+import { DeviceLinear, LinearKernels, MATRIX_CORE_MIN_DIM, takesWideTile, WIDE_GEMM_MIN_ROWS } from "../src/graph/device-linear.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { DeviceGgmlMatrix } from "../src/kernels/decoder/ggml-gemv.ts";
 import { COOPMAT_CHECK_BOUND } from "../src/kernels/decoder/coopmat-check.ts";
@@ -160,6 +160,21 @@ test("LinearKernels has the wide tile off without cooperative matrices (Lavapipe
   expect(lk.wideGemm).toBe(false);
 });
 
+test(`takesWideTile: matrices of ${WIDE_GEMM_MIN_ROWS} rows or more (k and v of 512 beside q) and ${MATRIX_CORE_MIN_DIM} columns, calls of ${WIDE_GEMM_FROM_TOKENS} tokens or more, matrix cores on; GGML blocks only with wideGemm "ggml"`, () => {
+  const kv = { matrixCores: true, wideGemm: "ggml" as const, ggml: true, rows: 512, cols: 2048, S: 512 };
+  expect(takesWideTile(kv)).toBe(true);
+  expect(takesWideTile({ ...kv, rows: 4096 })).toBe(true);
+  expect(takesWideTile({ ...kv, rows: WIDE_GEMM_MIN_ROWS })).toBe(true);
+  expect(takesWideTile({ ...kv, rows: WIDE_GEMM_MIN_ROWS - 1 })).toBe(false);
+  expect(takesWideTile({ ...kv, cols: MATRIX_CORE_MIN_DIM - 1 })).toBe(false);
+  expect(takesWideTile({ ...kv, S: WIDE_GEMM_FROM_TOKENS - 1 })).toBe(false);
+  expect(takesWideTile({ ...kv, S: WIDE_GEMM_FROM_TOKENS })).toBe(true);
+  expect(takesWideTile({ ...kv, matrixCores: false })).toBe(false);
+  expect(takesWideTile({ ...kv, ggml: false })).toBe(false);
+  expect(takesWideTile({ ...kv, ggml: false, wideGemm: true })).toBe(true);
+  expect(takesWideTile({ ...kv, wideGemm: false })).toBe(false);
+});
+
 describe.skipIf(!on)("DeviceLinear's long chunks on a device with cooperative matrices", () => {
   test(`calls of ${WIDE_GEMM_FROM_TOKENS} tokens or more take the wide tile (bit for bit), shorter ones and wideGemm false the 64 x 64 tiles; all within the bound of the CPU`, () => {
     using wide = new LinearKernels(device, { matrixCores: true, wideGemm: true });
@@ -167,26 +182,29 @@ describe.skipIf(!on)("DeviceLinear's long chunks on a device with cooperative ma
     using ggmlOnly = new LinearKernels(device, { matrixCores: true, wideGemm: "ggml" });
     expect(wide.wideGemm).toBe(true);
     expect(narrow.wideGemm).toBe(false);
-    const rows = MATRIX_CORE_MIN_DIM + 130, cols = MATRIX_CORE_MIN_DIM;
-    const m = quantize({ dtype: "f32", data: randomGaussianF32(rows * cols, seed++) }, rows, cols, { format: "q4", scaleType: "f16", groupSize: 32 });
-    const linear = new QuantLinear(m);
-    using dlWide = new DeviceLinear(wide, "m", linear);
-    using dlNarrow = new DeviceLinear(narrow, "m", linear);
-    using dlGgmlOnly = new DeviceLinear(ggmlOnly, "m", linear);
-    using dm = new DeviceMatrix(device, m);
-    const bits = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
-    for (const S of [WIDE_GEMM_FROM_TOKENS - 1, WIDE_GEMM_FROM_TOKENS, 300]) {
-      const x = randomGaussianF32(S * cols, seed++);
-      const viaWide = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlWide.record(cb, xb, yb, S));
-      const viaNarrow = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlNarrow.record(cb, xb, yb, S));
-      const direct = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => quantKernel(m, true).record(cb, { matrix: dm, x: xb, y: yb, S }));
-      const viaGgmlOnly = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlGgmlOnly.record(cb, xb, yb, S));
-      expect(bits(viaGgmlOnly)).toEqual(bits(viaNarrow));
-      const ref = quantGemmReference(m, x, S);
-      expect(nmse(ref, viaWide)).toBeLessThanOrEqual(BOUND);
-      expect(nmse(ref, viaNarrow)).toBeLessThanOrEqual(BOUND);
-      if (S >= WIDE_GEMM_FROM_TOKENS) expect(bits(viaWide)).toEqual(bits(direct));
-      else expect(bits(viaWide)).toEqual(bits(viaNarrow));
+    // a matrix past MATRIX_CORE_MIN_DIM rows (q, o) and one below it that still takes the wide tile (k, v)
+    for (const rows of [MATRIX_CORE_MIN_DIM + 130, WIDE_GEMM_MIN_ROWS + 259]) {
+      const cols = MATRIX_CORE_MIN_DIM;
+      const m = quantize({ dtype: "f32", data: randomGaussianF32(rows * cols, seed++) }, rows, cols, { format: "q4", scaleType: "f16", groupSize: 32 });
+      const linear = new QuantLinear(m);
+      using dlWide = new DeviceLinear(wide, "m", linear);
+      using dlNarrow = new DeviceLinear(narrow, "m", linear);
+      using dlGgmlOnly = new DeviceLinear(ggmlOnly, "m", linear);
+      using dm = new DeviceMatrix(device, m);
+      const bits = (y: Float32Array) => Array.from(new Uint32Array(y.buffer, y.byteOffset, y.length));
+      for (const S of [WIDE_GEMM_FROM_TOKENS - 1, WIDE_GEMM_FROM_TOKENS, 300]) {
+        const x = randomGaussianF32(S * cols, seed++);
+        const viaWide = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlWide.record(cb, xb, yb, S));
+        const viaNarrow = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlNarrow.record(cb, xb, yb, S));
+        const direct = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => quantKernel(m, true).record(cb, { matrix: dm, x: xb, y: yb, S }));
+        const viaGgmlOnly = runCall(rows, cols, x, S, 0, 0, (cb, xb, yb) => dlGgmlOnly.record(cb, xb, yb, S));
+        expect(bits(viaGgmlOnly)).toEqual(bits(viaNarrow));
+        const ref = quantGemmReference(m, x, S);
+        expect(nmse(ref, viaWide)).toBeLessThanOrEqual(BOUND);
+        expect(nmse(ref, viaNarrow)).toBeLessThanOrEqual(BOUND);
+        if (S >= WIDE_GEMM_FROM_TOKENS) expect(bits(viaWide)).toEqual(bits(direct));
+        else expect(bits(viaWide)).toEqual(bits(viaNarrow));
+      }
     }
-  }, 120_000);
+  }, 240_000);
 });

@@ -46,6 +46,32 @@ export const GEMM_FROM_TOKENS = 8;
 export const MATRIX_CORE_MIN_DIM = 1024;
 
 /**
+ * Matrices of fewer rows than MATRIX_CORE_MIN_DIM but at least this many (and MATRIX_CORE_MIN_DIM
+ * columns) take the wide tile too, for the calls it takes: k and v (512 rows) beside q, which ran the
+ * integer-dot GEMM before (H100, 2026-12-07: a 512-token chunk's q/k/v 308.9 -> 196.7 µs a layer).
+ */
+export const WIDE_GEMM_MIN_ROWS = 256;
+
+/** What takesWideTile decides from: the kernels' switches, the matrix's kind and shape, the call's tokens. */
+export interface WideTileCase {
+  /** LinearKernels.matrixCores. */
+  matrixCores: boolean;
+  /** LinearKernels.wideGemm. */
+  wideGemm: boolean | "ggml";
+  /** A matrix of GGML blocks (else q4/q8 groups). */
+  ggml: boolean;
+  rows: number;
+  cols: number;
+  S: number;
+}
+
+/** Whether a call of S tokens of a q4/q8 or GGML block matrix (the latter with LinearKernels.ggmlGemm) takes the wide tile. */
+export function takesWideTile(c: WideTileCase): boolean {
+  return c.matrixCores && c.rows >= WIDE_GEMM_MIN_ROWS && c.cols >= MATRIX_CORE_MIN_DIM && c.S >= WIDE_GEMM_FROM_TOKENS
+    && (c.wideGemm === true || (c.wideGemm === "ggml" && c.ggml));
+}
+
+/**
  * GGML block matrices take the integer-dot path for calls of up to this many tokens (decode and small
  * batches, bandwidth-bound: the dot products cut the work per weight to a fraction of the float
  * path's). Each such matrix owns its quantized-x scratch (q, k and v are recorded back to back
@@ -340,6 +366,8 @@ export class DeviceLinear implements Disposable {
   private readonly gemmSplit: GemmSplitScratch | undefined;
   /** Prompt chunks of this matrix run the matrix-core GEMM (LinearKernels.matrixCores and MATRIX_CORE_MIN_DIM). */
   readonly onMatrixCores: boolean;
+  /** A q4/q8 matrix, or a GGML block one with LinearKernels.ggmlGemm: long chunks may take the wide tile (takesWideTile). */
+  private readonly wideKind: boolean;
 
   /**
    * `floatKernel`: a float matrix records its GEMV calls through this GEMV instead of the graph's
@@ -350,7 +378,8 @@ export class DeviceLinear implements Disposable {
     const device = kernels.device;
     this.rows = linear.rows;
     this.cols = linear.cols;
-    this.onMatrixCores = kernels.matrixCores && (linear instanceof QuantLinear || (linear instanceof GgmlBlockLinear && kernels.ggmlGemm)) && linear.rows >= MATRIX_CORE_MIN_DIM && linear.cols >= MATRIX_CORE_MIN_DIM;
+    this.wideKind = linear instanceof QuantLinear || (linear instanceof GgmlBlockLinear && kernels.ggmlGemm);
+    this.onMatrixCores = kernels.matrixCores && this.wideKind && linear.rows >= MATRIX_CORE_MIN_DIM && linear.cols >= MATRIX_CORE_MIN_DIM;
     const tileRows = this.onMatrixCores ? COOPMAT_GEMM_ROWS : GEMM_ROWS;
     const limit = device.info.limits.maxStorageBufferRange;
     if (linear.bytes > limit) throw new GraphUnsupportedError(`${name} takes ${linear.bytes} bytes, past this device's maxStorageBufferRange of ${limit}`);
@@ -427,6 +456,7 @@ export class DeviceLinear implements Disposable {
   /** The kernel a q4/q8 matrix's call of S tokens runs: the GEMV for few tokens, else the integer-dot GEMM for the chunks its scratch holds, or the float GEMM. */
   private quantPath(S: number): "idp-gemm" | "gemm" | "gemv" {
     if (S < GEMM_FROM_TOKENS) return "gemv";
+    if (this.takesWide(S)) return "gemm";
     return this.idpScratch && S <= this.idpScratch.maxTokens ? "idp-gemm" : "gemm";
   }
 
@@ -437,6 +467,7 @@ export class DeviceLinear implements Disposable {
    */
   private ggmlPath(S: number): "idp-gemv" | "idp-gemm" | "gemm" | "gemv" {
     if (this.idpScratch && S <= GGML_IDP_MAX_TOKENS) return "idp-gemv";
+    if (this.takesWide(S)) return "gemm";
     if (this.onMatrixCores && S >= GEMM_FROM_TOKENS) return "gemm";
     if (this.idpScratch && this.kernels.ggmlGemmIdp && S <= this.idpScratch.maxTokens) return "idp-gemm";
     return this.kernels.ggmlGemm && S >= GEMM_FROM_TOKENS ? "gemm" : "gemv";
@@ -548,8 +579,8 @@ export class DeviceLinear implements Disposable {
 
   /** Whether a matrix-core GEMM call of S tokens takes the wide tile (LinearKernels.wideGemm). */
   private takesWide(S: number): boolean {
-    const wide = this.kernels.wideGemm;
-    return this.onMatrixCores && S >= WIDE_GEMM_FROM_TOKENS && (wide === true || (wide === "ggml" && this.blocks !== undefined));
+    const k = this.kernels;
+    return this.wideKind && takesWideTile({ matrixCores: k.matrixCores, wideGemm: k.wideGemm, ggml: this.blocks !== undefined, rows: this.rows, cols: this.cols, S });
   }
 
   /** The split scratch for a GEMM call of S tokens: the matrix's, where it has one that holds S (one token tile). */

@@ -8,7 +8,8 @@
 // binds another kernel every step), another descriptor set every step, a dispatch of 2048
 // workgroups right before it whose output it reads (as the experts' down dispatch writes the input
 // norm's residual add), a streaming read before it that fits in the last-level cache or evicts it
-// (plain or with Nontemporal loads), reads scattered over many pages (address translations), and
+// (plain or with Nontemporal loads), reads scattered over many pages (address translations), both
+// (the cache, with any page-table entries it held, and the translations evicted together), and
 // the row it adds written a float a workgroup (as the experts' down + sum writes it) or a 32-byte
 // sector a workgroup (or 2 floats a workgroup, as the graph's GGML GEMVs write q, k, v and o). Each
 // "X then the norm" row is timed against X alone in the same run. And the barrier itself in other
@@ -83,7 +84,7 @@ using pool = new CommandPool(device);
 using queries = new QueryPool(device, 2);
 using fence = new Fence(device);
 
-type PairedStep = "small" | "large" | "nontemporal" | "scatter64K" | "scatter2M" | "single" | "pair" | "sector";
+type PairedStep = "small" | "large" | "nontemporal" | "scatter64K" | "scatter2M" | "evict" | "single" | "pair" | "sector";
 type Step = "plain" | "residual" | "residual+quantize" | "alternating" | "rotating" | "wide" | "wide+norm" | PairedStep | `${PairedStep}+norm`;
 /** How the dependent steps' barrier is expressed: global, reads-only, on one buffer, or execution only. */
 type Sync = "global" | "read" | "buffer" | "execution";
@@ -93,8 +94,8 @@ function run(barriers: boolean, step: Step = "plain", sync: Sync = "global"): nu
   // a CPU device takes tens of ms a wide dispatch: fewer of those steps there (µs a step stays comparable)
   const n = cpu && !["plain", "residual", "residual+quantize", "alternating"].includes(step) ? Math.min(steps, 8) : steps;
   const streaming = step.startsWith("small") || step.startsWith("large") || step.startsWith("nontemporal");
-  if (streaming) cb.fillBuffer(streamSrc, 0).barrier("transferToCompute");
-  if (step.startsWith("scatter")) cb.fillBuffer(scatterSrc, 0).barrier("transferToCompute");
+  if (streaming || step.startsWith("evict")) cb.fillBuffer(streamSrc, 0).barrier("transferToCompute");
+  if (step.startsWith("scatter") || step.startsWith("evict")) cb.fillBuffer(scatterSrc, 0).barrier("transferToCompute");
   for (let i = 0; i < n; i++) {
     // in place with a barrier: each step reads what the last wrote, as the graph's steps do
     if (step === "plain") norm.record(cb, { x, w, y: barriers ? x : y, rows: 1, n: D, eps: 1e-6 });
@@ -115,6 +116,14 @@ function run(barriers: boolean, step: Step = "plain", sync: Sync = "global"): nu
       norm.record(cb, { x: wideX, w, y: wideY, rows: D / each, n: each, eps: 1e-6 });
       cb.barrier("computeToCompute");
       if (step.endsWith("+norm")) normQuant.record(cb, { x, add: wideY, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
+    } else if (step.startsWith("evict")) {
+      // both: the streaming read that evicts the last-level cache (and with it any cached page-table
+      // entries), then the scattered read that evicts the address translations
+      cb.bind(stream, streamSet).pushConstants(stream, new Uint32Array([0, LARGE_STREAM / 16])).dispatch(cpu ? 64 : 4096);
+      cb.barrier("computeToCompute");
+      cb.bind(scatter64K, scatter64KSet).pushConstants(scatter64K, new Uint32Array([0, SCATTER_BYTES / 16 / scatterStrides["64K"]])).dispatch(cpu ? 16 : 64);
+      cb.barrier("computeToCompute");
+      if (step.endsWith("+norm")) normQuant.record(cb, { x, add, w, y, rows: 1, n: D, eps: 1e-6 }, quantized);
     } else if (step.startsWith("scatter")) {
       const wide = step.startsWith("scatter64K");
       cb.bind(wide ? scatter64K : scatter2M, wide ? scatter64KSet : scatter2MSet)
@@ -171,6 +180,7 @@ const paired: { step: PairedStep; label: string; normLabel: string; summary: str
   { step: "nontemporal", label: "the same read with Nontemporal loads", normLabel: "that read then the quantizing norm", summary: "after that one with Nontemporal loads" },
   { step: "scatter64K", label: `a 16-byte word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB`, normLabel: "that read then the quantizing norm", summary: `after a word read every 64 KiB of ${SCATTER_BYTES / MiB} MiB` },
   { step: "scatter2M", label: `a 16-byte word read every 2 MiB of ${SCATTER_BYTES / MiB} MiB`, normLabel: "that read then the quantizing norm", summary: "every 2 MiB" },
+  { step: "evict", label: `the ${LARGE_STREAM / MiB} MiB streaming read, then the word read every 64 KiB (the cache and the address translations both evicted)`, normLabel: "those then the quantizing norm", summary: "after both" },
   ...([["single", "one float", 1], ["pair", "2 floats", 2], ["sector", "8 floats (32 bytes)", 8]] as const).map(([step, what, each]) => ({
     step, label: `${what} of a ${D}-float row written by each of ${D / each} workgroups`, normLabel: "that then the quantizing norm adding the row",
     summary: each === 1 ? "adding a row written a float a workgroup" : each === 2 ? "2 floats" : "8 floats a workgroup",

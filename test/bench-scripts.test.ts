@@ -24,7 +24,7 @@ describe("benchmark scripts run to the end", () => {
     const { code, out } = script(["scripts/bench-barrier.ts", "--steps", "2"]);
     expect(code).toBe(0);
     for (const row of ["| dependent (a compute barrier after each)", "the barrier's writes made visible to reads only", "a buffer barrier on the one buffer written", "ordered by an execution-only barrier", "another descriptor set every step", "a dispatch of 2048 workgroups", "a streaming read of 4 MiB",
-      "evicts the last-level cache", "the same read with Nontemporal loads", "a 16-byte word read every 64 KiB", "a 16-byte word read every 2 MiB",
+      "evicts the last-level cache", "the same read with Nontemporal loads", "a 16-byte word read every 64 KiB", "a 16-byte word read every 2 MiB", "the address translations both evicted", "after both",
       "one float of a 2048-float row written by each of 2048 workgroups", "2 floats of a 2048-float row written by each of 1024 workgroups", "8 floats (32 bytes) of a 2048-float row", "the quantizing norm step:"]) {
       expect(out).toContain(row);
     }

@@ -31,6 +31,14 @@ describe("benchmark scripts run to the end", () => {
     expect(out).not.toContain("NaN");
   }, SCRIPT_TIMEOUT_MS);
 
+  test("bench:spin --steps 4 --groups 1,8: a row per workgroup count, the barrier and spinning forms' final rows equal", () => {
+    const { code, out } = script(["scripts/bench-spin.ts", "--steps", "4", "--groups", "1,8"]);
+    expect(code).toBe(0);
+    expect(out).toContain("| workgroups a step | µs a step, barrier | µs a step, spin |");
+    for (const g of [1, 8]) expect(out).toMatch(new RegExp(`\\| ${g} \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.]+x \\| yes \\|`));
+    expect(out).not.toContain("NaN");
+  }, SCRIPT_TIMEOUT_MS);
+
   test("bench:delta-rule --tokens 70: the chunked kernel and the two passes on one row, their results equal within 1e-9", () => {
     const { code, out } = script(["scripts/bench-delta-rule.ts", "--tokens", "70", "--reps", "1"]);
     expect(code).toBe(0);

@@ -151,7 +151,7 @@ export interface LinearKernelsOptions {
   matrixCores?: boolean;
   /**
    * With matrixCores: calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (wide-gemm.ts),
-   * "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM, where the tile passes its self-check,
+   * for matrices of WIDE_GEMM_MIN_ROWS rows or more (takesWideTile), "ggml" for GGML block matrices only (default VKMOE_WIDE_GEMM, where the tile passes its self-check,
    * wide-gemm.ts; on an H100 the Qwen3-30B-like
    * Q4_K_M graph's GPU time a prompt token fell 1.6% with them, the Qwen3.6-like Q4_0 one's rose 1.3%
    * with the q4 matrices' on them, 2026-12-07).
@@ -186,7 +186,7 @@ export class LinearKernels implements Disposable {
   readonly quantGemmIdp: boolean;
   /** Prompt chunks' GEMMs (q4/q8 and GGML blocks) run on the matrix cores (LinearKernelsOptions.matrixCores). */
   readonly matrixCores: boolean;
-  /** Their calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (LinearKernelsOptions.wideGemm). */
+  /** Their calls of WIDE_GEMM_FROM_TOKENS tokens or more on the 128-row tiles (LinearKernelsOptions.wideGemm, takesWideTile). */
   readonly wideGemm: boolean | "ggml";
   /**
    * The most tokens a matrix's call takes x quantized for (0: none), and so what every
@@ -364,7 +364,7 @@ export class DeviceLinear implements Disposable {
    * recorded without a barrier between them, and calls on one scratch must not overlap.
    */
   private readonly gemmSplit: GemmSplitScratch | undefined;
-  /** Prompt chunks of this matrix run the matrix-core GEMM (LinearKernels.matrixCores and MATRIX_CORE_MIN_DIM). */
+  /** Prompt chunks of this matrix run the matrix-core GEMM's 64 x 64 tiles (LinearKernels.matrixCores and MATRIX_CORE_MIN_DIM); the wide tile is takesWide's. */
   readonly onMatrixCores: boolean;
   /** A q4/q8 matrix, or a GGML block one with LinearKernels.ggmlGemm: long chunks may take the wide tile (takesWideTile). */
   private readonly wideKind: boolean;

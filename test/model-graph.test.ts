@@ -154,20 +154,48 @@ describe("decode attention folding the RoPE step (VKMOE_ROPE_FOLD)", () => {
   }, 240_000);
 });
 
-describe("the router GEMV routing in its last workgroup, and the post norm in each (VKMOE_ROUTE_FOLD)", () => {
-  /** A decode token's dispatches and barriers; the logits of a 6-token prompt chunk (S > 4: two steps either way), decode steps, a batch's decode rounds. */
-  function run(m: Model, ps: number[][]) {
-    const { dispatches, barriers } = decodeTokenCommands(m);
-    const logits: Float32Array[] = [];
-    using a = m.session({ ctx: 96 });
-    expect(a.path).toBe("device");
-    logits.push(a.prefill(ps[1]!.slice(0, 6)).slice(), a.prefill(ps[1]!.slice(6, 9)).slice());
-    for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
-    using batch = m.batch({ slots: 3, ctx: 64 });
-    logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
-    for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
-    return { logits, dispatches, barriers };
+/** A decode token's dispatches and barriers; the logits of a 6-token prompt chunk (S > 4: two steps either way), decode steps, a batch's decode rounds. */
+function run(m: Model, ps: number[][]) {
+  const { dispatches, barriers } = decodeTokenCommands(m);
+  const logits: Float32Array[] = [];
+  using a = m.session({ ctx: 96 });
+  expect(a.path).toBe("device");
+  logits.push(a.prefill(ps[1]!.slice(0, 6)).slice(), a.prefill(ps[1]!.slice(6, 9)).slice());
+  for (const id of ps[0]!.slice(0, 6)) logits.push(a.step(id).slice());
+  using batch = m.batch({ slots: 3, ctx: 64 });
+  logits.push(...batch.prefillMany([{ slot: 0, ids: ps[0]!.slice(0, 4) }, { slot: 1, ids: ps[1]!.slice(0, 3) }, { slot: 2, ids: ps[0]!.slice(2, 9) }]).map((x) => x.slice()));
+  for (let r = 0; r < 3; r++) logits.push(...batch.step([{ slot: 2, id: ps[1]![r]! }, { slot: 0, id: ps[0]![r]! }, { slot: 1, id: 7 + r }]).map((x) => x.slice()));
+  return { logits, dispatches, barriers };
+}
+
+describe("the next norm's pipeline warmed on stand-ins beside the experts (VKMOE_NORM_WARM)", () => {
+  // Q8_0 without the integer-dot path: the plain norm; Q4_0 with it: the quantizing norm
+  for (const c of [{ name: "qwen3-moe-tiny.Q8_0.gguf", idp: "off" }, { name: "qwen3-moe-tiny.Q4_0.gguf", idp: "on" }] as const) {
+    test(`${c.name}, integer dot ${c.idp}: on (the default) records one dispatch more a layer than off, with no barrier more, and the same logits bit for bit (prompt chunks, decode steps, a batch); no synchronization hazard`, async () => {
+      const ps = prompts();
+      const path = fixture(c.name);
+      using idp = processEnv("VKMOE_IDP", c.idp); // the graphs' linear kernels take the integer-dot decision from the process env
+      const env = (warm: "on" | "off") => baseEnv({ VKMOE_IDP: c.idp, VKMOE_NORM_WARM: warm, VKMOE_FLOAT_ATOMICS: "off" });
+      // synchronization validation: the warm dispatch runs beside the experts with no barrier between
+      using warm = path ? await Model.load(path, { quant: "auto", env: env("on"), syncValidation: true, log: () => {} }) : undefined;
+      if (!ps || !warm) return;
+      const a = run(warm, ps);
+      using restore = processEnv("VKMOE_NORM_WARM", "off"); // the graph reads it from the process env when it is made
+      using cold = await load(c.name, env("off"));
+      const b = run(cold!, ps);
+      const layers = warm.config.layers;
+      console.log(`norm warm (${c.name}): ${a.dispatches} dispatches and ${a.barriers} barriers a decode token, ${b.dispatches} and ${b.barriers} without (${layers} layers); ${a.logits.length} logits rows compared`);
+      expect(a.dispatches - b.dispatches).toBe(layers);
+      expect(a.barriers).toBe(b.barriers);
+      expect(a.logits.length).toBe(b.logits.length);
+      expect(differingRows(a.logits, b.logits)).toEqual([]);
+      expect(warm.takeValidationMessages()).toEqual([]);
+      expect(cold!.takeValidationMessages()).toEqual([]);
+    }, 360_000);
   }
+});
+
+describe("the router GEMV routing in its last workgroup, and the post norm in each (VKMOE_ROUTE_FOLD)", () => {
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("route: the norm its own step; off: the separate dec_route step too; each one barrier and one dispatch more a layer. route and off: the same logits bit for bit; auto (the norm folded in) within NMSE 1e-10 a row (prompt chunks, decode steps, a batch)", async () => {
     const ps = prompts();

@@ -97,6 +97,8 @@ export class DecodeGraph implements Disposable {
    * separated by barriers and each call leaves it 0.
    */
   private readonly routeArrived: Buffer;
+  /** The next norm's pipeline run on stand-ins beside each layer's experts (VKMOE_NORM_WARM, read when the graph is made). */
+  private readonly warmNorms: boolean;
   readonly argmax: ArgmaxKernel;
   /** Everything the graph allocated, disposed in reverse. */
   private readonly owned = new DisposableStack();
@@ -170,11 +172,13 @@ export class DecodeGraph implements Disposable {
       uploadBytes(device, this.invFreq, 0n, new Uint8Array(inv.buffer, inv.byteOffset, inv.byteLength));
       this.norm = this.own(new NormFeed(this.linears, D));
       this.route = this.own(new RouteKernel(device, { workgroupSize: routeShape.workgroupSize, useSubgroup: routeShape.useSubgroup }));
-      const routeFold = readConfig().VKMOE_ROUTE_FOLD;
+      const env = readConfig();
+      const routeFold = env.VKMOE_ROUTE_FOLD;
       this.routerRoute = routeFold !== "off" && this.layers.some((L) => L.router.floatWeights) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
       this.routerRouteNorm = this.routerRoute && routeFold === "auto" && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
         ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
         : undefined;
+      this.warmNorms = env.VKMOE_NORM_WARM === "on";
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -374,6 +378,13 @@ export class DecodeGraph implements Disposable {
           normTail = { residual: s.h, weights: this.norms, wOffset: after.wOffset, eps, xn: s.xn, ...(quantized && { quantized }) };
           normDone = { xq: quantized };
         }
+      }
+      // the next norm's pipeline warmed on stand-ins beside the experts' first dispatch (NormFeed.recordWarm)
+      if (this.warmNorms && !normTail) {
+        const headReadsOne = r.batch !== undefined || (r.output ?? "none") !== "none";
+        const w = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v], rows: S }
+          : headReadsOne ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: r.batch ? S : 1 } : undefined;
+        if (w) n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: w.wOffset, y: s.xn, rows: w.rows, n: D, eps }, w.readers);
       }
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`), ...(normTail && { normTail }) });
       n += st!.dispatches(S);

@@ -113,6 +113,12 @@ interface LayerOnDevice {
   sharedScale: DeviceLinear;
 }
 
+/** The matrices that read a layer's input norm (they take its quantized rows on the integer-dot path). */
+function normReaders(L: LayerOnDevice): DeviceLinear[] {
+  const m = L.mixer;
+  return m.kind === "linear" ? [m.qkv, m.z, m.a, m.b] : [m.q, m.gate, m.k, m.v];
+}
+
 /** The file's matrix where the weights wrap it in a permutation (llama.cpp's tiled value heads), and whether they did. */
 function fileOrder(m: Linear): { linear: Linear; tiled: boolean } {
   if (m instanceof RowPermutedLinear || m instanceof ColumnPermutedLinear) return { linear: m.inner, tiled: true };
@@ -177,6 +183,8 @@ export class HybridGraph implements Disposable {
   private readonly routerRouteNorm: RouterRouteKernel | undefined;
   /** routerRoute's arrival word (0 between calls; the layers' calls are separated by barriers). */
   private readonly routeArrived: Buffer;
+  /** The next norm's pipeline run on stand-ins beside each layer's experts (VKMOE_NORM_WARM, read when the graph is made). */
+  private readonly warmNorms: boolean;
   private readonly argmax: ArgmaxKernel;
   readonly fullLayers: number;
   readonly linearLayers: number;
@@ -312,6 +320,7 @@ export class HybridGraph implements Disposable {
       this.routerRouteNorm = this.routerRoute && this.routeFoldMode === "auto" && this.layers.some((_, l) => slot(l)) && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
         ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
         : undefined;
+      this.warmNorms = readConfig().VKMOE_NORM_WARM === "on";
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -459,7 +468,7 @@ export class HybridGraph implements Disposable {
     for (let l = end.first; l < end.end; l++) {
       const L = this.layers[l]!, m = L.mixer;
       // the matrices that read xn take the norm's quantized rows where they run the integer-dot path
-      const readers = m.kind === "linear" ? [m.qkv, m.z, m.a, m.b] : [m.q, m.gate, m.k, m.v];
+      const readers = normReaders(L);
       const xq = this.norm.record(cb, { x: s.h, add: l > 0 ? s.ffn : undefined, ...sharedAdd(), w: P, wOffset: L.inputNorm, y: s.xn, rows: S, n: D, eps }, readers);
       const linq = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xq, y, S);
       op("input norm");
@@ -642,6 +651,15 @@ export class HybridGraph implements Disposable {
       // a shared down on the integer-dot GEMV quantizes its input beside the experts' first step and runs beside
       // their last (no step of its own), where the call has a barrier inside
       const downQ = !sharedInCall && !st!.oneStep(S) ? L.sharedDown.recordQuantize(cb, s.sharedG, S) : undefined;
+      // the next norm's pipeline warmed on stand-ins beside the experts' first dispatch (NormFeed.recordWarm)
+      if (this.warmNorms) {
+        const next = l + 1 < end.end ? this.layers[l + 1]! : undefined;
+        const headReadsOne = end.batch !== undefined || (end.output ?? "none") !== "none";
+        const w = next ? { wOffset: next.inputNorm, readers: normReaders(next), rows: S }
+          : headReadsOne ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: end.batch ? S : 1 } : undefined;
+        const scaled = sharedInCall ? {} : { scaledAdd: { x: s.sharedOut, gate: s.sharedScale } };
+        if (w) n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, ...scaled, w: P, wOffset: w.wOffset, y: s.xn, rows: w.rows, n: D, eps }, w.readers);
+      }
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);

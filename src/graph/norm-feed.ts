@@ -4,25 +4,63 @@
  * prompt chunks), the norm writes its rows quantized as well (dec_rmsnorm_quant) into one scratch
  * every reader shares: each reader then runs its GEMV or GEMM alone, with no quantize dispatch and
  * barrier of its own (those had q, k and v each quantize the same x behind a barrier, one after another).
+ *
+ * recordWarm runs a norm's pipeline ahead of time on stand-in rows: in the decode graph the first
+ * norm after the experts cost ~8 µs more than the same pipeline run again (its code and state cold
+ * after the other steps' kernels); run once beside the experts' first dispatch, off the critical
+ * path, the real norm finds it warm (docs/measurements.md, 2026-12-07, late night).
  */
 import type { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { RmsNormKernel, RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
+import type { Device } from "../vk/device.ts";
+import { Buffer } from "../vk/memory.ts";
+import { uploadBytes } from "../vk/transfer.ts";
+
+/** One row of stand-ins for recordWarm (zeroed once; read and written by the warm dispatches only). */
+interface StandIns {
+  x: Buffer;
+  add: Buffer;
+  y: Buffer;
+  gate: Buffer;
+  quantized: GgmlIdpScratch | undefined;
+}
+
+function makeStandIns(device: Device, cols: number, quantized: boolean): StandIns {
+  const made: Disposable[] = [];
+  const zeroed = (floats: number) => {
+    const b = new Buffer(device, { size: BigInt(4 * Math.max(4, floats)), memory: "device" });
+    made.push(b);
+    uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
+    return b;
+  };
+  try {
+    const s: StandIns = { x: zeroed(cols), add: zeroed(cols), y: zeroed(cols), gate: zeroed(1), quantized: undefined };
+    if (quantized) made.push((s.quantized = new GgmlIdpScratch(device, cols, 1)));
+    return s;
+  } catch (e) {
+    for (const d of made.reverse()) d[Symbol.dispose]();
+    throw e;
+  }
+}
 
 export class NormFeed implements Disposable {
   readonly rmsnorm: RmsNormKernel;
   private readonly quantKernel: RmsNormQuantKernel | undefined;
   private readonly scratch: GgmlIdpScratch | undefined;
+  private readonly standIns: StandIns;
 
   /** `cols`: the norm's row length (the model's hidden size). */
   constructor(linears: LinearKernels, readonly cols: number) {
     const device = linears.device;
     this.rmsnorm = new RmsNormKernel(device, { maxSets: 64 });
-    if (!linears.integerDot || cols % RmsNormQuantKernel.GROUP !== 0) return;
     try {
-      this.quantKernel = new RmsNormQuantKernel(device, { maxSets: 64, ...(device.info.type === 4 && { workgroupSize: 8 }) });
-      this.scratch = new GgmlIdpScratch(device, cols, linears.quantizedTokens);
+      if (linears.integerDot && cols % RmsNormQuantKernel.GROUP === 0) {
+        this.quantKernel = new RmsNormQuantKernel(device, { maxSets: 64, ...(device.info.type === 4 && { workgroupSize: 8 }) });
+        this.scratch = new GgmlIdpScratch(device, cols, linears.quantizedTokens);
+      }
+      this.standIns = makeStandIns(device, cols, this.quantKernel !== undefined);
     } catch (e) {
       this[Symbol.dispose]();
       throw e;
@@ -46,7 +84,25 @@ export class NormFeed implements Disposable {
     return fits && readers.some((m) => m.cols === this.cols && m.takesQuantized(a.rows)) ? this.scratch : undefined;
   }
 
+  /**
+   * Records the pipeline that record(a, readers) would run, with a's flags and weights, on one row
+   * of stand-ins of its own: nothing else reads or writes them, so the caller records it beside an
+   * earlier step with no barrier. Returns the dispatches recorded (1).
+   */
+  recordWarm(cb: CommandBuffer, a: RmsNormArgs, readers: readonly DeviceLinear[]): number {
+    const s = this.standIns;
+    const warm: RmsNormArgs = {
+      x: s.x, w: a.w, wOffset: a.wOffset ?? 0, y: s.y, rows: 1, n: a.n, eps: a.eps,
+      ...(a.add && { add: s.add }), ...(a.scaledAdd && { scaledAdd: { x: s.add, gate: s.gate } }),
+    };
+    if (this.quantizedFor(a, readers)) this.quantKernel!.record(cb, warm, s.quantized!);
+    else this.rmsnorm.record(cb, warm);
+    return 1;
+  }
+
   [Symbol.dispose](): void {
+    const s = this.standIns as StandIns | undefined;
+    if (s) for (const d of [s.quantized, s.gate, s.y, s.add, s.x]) d?.[Symbol.dispose]();
     this.scratch?.[Symbol.dispose]();
     this.quantKernel?.[Symbol.dispose]();
     this.rmsnorm[Symbol.dispose]();

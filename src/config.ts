@@ -75,8 +75,9 @@ const envSchema = z.strictObject({
    */
   VKMOE_NORM_TAIL: z.enum(["on", "off"]).default("off"),
   /**
-   * The whole-token graphs run the next norm's pipeline once on stand-in rows beside the experts'
-   * first dispatch ("on", the default), so that the norm after the experts finds it warm; "off": not.
+   * The whole-token graphs run the next norm's pipeline once on stand-in rows beside the first of
+   * the experts' two or more steps ("on", the default), so that the norm after the experts finds
+   * its code warm; "off": not.
    */
   VKMOE_NORM_WARM: z.enum(["on", "off"]).default("on"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */

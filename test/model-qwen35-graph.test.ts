@@ -171,6 +171,30 @@ describe("the delta rule folding the conv1d (VKMOE_CONV_FOLD)", () => {
   }, 240_000);
 });
 
+describe("the next norm's pipeline warmed on stand-ins beside the experts (VKMOE_NORM_WARM)", () => {
+  // float atomics off: the MoE call runs in steps (with them, decode's one fused step takes no warm dispatch)
+  test("on (the default): one dispatch more a layer than off, no barrier more, the same logits bit for bit (a session, a batch); no synchronization hazard", async () => {
+    const ps = prompts();
+    const name = "qwen3.5-moe-tiny.Q8_0.gguf";
+    const path = fixture(name);
+    // synchronization validation: the warm dispatch runs beside the experts with no barrier between
+    using warm = path ? await Model.load(path, { quant: "auto", env: env({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;
+    if (!ps || !warm) return;
+    const a = foldRun(warm, ps);
+    using restore = processEnv("VKMOE_NORM_WARM", "off"); // the graph reads it from the process env when it is made
+    using cold = await load(name, "auto", env({ VKMOE_NORM_WARM: "off", VKMOE_FLOAT_ATOMICS: "off" }));
+    const b = foldRun(cold!, ps);
+    const layers = warm.config.layers;
+    console.log(`norm warm: ${a.dispatches} dispatches and ${a.barriers} barriers a decode token, ${b.dispatches} and ${b.barriers} without (${layers} layers); ${a.logits.length} logits rows compared`);
+    expect(a.dispatches - b.dispatches).toBe(layers);
+    expect(a.barriers).toBe(b.barriers);
+    expect(a.logits.length).toBe(b.logits.length);
+    expect(differingRows(a.logits, b.logits)).toEqual([]);
+    expect(warm.takeValidationMessages()).toEqual([]);
+    expect(cold!.takeValidationMessages()).toEqual([]);
+  }, 240_000);
+});
+
 describe("the route in the router GEMV beside the shared expert's own GEMVs (VKMOE_ROUTE_FOLD=route)", () => {
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("route: the route in the router GEMV, the shared gate/up fused with the SwiGLU, one barrier and three dispatches a layer fewer than off (router, gate, up, route, SwiGLU against router + route, gate/up), the same logits bit for bit; auto without the shared slot (this file's shared expert is wider than its experts): off's commands and bits (a session, a batch)", async () => {

@@ -379,8 +379,9 @@ export class DecodeGraph implements Disposable {
           normDone = { xq: quantized };
         }
       }
-      // the next norm's pipeline warmed on stand-ins beside the experts' first dispatch (NormFeed.recordWarm)
-      if (this.warmNorms && !normTail) {
+      // the next norm's pipeline warmed on stand-ins beside the experts' first of two or more steps
+      // (NormFeed.recordWarm); beside a one-step fused call it was no faster (measurements, 2026-12-07)
+      if (this.warmNorms && !normTail && !st!.oneStep(S)) {
         const headReadsOne = r.batch !== undefined || (r.output ?? "none") !== "none";
         const w = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v], rows: S }
           : headReadsOne ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: r.batch ? S : 1 } : undefined;

@@ -651,8 +651,9 @@ export class HybridGraph implements Disposable {
       // a shared down on the integer-dot GEMV quantizes its input beside the experts' first step and runs beside
       // their last (no step of its own), where the call has a barrier inside
       const downQ = !sharedInCall && !st!.oneStep(S) ? L.sharedDown.recordQuantize(cb, s.sharedG, S) : undefined;
-      // the next norm's pipeline warmed on stand-ins beside the experts' first dispatch (NormFeed.recordWarm)
-      if (this.warmNorms) {
+      // the next norm's pipeline warmed on stand-ins beside the experts' first of two or more steps
+      // (NormFeed.recordWarm); beside a one-step fused call it was no faster (measurements, 2026-12-07)
+      if (this.warmNorms && !st!.oneStep(S)) {
         const next = l + 1 < end.end ? this.layers[l + 1]! : undefined;
         const headReadsOne = end.batch !== undefined || (end.output ?? "none") !== "none";
         const w = next ? { wOffset: next.inputNorm, readers: normReaders(next), rows: S }

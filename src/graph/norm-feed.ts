@@ -6,9 +6,10 @@
  * barrier of its own (those had q, k and v each quantize the same x behind a barrier, one after another).
  *
  * recordWarm runs a norm's pipeline ahead of time on stand-in rows: in the decode graph the first
- * norm after the experts cost ~8 µs more than the same pipeline run again (its code and state cold
- * after the other steps' kernels); run once beside the experts' first dispatch, off the critical
- * path, the real norm finds it warm (docs/measurements.md, 2026-12-07, late night).
+ * norm after the experts cost ~6 µs more than the same pipeline run again (its code cold after the
+ * other steps' kernels); run once beside the experts' first step, off the critical path, on rows
+ * that take the real rows' code path, the real norm finds it warm (docs/measurements.md,
+ * 2026-12-07, late night).
  */
 import type { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
@@ -18,7 +19,7 @@ import type { Device } from "../vk/device.ts";
 import { Buffer } from "../vk/memory.ts";
 import { uploadBytes } from "../vk/transfer.ts";
 
-/** One row of stand-ins for recordWarm (zeroed once; read and written by the warm dispatches only). */
+/** One row of stand-ins for recordWarm (filled once; read and written by the warm dispatches only). */
 interface StandIns {
   x: Buffer;
   add: Buffer;
@@ -29,14 +30,16 @@ interface StandIns {
 
 function makeStandIns(device: Device, cols: number, quantized: boolean): StandIns {
   const made: Disposable[] = [];
-  const zeroed = (floats: number) => {
+  // ones, not zeros: an all-zero row would take the quantizer's zero-group branch, not the path the real rows take
+  const filled = (floats: number, value: number) => {
     const b = new Buffer(device, { size: BigInt(4 * Math.max(4, floats)), memory: "device" });
     made.push(b);
-    uploadBytes(device, b, 0n, new Uint8Array(Number(b.size)));
+    const data = new Float32Array(Number(b.size) / 4).fill(value);
+    uploadBytes(device, b, 0n, new Uint8Array(data.buffer));
     return b;
   };
   try {
-    const s: StandIns = { x: zeroed(cols), add: zeroed(cols), y: zeroed(cols), gate: zeroed(1), quantized: undefined };
+    const s: StandIns = { x: filled(cols, 1), add: filled(cols, 1), y: filled(cols, 0), gate: filled(1, 0), quantized: undefined };
     if (quantized) made.push((s.quantized = new GgmlIdpScratch(device, cols, 1)));
     return s;
   } catch (e) {

@@ -1,10 +1,12 @@
 // Where a decode token's GPU time goes on the whole-token path: one token recorded with a GPU
-// timestamp after every op, after a prompt of --context tokens (and --warm untimed tokens to raise
-// the clocks), summed per op kind over the layers, as the median of --reps tokens. --tokens N
+// timestamp after every op, after a prompt of --context tokens (and --warm untimed tokens), summed
+// per op kind over the layers, as the median of --reps tokens. Untimed decode steps of a throwaway
+// session for --warm-ms first (default 500) raise the GPU's clocks: an idle H100 runs at ~345 MHz,
+// and a profile that starts at once read 2.4x its figures (2026-12-07). --tokens N
 // profiles a prompt chunk of N tokens in one replay instead (prefill). --llama-bench PATH: then
 // llama.cpp's own GPU time by op on the same file at the same depth (its Vulkan perf logger).
 //
-//   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64] [--tokens 1] [--llama-bench PATH]
+//   bun scripts/profile-graph.ts --model FILE.gguf [--context 512] [--reps 5] [--warm 64] [--warm-ms 500] [--tokens 1] [--llama-bench PATH]
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { z } from "zod";
@@ -14,12 +16,12 @@ import { args, fail, oneLine } from "./lib/cli.ts";
 import { runLlamaPerf } from "./lib/llama-perf.ts";
 
 const SCRIPT = "profile-graph";
-const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N] [--tokens N] [--llama-bench PATH]";
+const USAGE = "usage: bun scripts/profile-graph.ts --model FILE.gguf|DIR [--context N] [--reps N] [--warm N] [--warm-ms N] [--tokens N] [--llama-bench PATH]";
 const count = (min: number) => z.coerce.number().int().min(min);
-let flags: { model: string; context: number; reps: number; warm: number; tokens: number; "llama-bench"?: string | undefined };
+let flags: { model: string; context: number; reps: number; warm: number; "warm-ms": number; tokens: number; "llama-bench"?: string | undefined };
 try {
-  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" }, tokens: { type: "string" }, "llama-bench": { type: "string" } }, strict: true, allowPositionals: false });
-  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), tokens: count(1).max(CHUNK_MAX_TOKENS).default(1), "llama-bench": z.string().min(1).optional() }).safeParse(values);
+  const { values } = parseArgs({ args: args(), options: { model: { type: "string" }, context: { type: "string" }, reps: { type: "string" }, warm: { type: "string" }, "warm-ms": { type: "string" }, tokens: { type: "string" }, "llama-bench": { type: "string" } }, strict: true, allowPositionals: false });
+  const parsed = z.object({ model: z.string().min(1), context: count(1).default(512), reps: count(1).default(5), warm: count(0).default(64), "warm-ms": count(0).max(60_000).default(500), tokens: count(1).max(CHUNK_MAX_TOKENS).default(1), "llama-bench": z.string().min(1).optional() }).safeParse(values);
   if (!parsed.success) fail(SCRIPT, `${z.prettifyError(parsed.error).replace(/\s*\n\s*/g, "; ")}; ${USAGE}`);
   flags = parsed.data;
 } catch (e) {
@@ -39,6 +41,15 @@ using model = loaded;
 if (model.device.mode !== "resident") fail(SCRIPT, `the model runs ${model.device.mode} (${model.device.why}); the whole-token profile needs it resident`);
 const V = model.config.vocab;
 const ids = Array.from({ length: flags.context }, (_, i) => (i * 7919 + 13) % V);
+{
+  // the GPU's clocks up before anything is timed
+  using warmup = model.session({ ctx: 64 });
+  const until = performance.now() + flags["warm-ms"];
+  for (let t = 1; performance.now() < until; ) {
+    if (warmup.length >= 63) warmup.truncate(0);
+    t = warmup.stepGreedy(t).id;
+  }
+}
 using session = model.session({ ctx: flags.context + flags.warm + flags.reps * flags.tokens + 1 });
 session.prefill(ids);
 let id = 1;

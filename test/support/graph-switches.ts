@@ -1,4 +1,5 @@
 /** What the tests of the graphs' switches share: a VKMOE_* variable set for a scope, a decode token's GPU commands, rows compared bit for bit. */
+import { expect } from "bun:test";
 import type { Model } from "../../src/model/model.ts";
 import { countCalls, openLoader } from "../../src/vk/loader.ts";
 
@@ -28,4 +29,19 @@ export function differingRows(a: Float32Array[], b: Float32Array[]): number[] {
     const y = bits(b[i]!);
     return bits(x).every((w, j) => w === y[j]) ? [] : [i];
   });
+}
+
+/** One run of a model under a switch: a decode token's commands and the logits rows it gave. */
+export interface SwitchRun {
+  dispatches: number;
+  barriers: number;
+  logits: Float32Array[];
+}
+
+/** `more` records `extra` dispatches and barriers a decode token more than `fewer`, and gives the same logits bit for bit. */
+export function expectSameBits(more: SwitchRun, fewer: SwitchRun, extra: { dispatches: number; barriers: number }): void {
+  expect(more.dispatches - fewer.dispatches).toBe(extra.dispatches);
+  expect(more.barriers - fewer.barriers).toBe(extra.barriers);
+  expect(more.logits.length).toBe(fewer.logits.length);
+  expect(differingRows(more.logits, fewer.logits)).toEqual([]);
 }

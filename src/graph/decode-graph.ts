@@ -363,13 +363,14 @@ export class DecodeGraph implements Disposable {
       }
       cb.barrier("computeToCompute");
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
-      // the norm after the layer in the call's last workgroup (one dependent step fewer), where it
-      // can: the next layer's input norm, or after the last layer the final norm of every row where
-      // the head reads them all (a batch's, or a one-token replay's)
+      // the norm after the layer: the next layer's input norm, or after the last layer the final norm
+      // (every row of a batch; the last row where a replay ends with logits or an id)
       const next = l + 1 < r.end ? this.layers[l + 1]! : undefined;
-      const headReadsAll = r.batch !== undefined || ((r.output ?? "none") !== "none" && S === 1);
-      const after = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v] }
-        : l + 1 === cfg.layers && headReadsAll ? { wOffset: this.finalNorm, readers: [this.lmHead] } : undefined;
+      const headRows = r.batch !== undefined ? S : (r.output ?? "none") !== "none" ? 1 : 0;
+      const nextNorm = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v], rows: S }
+        : l + 1 === cfg.layers && headRows > 0 ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: headRows } : undefined;
+      // in the call's last workgroup (one dependent step fewer), where it can: a norm of every row
+      const after = nextNorm?.rows === S ? nextNorm : undefined;
       let normTail: MoeNormTail | undefined;
       if (after && !r.split && st!.foldsNorm?.(S)) {
         const a: RmsNormArgs = { x: s.h, add: s.ffn, w: this.norms, wOffset: after.wOffset, y: s.xn, rows: S, n: D, eps };
@@ -381,11 +382,8 @@ export class DecodeGraph implements Disposable {
       }
       // the next norm's pipeline warmed on stand-ins beside the experts' first of two or more steps
       // (NormFeed.recordWarm); beside a one-step fused call it was no faster (measurements, 2026-12-07)
-      if (this.warmNorms && !normTail && !st!.oneStep(S)) {
-        const headReadsOne = r.batch !== undefined || (r.output ?? "none") !== "none";
-        const w = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v], rows: S }
-          : headReadsOne ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: r.batch ? S : 1 } : undefined;
-        if (w) n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: w.wOffset, y: s.xn, rows: w.rows, n: D, eps }, w.readers);
+      if (this.warmNorms && nextNorm && !normTail && !st!.oneStep(S)) {
+        n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: nextNorm.wOffset, y: s.xn, rows: nextNorm.rows, n: D, eps }, nextNorm.readers);
       }
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`), ...(normTail && { normTail }) });
       n += st!.dispatches(S);

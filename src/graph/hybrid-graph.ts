@@ -654,10 +654,11 @@ export class HybridGraph implements Disposable {
       // the next norm's pipeline warmed on stand-ins beside the experts' first of two or more steps
       // (NormFeed.recordWarm); beside a one-step fused call it was no faster (measurements, 2026-12-07)
       if (this.warmNorms && !st!.oneStep(S)) {
+        // the next layer's input norm, or the final norm (every row of a batch; the last row where a replay ends with logits or an id)
         const next = l + 1 < end.end ? this.layers[l + 1]! : undefined;
-        const headReadsOne = end.batch !== undefined || (end.output ?? "none") !== "none";
+        const headRows = end.batch !== undefined ? S : (end.output ?? "none") !== "none" ? 1 : 0;
         const w = next ? { wOffset: next.inputNorm, readers: normReaders(next), rows: S }
-          : headReadsOne ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: end.batch ? S : 1 } : undefined;
+          : headRows > 0 ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: headRows } : undefined;
         const scaled = sharedInCall ? {} : { scaledAdd: { x: s.sharedOut, gate: s.sharedScale } };
         if (w) n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, ...scaled, w: P, wOffset: w.wOffset, y: s.xn, rows: w.rows, n: D, eps }, w.readers);
       }

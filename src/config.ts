@@ -80,6 +80,12 @@ const envSchema = z.strictObject({
    * its code warm; "off": not.
    */
   VKMOE_NORM_WARM: z.enum(["on", "off"]).default("on"),
+  /**
+   * The whole-token graphs run the post norm + router + route step's pipeline once on stand-in rows
+   * beside the mixer's long step two steps before it ("on", the default), so that the real step finds
+   * its code and the router's weights in the cache; "off": not.
+   */
+  VKMOE_ROUTER_WARM: z.enum(["on", "off"]).default("on"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
   /**

@@ -192,12 +192,37 @@ describe("the next norm's pipeline warmed on stand-ins beside the experts (VKMOE
   }
 });
 
+describe("the post norm + router + route step warmed on stand-ins beside the attention (VKMOE_ROUTER_WARM)", () => {
+  for (const c of [{ name: "qwen3-moe-tiny.Q8_0.gguf", idp: "off" }, { name: "qwen3-moe-tiny.Q4_0.gguf", idp: "on" }] as const) {
+    test(`${c.name}, integer dot ${c.idp}: on (the default) records one dispatch more a layer than off, with no barrier more, and the same logits bit for bit (prompt chunks, decode steps, a batch); no synchronization hazard`, async () => {
+      const ps = prompts();
+      const path = fixture(c.name);
+      using idp = processEnv("VKMOE_IDP", c.idp); // the graphs' linear kernels take the integer-dot decision from the process env
+      const env = (warm: "on" | "off") => baseEnv({ VKMOE_IDP: c.idp, VKMOE_ROUTER_WARM: warm, VKMOE_FLOAT_ATOMICS: "off" });
+      // synchronization validation: the warm dispatch runs beside the attention with no barrier between
+      using warm = path ? await Model.load(path, { quant: "auto", env: env("on"), syncValidation: true, log: () => {} }) : undefined;
+      if (!ps || !warm) return;
+      const a = run(warm, ps);
+      using restore = processEnv("VKMOE_ROUTER_WARM", "off"); // the graph reads it from the process env when it is made
+      using cold = await load(c.name, env("off"));
+      const b = run(cold!, ps);
+      const layers = warm.config.layers;
+      console.log(`router warm (${c.name}): ${a.dispatches} dispatches and ${a.barriers} barriers a decode token, ${b.dispatches} and ${b.barriers} without (${layers} layers); ${a.logits.length} logits rows compared`);
+      expectSameBits(a, b, { dispatches: layers, barriers: 0 });
+      expect(warm.takeValidationMessages()).toEqual([]);
+      expect(cold!.takeValidationMessages()).toEqual([]);
+    }, 360_000);
+  }
+});
+
 describe("the router GEMV routing in its last workgroup, and the post norm in each (VKMOE_ROUTE_FOLD)", () => {
   // float atomics off: the fused MoE call adds in any order, which would hide a difference or make one
   test("route: the norm its own step; off: the separate dec_route step too; each one barrier and one dispatch more a layer. route and off: the same logits bit for bit; auto (the norm folded in) within NMSE 1e-10 a row (prompt chunks, decode steps, a batch)", async () => {
     const ps = prompts();
     const name = "qwen3-moe-tiny.Q8_0.gguf"; // a GGUF router is F32: the fold applies
     const path = fixture(name);
+    // the warm of the folded step (its own test above) off in all three: the counts here are the steps'
+    using noWarm = processEnv("VKMOE_ROUTER_WARM", "off");
     // synchronization validation on the folded run: the route reads the other workgroups' logits with no barrier of its own,
     // and the last workgroup writes the residual the others read
     using folded = path ? await Model.load(path, { quant: "auto", env: baseEnv({ VKMOE_FLOAT_ATOMICS: "off" }), syncValidation: true, log: () => {} }) : undefined;

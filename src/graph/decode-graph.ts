@@ -39,6 +39,7 @@ import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
 import { NormFeed } from "./norm-feed.ts";
+import { RouterWarm } from "./router-warm.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
 
@@ -99,6 +100,8 @@ export class DecodeGraph implements Disposable {
   private readonly routeArrived: Buffer;
   /** The next norm's pipeline run on stand-ins beside each layer's experts (VKMOE_NORM_WARM, read when the graph is made). */
   private readonly warmNorms: boolean;
+  /** The post norm + router + route step run on stand-ins beside each layer's attention (VKMOE_ROUTER_WARM, read when the graph is made; where that step folds the norm in). */
+  private readonly routerWarm: RouterWarm | undefined;
   readonly argmax: ArgmaxKernel;
   /** Everything the graph allocated, disposed in reverse. */
   private readonly owned = new DisposableStack();
@@ -176,9 +179,10 @@ export class DecodeGraph implements Disposable {
       const routeFold = env.VKMOE_ROUTE_FOLD;
       this.routerRoute = routeFold !== "off" && this.layers.some((L) => L.router.floatWeights) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
       this.routerRouteNorm = this.routerRoute && routeFold === "auto" && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
-        ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
+        ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: 2 * cfg.layers })) // each layer's call and its warm
         : undefined;
       this.warmNorms = env.VKMOE_NORM_WARM === "on";
+      this.routerWarm = this.routerRouteNorm && env.VKMOE_ROUTER_WARM === "on" ? this.own(new RouterWarm(device, D, cfg.experts, cfg.topK)) : undefined;
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -309,6 +313,19 @@ export class DecodeGraph implements Disposable {
         op("q/k norms + rope + kv append");
         cb.barrier("computeToCompute");
       }
+      // decode tokens of a float router: the route runs in the router GEMV's last workgroup, no barrier between the two
+      const routerWeights = L.router.floatWeights;
+      const routeFold = !r.split && this.routerRoute !== undefined && routerWeights !== undefined && S <= ROUTER_ROUTE_MAX_S;
+      // and the post norm in each of its workgroups (the last moves the residual on and writes xn)
+      const normFold = routeFold && this.routerRouteNorm !== undefined && S <= this.routerRouteNorm.normTokens;
+      const route = r.split ? undefined : {
+        table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
+        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * this.maxTokens * K,
+      };
+      const routerNorm = { h: s.h, add: s.o, weights: this.norms, weightOffset: L.postNorm, eps, xn: s.xn };
+      const routerRouteNormArgs = () => ({ ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm: routerNorm });
+      // that step's pipeline warmed on stand-ins beside the attention (RouterWarm), no barrier between
+      if (normFold && this.routerWarm) n += this.routerWarm.record(cb, this.routerRouteNorm!, routerRouteNormArgs());
       // o reads the combine's quantized rows where it takes the integer-dot path
       // (dec_attention_cm writes none: o quantizes its rows itself after it)
       const onCores = kv.attention.promptOnMatrixCores(S, r.batch !== undefined);
@@ -326,11 +343,6 @@ export class DecodeGraph implements Disposable {
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
-      // decode tokens of a float router: the route runs in the router GEMV's last workgroup, no barrier between the two
-      const routerWeights = L.router.floatWeights;
-      const routeFold = !r.split && this.routerRoute !== undefined && routerWeights !== undefined && S <= ROUTER_ROUTE_MAX_S;
-      // and the post norm in each of its workgroups (the last moves the residual on and writes xn)
-      const normFold = routeFold && this.routerRouteNorm !== undefined && S <= this.routerRouteNorm.normTokens;
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
         xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
@@ -345,20 +357,15 @@ export class DecodeGraph implements Disposable {
           .barrier("transferToHost");
         continue;
       }
-      const route = {
-        table: st!.table, work: st!.work, pairs: st!.pairs, slotWeight: st!.slotWeight, slotExpert: st!.slotExpert,
-        chosen: s.chosen, S, E, k: K, normalize: cfg.normTopkProb, seq: st!.seq, tableOffset: st!.tableOffset(l), chosenOffset: l * this.maxTokens * K,
-      };
       if (normFold) {
-        const norm = { h: s.h, add: s.o, weights: this.norms, weightOffset: L.postNorm, eps, xn: s.xn };
-        this.routerRouteNorm!.record(cb, { ...route, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm });
+        this.routerRouteNorm!.record(cb, routerRouteNormArgs());
         op("post norm + router + route");
       } else if (routeFold) {
-        this.routerRoute!.record(cb, { ...route, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
+        this.routerRoute!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived });
         op("router + route");
       } else {
         cb.barrier("computeToCompute");
-        this.route.record(cb, { ...route, logits: s.routerLogits });
+        this.route.record(cb, { ...route!, logits: s.routerLogits });
         op("route");
       }
       cb.barrier("computeToCompute");

@@ -65,6 +65,7 @@ import { attentionOnMatrixCores } from "../moe/prefill-plan.ts";
 import { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { NormFeed } from "./norm-feed.ts";
+import { RouterWarm } from "./router-warm.ts";
 import { GraphUnsupportedError } from "./errors.ts";
 import { selectRows } from "./linear-rows.ts";
 import { fenceWaitMode, ReplayWaiter } from "./replay-wait.ts";
@@ -185,6 +186,8 @@ export class HybridGraph implements Disposable {
   private readonly routeArrived: Buffer;
   /** The next norm's pipeline run on stand-ins beside each layer's experts (VKMOE_NORM_WARM, read when the graph is made). */
   private readonly warmNorms: boolean;
+  /** The post norm + router + route step run on stand-ins beside each layer's delta rule or attention (VKMOE_ROUTER_WARM, read when the graph is made; where that step folds the norm in). */
+  private readonly routerWarm: RouterWarm | undefined;
   private readonly argmax: ArgmaxKernel;
   readonly fullLayers: number;
   readonly linearLayers: number;
@@ -318,9 +321,10 @@ export class HybridGraph implements Disposable {
       const foldable = (L: LayerOnDevice, l: number) => L.router.floatWeights !== undefined && (slot(l) || (this.routeFoldMode === "route" && L.sharedGate.fusesGateUp(L.sharedUp, 1)));
       this.routerRoute = this.routeFoldMode !== "off" && this.layers.some(foldable) ? this.own(new RouterRouteKernel(device, { ...routeShape, maxSets: cfg.layers })) : undefined;
       this.routerRouteNorm = this.routerRoute && this.routeFoldMode === "auto" && this.layers.some((_, l) => slot(l)) && routerNormTokens(device, D, routeShape.workgroupSize, routeShape.rowsPerWorkgroup) > 0
-        ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: cfg.layers }))
+        ? this.own(new RouterRouteKernel(device, { ...routeShape, normCols: D, maxSets: 2 * cfg.layers })) // each layer's call and its warm
         : undefined;
       this.warmNorms = readConfig().VKMOE_NORM_WARM === "on";
+      this.routerWarm = this.routerRouteNorm && readConfig().VKMOE_ROUTER_WARM === "on" ? this.own(new RouterWarm(device, D, cfg.experts, cfg.topK)) : undefined;
       this.routeArrived = this.buffer(16);
       uploadBytes(device, this.routeArrived, 0n, new Uint8Array(16));
       this.argmax = this.own(new ArgmaxKernel(device, { maxV: V }));
@@ -473,6 +477,22 @@ export class HybridGraph implements Disposable {
       const linq = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xq, y, S);
       op("input norm");
       cb.barrier("computeToCompute");
+      const route = st && {
+        table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
+        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * this.maxTokens * K,
+      };
+      const routerWeights = L.router.floatWeights;
+      // decode calls of the fused experts' kernel run the shared expert as one more slot a token (VKMOE_SHARED_SLOT)
+      const sharedInCall = !end.split && st?.runsShared?.(l, S) === true;
+      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && (sharedInCall || (this.routeFoldMode === "route" && L.sharedGate.fusesGateUp(L.sharedUp, S)));
+      // and the norm, where nothing but the router reads its rows in that step (the shared expert is in the experts' call)
+      const normFold = routeFold && sharedInCall && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens;
+      const routerRouteNormArgs = () => ({
+        ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived,
+        norm: { h: s.h, add: s.o, weights: P, weightOffset: L.postNorm, eps, xn: s.xn },
+      });
+      // that step's pipeline warmed on stand-ins beside the mixer's long step (RouterWarm), no barrier between
+      const warmRouter = () => (normFold && this.routerWarm ? this.routerWarm.record(cb, this.routerRouteNorm!, routerRouteNormArgs()) : 0);
       if (m.kind === "linear") {
         op("qkv, z, a, b", linq(m.qkv, s.mixed) + linq(m.z, s.z) + linq(m.a, s.a) + linq(m.b, s.b));
         cb.barrier("computeToCompute");
@@ -494,6 +514,7 @@ export class HybridGraph implements Disposable {
           op("conv1d");
           cb.barrier("computeToCompute");
         }
+        n += warmRouter();
         // one dispatch, or (tiled value heads) one per value head of each key head: keyHeads contiguous heads, each its own key head
         const g = m.groups, heads = VH / g;
         // the recurrent kernel writes its rows quantized too where out_proj reads quantized rows (no quantize step there)
@@ -578,6 +599,7 @@ export class HybridGraph implements Disposable {
         // (dec_attention_cm writes none: o_proj quantizes its rows itself after it)
         const onCores = state.attention.promptOnMatrixCores(S, batched);
         const oq = this.attnQuant && !onCores && m.o.takesQuantized(S) ? this.attnQuant : undefined;
+        n += warmRouter();
         if (onCores) {
           // a prompt chunk: its keys and values are all in the cache (the RoPE step above)
           op("attention + output gate", state.attention.recordPrompt(cb, state.bindings[m.slot]!, { S, maxPositions: state.ctx }));
@@ -594,16 +616,6 @@ export class HybridGraph implements Disposable {
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
       cb.barrier("computeToCompute");
-      const route = st && {
-        table: st.table, work: st.work, pairs: st.pairs, slotWeight: st.slotWeight, slotExpert: st.slotExpert,
-        chosen: s.chosen, S, E, k: K, normalize: true, seq: st.seq, tableOffset: st.tableOffset(l), chosenOffset: l * this.maxTokens * K,
-      };
-      const routerWeights = L.router.floatWeights;
-      // decode calls of the fused experts' kernel run the shared expert as one more slot a token (VKMOE_SHARED_SLOT)
-      const sharedInCall = !end.split && st?.runsShared?.(l, S) === true;
-      const routeFold = route && !end.split && this.routerRoute && routerWeights && S <= ROUTER_ROUTE_MAX_S && (sharedInCall || (this.routeFoldMode === "route" && L.sharedGate.fusesGateUp(L.sharedUp, S)));
-      // and the norm, where nothing but the router reads its rows in that step (the shared expert is in the experts' call)
-      const normFold = routeFold && sharedInCall && this.routerRouteNorm && S <= this.routerRouteNorm.normTokens;
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
         xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, sharedInCall ? [L.router] : [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
@@ -615,8 +627,7 @@ export class HybridGraph implements Disposable {
       const withShared = (name: string) => (sharedInCall ? name : `${name}, shared gate/up/scale`);
       if (normFold) {
         // each router workgroup norms the rows itself, its last moves the residual on, writes xn and routes
-        const norm = { h: s.h, add: s.o, weights: P, weightOffset: L.postNorm, eps, xn: s.xn };
-        this.routerRouteNorm!.record(cb, { ...route!, weights: routerWeights!.buffer, dtype: routerWeights!.dtype, x: s.xn, cols: D, logits: s.routerLogits, arrived: this.routeArrived, norm });
+        this.routerRouteNorm!.record(cb, routerRouteNormArgs());
         op("post norm + router + route");
       } else if (routeFold) {
         // the route in the router's last workgroup, the shared expert's SwiGLU in its gate/up GEMV: no route step

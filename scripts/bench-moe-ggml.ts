@@ -31,7 +31,6 @@
 //     --cm-slots A,B,..  with --cm: moe_ggml_cm's slots a tile (8, 16, 32, 64; default 8), a column
 //                each; its lists' items hold at most that many slots
 //     --calls N  calls per timed batch (default 64; 4 on a CPU device)
-//     --load-ahead N  moe_ggml's slices a lane loads before decoding any (GgmlExpertKernelOptions.loadAhead)
 //     --wg N, --tokens N, --rows N  GgmlExpertKernelOptions workgroupSize / tokensPerChunk /
 //                rowsPerWorkgroup (both modes; default: the kernels', rows from each row length)
 import { readConfig } from "../src/config.ts";
@@ -50,14 +49,13 @@ import { distinctExperts, expertBytes, expertShapeOf, fillRandomWords, QWEN3_30B
 import { fmt, formatTable, median } from "./lib/table.ts";
 
 const SCRIPT = "bench-moe-ggml";
-const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--load-ahead", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes", "--rows-per-lane", "--sizes", "--item-slots", "--cm-slots"] });
+const opts = new Args(SCRIPT, { flags: ["--quick", "--prefill", "--slices", "--no-q4", "--idp", "--cm"], ints: ["--calls", "--wg", "--tokens", "--rows", "--rows-tokens", "--rows-lanes", "--rows-per-lane", "--sizes", "--item-slots", "--cm-slots"] });
 const quick = opts.flag("--quick");
 const prefillOnly = opts.flag("--prefill");
 const withQ4 = !opts.flag("--no-q4");
 const wgArg = opts.int("--wg", 1, 1024);
 const tokensArg = opts.int("--tokens", 1, 8);
 const rowsArg = opts.int("--rows", 1, 8);
-const loadAheadArg = opts.int("--load-ahead", 1, 8);
 const rowsTokensArg = opts.int("--rows-tokens", 1, 8);
 const slices = opts.flag("--slices");
 const rowsLanesArg = opts.int("--rows-lanes", 1, 4);
@@ -208,7 +206,7 @@ function q4Us(model: ModelShape): Map<number, number> {
 }
 
 const table: string[][] = [["shape", "gate/up, down", "S", "items", "MB read", "µs/call", "GB/s", "of read BW", "graph µs", ...(withIdp ? ["idp µs", "float/idp", "idp pf µs", "float/idp pf"] : []), ...(withCm ? cmSlots.flatMap((n) => [`cm${n} µs`, `float/cm${n}`, ...(withIdp ? [`idp/cm${n}`] : [])]) : []), ...(withQ4 ? ["q4 µs", "ggml/q4"] : [])]];
-const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(loadAheadArg !== undefined && { loadAhead: loadAheadArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(rowsPerLaneArg !== undefined && { rowsPerLane: rowsPerLaneArg }), ...(slices && { rowsForGrouped: false }) };
+const options = { maxSets: 256, ...(wgArg !== undefined && { workgroupSize: wgArg }), ...(tokensArg !== undefined && { tokensPerChunk: tokensArg }), ...(rowsArg !== undefined && { rowsPerWorkgroup: rowsArg }), ...(rowsTokensArg !== undefined && { rowsTokensPerChunk: rowsTokensArg }), ...(rowsLanesArg !== undefined && { rowsLanes: rowsLanesArg }), ...(rowsPerLaneArg !== undefined && { rowsPerLane: rowsPerLaneArg }), ...(slices && { rowsForGrouped: false }) };
 let shapeLine = "";
 for (const full of SHAPES) {
   const model = routedOnly(full);

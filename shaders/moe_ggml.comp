@@ -51,12 +51,6 @@ layout(constant_id = 6) const bool DOWN_SUM = false;
 // arrival word (binding 7); the one that counts the whole grid zeroes the word for the next call
 // (calls on one word are separated by a barrier) and normalises the S tokens' rows.
 layout(constant_id = 7) const bool NORM_TAIL = false;
-// A lane's slices are taken LOAD_AHEAD at a time: every one's weight loads issued before any is
-// decoded, so a lane with several slices waits for one load's latency a group, not one a slice (a
-// GPU compiles the loop over a lane's slices one iteration after another, each load behind the
-// last). The sums are added in the same order either way (the same bits).
-layout(constant_id = 8) const uint LOAD_AHEAD = 1u;
-const uint LA = LOAD_AHEAD;
 
 const uint WG = gl_WorkGroupSize.x;
 const uint R = ROWS_PER_WG;
@@ -138,48 +132,36 @@ void downSumRows() {
     // (k, r, u) of the flat index f = (k * R + r) * slices + u, stepped without a division
     uint kr = t / slices, u = t - kr * slices;
     uint k = kr / R, r = kr - k * R;
-    for (uint f0 = t; f0 < work_; f0 += WG * LA) {
-        // LA slices: their loads first (LOAD_AHEAD), then each decoded and dotted in turn
-        uvec4 q0[LA], q1[LA];
-        vec2 d[LA], mn[LA];
-        uint ka[LA], ra[LA], cola[LA];
-        float swa[LA];
-        [[unroll]] for (uint i = 0u; i < LA; ++i) {
-            uint b = base[0];
-            float sw = weight[0];
-            [[unroll]] for (uint j = 1u; j < MAX_K; ++j) if (j == k) { b = base[j]; sw = weight[j]; }
-            swa[i] = f0 + i * WG < work_ ? sw : 0.0;
-            ka[i] = k;
-            ra[i] = r;
+    for (uint f = t; f < work_; f += WG) {
+        uint b = base[0];
+        float sw = weight[0];
+        [[unroll]] for (uint j = 1u; j < MAX_K; ++j) if (j == k) { b = base[j]; sw = weight[j]; }
+        if (sw != 0.0) {
             const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-            cola[i] = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
-            if (swa[i] != 0.0) {
-                const uint rowOff = min(rowBase + r, pc.O - 1u) * rowBytes + blk * BLOCK_BYTES;
-                ggml_slice(FORMAT, b + rowOff, s, q0[i], q1[i], d[i], mn[i]);
+            const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+            const uint rowOff = min(rowBase + r, pc.O - 1u) * rowBytes + blk * BLOCK_BYTES;
+            float w[32];
+            uvec4 q0, q1;
+            vec2 d, mn;
+            ggml_slice(FORMAT, b + rowOff, s, q0, q1, d, mn);
+            ggml_slice_weights(FORMAT, q0, q1, d, mn, w);
+            const uint xa = ((token * K + k) * pc.cols + col) >> 2u;
+            vec4 xr[8];
+            [[unroll]] for (uint q = 0u; q < 4u; ++q) {
+                xr[q] = xv[xa + q];
+                xr[4u + q] = xv[xa + GAP + q];
             }
-            u += WG;
-            while (u >= slices) { u -= slices; if (++r == R) { r = 0u; ++k; } }
-        }
-        [[unroll]] for (uint i = 0u; i < LA; ++i) {
-            if (swa[i] != 0.0) {
-                float w[32];
-                ggml_slice_weights(FORMAT, q0[i], q1[i], d[i], mn[i], w);
-                const uint xa = ((token * K + ka[i]) * pc.cols + cola[i]) >> 2u;
-                vec4 xr[8];
-                [[unroll]] for (uint q = 0u; q < 4u; ++q) {
-                    xr[q] = xv[xa + q];
-                    xr[4u + q] = xv[xa + GAP + q];
-                }
-                float a = 0.0;
-                [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-                    a = fma(w[4u * q], xr[q].x, a);
-                    a = fma(w[4u * q + 1u], xr[q].y, a);
-                    a = fma(w[4u * q + 2u], xr[q].z, a);
-                    a = fma(w[4u * q + 3u], xr[q].w, a);
-                }
-                [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[0][rr][0] += rr == ra[i] ? swa[i] * a : 0.0;
+            float a = 0.0;
+            [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+                a = fma(w[4u * q], xr[q].x, a);
+                a = fma(w[4u * q + 1u], xr[q].y, a);
+                a = fma(w[4u * q + 2u], xr[q].z, a);
+                a = fma(w[4u * q + 3u], xr[q].w, a);
             }
+            [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[0][rr][0] += rr == r ? sw * a : 0.0;
         }
+        u += WG;
+        while (u >= slices) { u -= slices; if (++r == R) { r = 0u; ++k; } }
     }
     if (USE_SUBGROUP) {
         [[unroll]] for (uint rr = 0u; rr < R; ++rr) {
@@ -258,27 +240,17 @@ void main() {
 
         // (row r, slice u) of the flat index f = r * slices + u, stepped without a division
         uint r = t / slices, u = t - r * slices;
-        for (uint f0 = t; f0 < work_; f0 += WG * LA) {
-          // LA slices: their loads first (LOAD_AHEAD), then each decoded and dotted in turn
-          uvec4 q0a[LA][NMAT], q1a[LA][NMAT];
-          vec2 da[LA][NMAT], mna[LA][NMAT];
-          uint ra[LA], cola[LA];
-          [[unroll]] for (uint i = 0u; i < LA; ++i) {
+        for (uint f = t; f < work_; f += WG) {
             const uint blk = u / SLICES_PER_BLOCK, s = u % SLICES_PER_BLOCK;
-            cola[i] = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
-            ra[i] = r;
-            if (f0 + i * WG < work_) {
-                const uint rowOff = min(rowBase + r, pc.O - 1u) * rowBytes + blk * BLOCK_BYTES;
-                [[unroll]] for (uint m = 0u; m < NMAT; ++m) ggml_slice(FORMAT, base[m] + rowOff, s, q0a[i][m], q1a[i][m], da[i][m], mna[i][m]);
-            }
-            u += WG;
-            while (u >= slices) { u -= slices; ++r; }
-          }
-          [[unroll]] for (uint i = 0u; i < LA; ++i) {
-            if (f0 + i * WG >= work_) break;
-            const uint col = cola[i];
+            const uint col = blk * BLOCK_ELEMENTS + ggml_slice_col(FORMAT, s);
+            const uint rowOff = min(rowBase + r, pc.O - 1u) * rowBytes + blk * BLOCK_BYTES;
             float w[NMAT][32];
-            [[unroll]] for (uint m = 0u; m < NMAT; ++m) ggml_slice_weights(FORMAT, q0a[i][m], q1a[i][m], da[i][m], mna[i][m], w[m]);
+            [[unroll]] for (uint m = 0u; m < NMAT; ++m) {
+                uvec4 q0, q1;
+                vec2 d, mn;
+                ggml_slice(FORMAT, base[m] + rowOff, s, q0, q1, d, mn);
+                ggml_slice_weights(FORMAT, q0, q1, d, mn, w[m]);
+            }
             [[unroll]] for (uint k = 0u; k < TOKENS; ++k) {
                 if (k < nt) {  // uniform
                     const uint xa = (xrow[k] + col) >> 2u;
@@ -295,11 +267,12 @@ void main() {
                             a = fma(w[m][4u * q + 2u], xr[q].z, a);
                             a = fma(w[m][4u * q + 3u], xr[q].w, a);
                         }
-                        [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[m][rr][k] += rr == ra[i] ? a : 0.0;
+                        [[unroll]] for (uint rr = 0u; rr < R; ++rr) acc[m][rr][k] += rr == r ? a : 0.0;
                     }
                 }
             }
-          }
+            u += WG;
+            while (u >= slices) { u -= slices; ++r; }
         }
 
         // ---- the chunk's NMAT * R * nt sums over the workgroup ----

@@ -80,9 +80,6 @@ describe("slice kernel: lanes over a flat (row, slice) list", () => {
     { what: "the same without subgroup arithmetic (shared-memory tree)", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { useSubgroup: false } },
     // 64 lanes: several subgroups on Lavapipe (8 lanes each), the shared step across them; D 768 = 24 slices
     { what: "Q4_K/Q6_K D 768, I 256, 64 lanes (several subgroups)", gu: "Q4_K", dn: "Q6_K", D: 768, I: 256, options: { workgroupSize: 64 } },
-    // a lane's slices loaded LOAD_AHEAD at a time: a group that runs past the lane's list, rows mixed in a group
-    { what: "Q5_0 D 96, I 224, 3 rows a workgroup, slices loaded 3 ahead (LOAD_AHEAD: groups past a lane's list)", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { rowsPerWorkgroup: 3, loadAhead: 3 } },
-    { what: "Q4_K/Q6_K D 768, I 256, 64 lanes, 4 rows a workgroup, slices loaded 4 ahead", gu: "Q4_K", dn: "Q6_K", D: 768, I: 256, options: { workgroupSize: 64, rowsPerWorkgroup: 4, loadAhead: 4 } },
   ];
   for (const c of cases) {
     test(c.what, () => {
@@ -208,30 +205,11 @@ function gpuMoeItemPerSlot(kernels: GgmlExpertKernels, layer: GgmlExpertLayer, x
   return f32(y, r.S * D).slice();
 }
 
-describe("slices loaded ahead (LOAD_AHEAD)", () => {
-  test("loadAhead 1, 2, 3 and 8 give the same bits (the sums in the same order), grouped calls and the decode graph's down with the sum; outside 1..8: one clear error", () => {
-    const experts = randomExperts(E, 256, 512, "Q4_K", "Q6_K", 2900);
-    using layer = new GgmlExpertLayer(device, experts);
-    const runs = [1, 2, 3, 8].map((loadAhead) => {
-      using kernels = new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { rowsPerWorkgroup: 2, loadAhead });
-      return [[1, 8], [4, 3], [17, 2]].flatMap(([S, k], i) => {
-        const r = randomRouting(S!, k!, E, 2910 + i), x = randomGaussianF32(S! * 256, 2920 + i);
-        return [gpuMoe(device, kernels, layer, x, r), ...(S! <= 4 ? [gpuMoeItemPerSlot(kernels, layer, x, r)] : [])];
-      });
-    });
-    const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
-    for (const run of runs.slice(1)) run.forEach((y, i) => expect(bits(y)).toEqual(bits(runs[0]![i]!)));
-    expect(() => new GgmlExpertKernels(device, { gateUp: "Q4_K", down: "Q6_K" }, { loadAhead: 9 })).toThrow(/loadAhead must be an integer in 1\.\.8, got 9/);
-  }, 120_000);
-});
-
 describe("down with the slots' sum (the decode graph: dec_route's list, item u = slot u)", () => {
   const cases: { what: string; gu: GgmlBlockType; dn: GgmlBlockType; D: number; I: number; options: ConstructorParameters<typeof GgmlExpertKernels>[2] }[] = [
     { what: "Q4_K/Q6_K D 256, I 512, default lanes", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: {} },
     { what: "Q5_0 D 96, I 224 (7 slices a row), 16 lanes, 3 rows a workgroup (a partial last block), no subgroup arithmetic", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { workgroupSize: 16, rowsPerWorkgroup: 3, useSubgroup: false } },
     { what: "Q4_K/Q6_K D 768, I 256, 64 lanes (several subgroups)", gu: "Q4_K", dn: "Q6_K", D: 768, I: 256, options: { workgroupSize: 64 } },
-    { what: "Q5_0 D 96, I 224, 16 lanes, 3 rows a workgroup, slices loaded 3 ahead (LOAD_AHEAD), no subgroup arithmetic", gu: "Q5_0", dn: "Q5_0", D: 96, I: 224, options: { workgroupSize: 16, rowsPerWorkgroup: 3, loadAhead: 3, useSubgroup: false } },
-    { what: "Q4_K/Q6_K D 256, I 512, slices loaded 4 ahead", gu: "Q4_K", dn: "Q6_K", D: 256, I: 512, options: { loadAhead: 4 } },
   ];
   for (const c of cases) {
     test(`${c.what}: k 1, 3, 8; S 1, 4; NMSE <= 1e-9 of the CPU GEMVs`, () => {

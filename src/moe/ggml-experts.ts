@@ -244,8 +244,6 @@ export interface GgmlExpertKernelOptions extends DecoderKernelOptions {
   rowsPerWorkgroup?: number;
   /** Slots per register chunk, 1..8 (default 4): an expert's blocks are dequantized once per chunk. A call whose items hold one slot each runs a 1-slot pipeline. */
   tokensPerChunk?: number;
-  /** moe_ggml's slices a lane loads before it decodes any, 1..8 (LOAD_AHEAD; default 1: one at a time). The same sums either way. */
-  loadAhead?: number;
   /** Reduce with subgroupAdd first (default: where the device has subgroup arithmetic in compute). */
   useSubgroup?: boolean;
   /** Lists grouped by expert (several slots an item) run moe_ggml_rows (default: where the device has subgroup shuffles in compute); false: moe_ggml's slices. */
@@ -370,8 +368,6 @@ export class GgmlExpertKernels implements Disposable {
   readonly cmSlots: number;
   /** Grouped calls of at least this many tokens take moe_ggml_cm (GgmlExpertKernelOptions.matrixCoresFrom). */
   readonly matrixCoresFrom: number;
-  /** moe_ggml's slices a lane loads ahead (GgmlExpertKernelOptions.loadAhead). */
-  readonly loadAhead: number;
   private quantizer: GgmlQuantizeKernel | undefined;
   /** Decode calls may carry the next layer's input norm (GgmlExpertKernelOptions.normTail). */
   readonly normTail: boolean;
@@ -393,8 +389,6 @@ export class GgmlExpertKernels implements Disposable {
     this.workgroupSize = wg;
     this.tokensPerChunk = tokens;
     this.rowsOption = rows;
-    this.loadAhead = options.loadAhead ?? 1;
-    if (!Number.isInteger(this.loadAhead) || this.loadAhead < 1 || this.loadAhead > 8) throw new InvalidArgumentError(`loadAhead must be an integer in 1..8, got ${this.loadAhead}`);
     this.useSubgroup = options.useSubgroup ?? device.info.subgroup.arithmetic;
     this.options = options;
     this.rowsForGrouped = options.rowsForGrouped ?? device.info.subgroup.shuffle;
@@ -488,7 +482,7 @@ export class GgmlExpertKernels implements Disposable {
     if (k === undefined) {
       const format = FORMAT_ID[gateUp ? this.gateUpType : this.downType];
       const spec = { 0: this.workgroupSize, 1: rows, 2: format, 3: tokens, 4: gateUp ? 1 : 0 };
-      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0, 6: downSum ? 1 : 0, 7: normTail ? 1 : 0, 8: this.loadAhead }, this.options);
+      k = new MoeGgmlKernel(this.device, MOE_GGML, { ...spec, 5: this.useSubgroup ? 1 : 0, 6: downSum ? 1 : 0, 7: normTail ? 1 : 0 }, this.options);
       this.modes.set(key, k);
     }
     return k;

@@ -76,8 +76,8 @@ const envSchema = z.strictObject({
   VKMOE_NORM_TAIL: z.enum(["on", "off"]).default("off"),
   /**
    * The whole-token graphs run the next norm's pipeline once on stand-in rows beside the first of
-   * the experts' two or more steps ("on", the default), so that the norm after the experts finds
-   * its code warm; "off": not.
+   * the experts' two or more steps, or beside the router's step where the experts are one step ("on",
+   * the default), so that the norm after the experts finds its code warm; "off": not.
    */
   VKMOE_NORM_WARM: z.enum(["on", "off"]).default("on"),
   /**

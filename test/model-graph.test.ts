@@ -15,7 +15,7 @@ import type { Session } from "../src/model/session.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { fixture } from "./support/fixtures.ts";
 import { GRAPH_MAX_TOKENS } from "../src/graph/index.ts";
-import { decodeTokenCommands, differingRows, expectSameBits, processEnv } from "./support/graph-switches.ts";
+import { decodeTokenCommands, differingRows, expectSameBits, processEnv, type SwitchRun } from "./support/graph-switches.ts";
 
 const baseEnv = (o: Partial<VkmoeEnv> = {}): VkmoeEnv => ({ ...readConfig(), VKMOE_VALIDATION: true, VKMOE_IDP: "off", VKMOE_GRAPH: "on", ...o });
 
@@ -168,51 +168,57 @@ function run(m: Model, ps: number[][]) {
   return { logits, dispatches, barriers };
 }
 
-describe("the next norm's pipeline warmed on stand-ins beside the experts (VKMOE_NORM_WARM)", () => {
-  // Q8_0 without the integer-dot path: the plain norm; Q4_0 with it: the quantizing norm
-  for (const c of [{ name: "qwen3-moe-tiny.Q8_0.gguf", idp: "off" }, { name: "qwen3-moe-tiny.Q4_0.gguf", idp: "on" }] as const) {
-    test(`${c.name}, integer dot ${c.idp}: on (the default) records one dispatch more a layer than off, with no barrier more, and the same logits bit for bit (prompt chunks, decode steps, a batch); no synchronization hazard`, async () => {
-      const ps = prompts();
-      const path = fixture(c.name);
-      using idp = processEnv("VKMOE_IDP", c.idp); // the graphs' linear kernels take the integer-dot decision from the process env
-      const env = (warm: "on" | "off") => baseEnv({ VKMOE_IDP: c.idp, VKMOE_NORM_WARM: warm, VKMOE_FLOAT_ATOMICS: "off" });
-      // synchronization validation: the warm dispatch runs beside the experts with no barrier between
-      using warm = path ? await Model.load(path, { quant: "auto", env: env("on"), syncValidation: true, log: () => {} }) : undefined;
-      if (!ps || !warm) return;
-      const a = run(warm, ps);
-      using restore = processEnv("VKMOE_NORM_WARM", "off"); // the graph reads it from the process env when it is made
-      using cold = await load(c.name, env("off"));
-      const b = run(cold!, ps);
-      const layers = warm.config.layers;
-      console.log(`norm warm (${c.name}): ${a.dispatches} dispatches and ${a.barriers} barriers a decode token, ${b.dispatches} and ${b.barriers} without (${layers} layers); ${a.logits.length} logits rows compared`);
-      expectSameBits(a, b, { dispatches: layers, barriers: 0 });
-      expect(warm.takeValidationMessages()).toEqual([]);
-      expect(cold!.takeValidationMessages()).toEqual([]);
-    }, 360_000);
-  }
-});
+/**
+ * A warm switch (VKMOE_NORM_WARM, VKMOE_ROUTER_WARM) on (the default) and off on one fixture: a decode
+ * token's commands and the logits rows of `run` each way. The warm model runs under synchronization
+ * validation (its dispatch runs beside another step with no barrier between); both must log nothing.
+ */
+async function warmSwitchRuns(name: string, variable: "VKMOE_NORM_WARM" | "VKMOE_ROUTER_WARM", extra: Partial<VkmoeEnv>) {
+  const ps = prompts();
+  const path = fixture(name);
+  const env = (warm: "on" | "off") => baseEnv({ ...extra, [variable]: warm });
+  using warm = path ? await Model.load(path, { quant: "auto", env: env("on"), syncValidation: true, log: () => {} }) : undefined;
+  if (!ps || !warm) return undefined;
+  const on = run(warm, ps), again = run(warm, ps);
+  using restore = processEnv(variable, "off"); // the graph reads it from the process env when it is made
+  using cold = await load(name, env("off"));
+  const off = run(cold!, ps);
+  expect(warm.takeValidationMessages()).toEqual([]);
+  expect(cold!.takeValidationMessages()).toEqual([]);
+  return { on, again, off, layers: warm.config.layers, why: warm.device.why };
+}
 
-describe("the post norm + router + route step warmed on stand-ins beside the attention (VKMOE_ROUTER_WARM)", () => {
-  for (const c of [{ name: "qwen3-moe-tiny.Q8_0.gguf", idp: "off" }, { name: "qwen3-moe-tiny.Q4_0.gguf", idp: "on" }] as const) {
-    test(`${c.name}, integer dot ${c.idp}: on (the default) records one dispatch more a layer than off, with no barrier more, and the same logits bit for bit (prompt chunks, decode steps, a batch); no synchronization hazard`, async () => {
-      const ps = prompts();
-      const path = fixture(c.name);
-      using idp = processEnv("VKMOE_IDP", c.idp); // the graphs' linear kernels take the integer-dot decision from the process env
-      const env = (warm: "on" | "off") => baseEnv({ VKMOE_IDP: c.idp, VKMOE_ROUTER_WARM: warm, VKMOE_FLOAT_ATOMICS: "off" });
-      // synchronization validation: the warm dispatch runs beside the attention with no barrier between
-      using warm = path ? await Model.load(path, { quant: "auto", env: env("on"), syncValidation: true, log: () => {} }) : undefined;
-      if (!ps || !warm) return;
-      const a = run(warm, ps);
-      using restore = processEnv("VKMOE_ROUTER_WARM", "off"); // the graph reads it from the process env when it is made
-      using cold = await load(c.name, env("off"));
-      const b = run(cold!, ps);
-      const layers = warm.config.layers;
-      console.log(`router warm (${c.name}): ${a.dispatches} dispatches and ${a.barriers} barriers a decode token, ${b.dispatches} and ${b.barriers} without (${layers} layers); ${a.logits.length} logits rows compared`);
-      expectSameBits(a, b, { dispatches: layers, barriers: 0 });
-      expect(warm.takeValidationMessages()).toEqual([]);
-      expect(cold!.takeValidationMessages()).toEqual([]);
-    }, 360_000);
+describe("warmed pipelines: one dispatch more a layer, no barrier more, the same logits (VKMOE_NORM_WARM, VKMOE_ROUTER_WARM)", () => {
+  // float atomics off: the experts in steps, so the logits compare bit for bit. Q8_0 without the
+  // integer-dot path: the plain norm; Q4_0 with it: the quantizing norm
+  const cases = [
+    { variable: "VKMOE_NORM_WARM", what: "the next norm beside the experts' first step" },
+    { variable: "VKMOE_ROUTER_WARM", what: "the post norm + router + route step beside the attention" },
+  ] as const;
+  for (const w of cases) {
+    for (const c of [{ name: "qwen3-moe-tiny.Q8_0.gguf", idp: "off" }, { name: "qwen3-moe-tiny.Q4_0.gguf", idp: "on" }] as const) {
+      test(`${w.variable} (${w.what}), ${c.name}, integer dot ${c.idp}: on (the default) records one dispatch more a layer than off, with no barrier more, and the same logits bit for bit (prompt chunks, decode steps, a batch); no synchronization hazard`, async () => {
+        using idp = processEnv("VKMOE_IDP", c.idp); // the graphs' linear kernels take the integer-dot decision from the process env
+        const r = await warmSwitchRuns(c.name, w.variable, { VKMOE_IDP: c.idp, VKMOE_FLOAT_ATOMICS: "off" });
+        if (!r) return;
+        console.log(`${w.variable} (${c.name}): ${r.on.dispatches} dispatches and ${r.on.barriers} barriers a decode token, ${r.off.dispatches} and ${r.off.barriers} without (${r.layers} layers); ${r.on.logits.length} logits rows compared`);
+        expectSameBits(r.on, r.off, { dispatches: r.layers, barriers: 0 });
+      }, 360_000);
+    }
   }
+
+  test("VKMOE_NORM_WARM where the experts are one fused step (float atomics on: decode tokens), beside the router's step: one dispatch more a layer, no barrier more; logits within NMSE 1e-7 a row of off's (the fused call adds in any order: two runs of one model differ by ~1e-9)", async () => {
+    const name = "qwen3-moe-tiny.Q8_0.gguf";
+    const r = await warmSwitchRuns(name, "VKMOE_NORM_WARM", {});
+    if (!r) return;
+    expect(r.why).toContain("fused MoE call");
+    const worst = (x: SwitchRun, y: SwitchRun) => Math.max(...x.logits.map((row, i) => nmse(y.logits[i]!, row)));
+    console.log(`VKMOE_NORM_WARM beside the router (${name}, fused experts): ${r.on.dispatches} dispatches and ${r.on.barriers} barriers a decode token, ${r.off.dispatches} and ${r.off.barriers} without (${r.layers} layers); worst logits NMSE a row ${worst(r.on, r.off).toExponential(2)} over ${r.on.logits.length} rows (the same model run again: ${worst(r.on, r.again).toExponential(2)})`);
+    expect(r.on.dispatches - r.off.dispatches).toBe(r.layers);
+    expect(r.on.barriers).toBe(r.off.barriers);
+    expect(r.on.logits.length).toBe(r.off.logits.length);
+    expect(worst(r.on, r.off)).toBeLessThanOrEqual(1e-7);
+  }, 360_000);
 });
 
 describe("the router GEMV routing in its last workgroup, and the post norm in each (VKMOE_ROUTE_FOLD)", () => {

@@ -58,14 +58,15 @@ describe("the Qwen3.5 graph's decode folds on a Q4_0 file with random norms", ()
 
 describe("the shared expert as one more slot of the fused experts' call (VKMOE_SHARED_SLOT)", () => {
   // float atomics on: the fused call (one dispatch) is what takes the shared expert; its sums land in any order
-  test(`auto: the shared expert inside the experts' call, the post norm and the route in the router: two barriers and seven dispatches a layer fewer than off; with that step warmed beside the mixer (VKMOE_ROUTER_WARM, the default) one dispatch a layer more and no barrier; each within NMSE ${BOUND} of the CPU decoder at every step, a batch's decode rounds too; synchronization validation clean`, async () => {
+  test(`auto: the shared expert inside the experts' call, the post norm and the route in the router: two barriers and seven dispatches a layer fewer than off; with that step warmed beside the mixer (VKMOE_ROUTER_WARM, the default) one dispatch a layer more and no barrier, and so with the next norm warmed beside it (VKMOE_NORM_WARM, the default, where the experts are one step); each within NMSE ${BOUND} of the CPU decoder at every step, a batch's decode rounds too; synchronization validation clean`, async () => {
     using cpu = await Model.load(path, { env: env({ VKMOE_GPU: false }), log: () => {} });
     const counts: Record<string, { dispatches: number; barriers: number }> = {};
     // the fused call's sums land in any order: each run against the CPU, not against each other bit for bit
-    for (const [key, slot, warm] of [["auto", "auto", "on"], ["auto, no warm", "auto", "off"], ["off", "off", "on"]] as const) {
+    for (const [key, slot, warm, normWarm] of [["auto", "auto", "on", "on"], ["auto, no warm", "auto", "off", "on"], ["auto, no norm warm", "auto", "on", "off"], ["off", "off", "on", "on"]] as const) {
       using restore = processEnv("VKMOE_SHARED_SLOT", slot); // read from the process env when the graph is made
       using restoreWarm = processEnv("VKMOE_ROUTER_WARM", warm);
-      using gpu = await Model.load(path, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_SHARED_SLOT: slot, VKMOE_ROUTER_WARM: warm }), syncValidation: true, log: () => {} });
+      using restoreNormWarm = processEnv("VKMOE_NORM_WARM", normWarm);
+      using gpu = await Model.load(path, { env: env({ VKMOE_VALIDATION: true, VKMOE_GRAPH: "on", VKMOE_IDP: "off", VKMOE_SHARED_SLOT: slot, VKMOE_ROUTER_WARM: warm, VKMOE_NORM_WARM: normWarm }), syncValidation: true, log: () => {} });
       expect(gpu.device.mode, gpu.device.why).toBe("resident");
       expect(gpu.device.why).toContain(slot === "auto" ? "fused MoE call (decode: the shared expert in it)" : "fused MoE call;");
       counts[key] = decodeTokenCommands(gpu);
@@ -87,7 +88,7 @@ describe("the shared expert as one more slot of the fused experts' call (VKMOE_S
       }
       expect(worst).toBeLessThanOrEqual(BOUND);
       expect(gpu.takeValidationMessages()).toEqual([]);
-      console.log(`qwen3.5 Q4_0 random norms, VKMOE_SHARED_SLOT=${slot} VKMOE_ROUTER_WARM=${warm}: ${counts[key]!.barriers} barriers and ${counts[key]!.dispatches} dispatches a decode token, worst NMSE ${worst.toExponential(2)}`);
+      console.log(`qwen3.5 Q4_0 random norms, VKMOE_SHARED_SLOT=${slot} VKMOE_ROUTER_WARM=${warm} VKMOE_NORM_WARM=${normWarm}: ${counts[key]!.barriers} barriers and ${counts[key]!.dispatches} dispatches a decode token, worst NMSE ${worst.toExponential(2)}`);
     }
     const layers = cpu.config.layers;
     // off: post norm | router, shared gate, up, scale | route, SwiGLU | experts + shared down; auto: post norm + router + route | experts
@@ -97,5 +98,8 @@ describe("the shared expert as one more slot of the fused experts' call (VKMOE_S
     // the warm: where the step folds the norm in (auto's decode tokens), one dispatch beside the mixer; off has no such step
     expect(counts.auto!.barriers).toBe(cold.barriers);
     expect(counts.auto!.dispatches - cold.dispatches).toBe(layers);
+    // the next norm's warm: one dispatch a layer beside the router's step (the experts' call is one step), no barrier
+    expect(counts.auto!.barriers).toBe(counts["auto, no norm warm"]!.barriers);
+    expect(counts.auto!.dispatches - counts["auto, no norm warm"]!.dispatches).toBe(layers);
   }, 180_000);
 });

@@ -343,12 +343,33 @@ export class DecodeGraph implements Disposable {
       cb.barrier("computeToCompute");
       op("o", L.o.recordFrom(cb, s.attn, oq, s.o, S));
       cb.barrier("computeToCompute");
+      // the norm after the layer: the next layer's input norm, or after the last layer the final norm
+      // (every row of a batch; the last row where a replay ends with logits or an id)
+      const next = l + 1 < r.end ? this.layers[l + 1]! : undefined;
+      const headRows = r.batch !== undefined ? S : (r.output ?? "none") !== "none" ? 1 : 0;
+      const nextNorm = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v], rows: S }
+        : l + 1 === cfg.layers && headRows > 0 ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: headRows } : undefined;
+      // in the call's last workgroup (one dependent step fewer), where it can: a norm of every row
+      const after = nextNorm?.rows === S ? nextNorm : undefined;
+      let normTail: MoeNormTail | undefined;
+      if (after && !r.split && st!.foldsNorm?.(S)) {
+        const a: RmsNormArgs = { x: s.h, add: s.ffn, w: this.norms, wOffset: after.wOffset, y: s.xn, rows: S, n: D, eps };
+        const quantized = this.norm.quantizedFor(a, after.readers);
+        if (RmsNormQuantKernel.aligned(a) && D % RmsNormQuantKernel.GROUP === 0) {
+          normTail = { residual: s.h, weights: this.norms, wOffset: after.wOffset, eps, xn: s.xn, ...(quantized && { quantized }) };
+          normDone = { xq: quantized };
+        }
+      }
+      const warmNorm = this.warmNorms && nextNorm && !normTail && !r.split
+        ? () => (n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: nextNorm.wOffset, y: s.xn, rows: nextNorm.rows, n: D, eps }, nextNorm.readers))
+        : undefined;
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
         xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: this.norms, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, [L.router]);
         op("post norm");
         cb.barrier("computeToCompute");
       }
+      if (warmNorm && st!.oneStep(S)) warmNorm();
       if (!routeFold) op("router", L.router.recordFrom(cb, s.xn, xqPost, s.routerLogits, S));
       if (r.split) {
         cb.barrier("computeToTransfer")
@@ -369,29 +390,10 @@ export class DecodeGraph implements Disposable {
         op("route");
       }
       cb.barrier("computeToCompute");
+      // the next norm's pipeline warmed on stand-ins (NormFeed.recordWarm) beside the experts' first of two or more steps,
+      // or where they are one step beside the router's step before them (measurements, 2026-12-07 and 2026-12-08)
+      if (warmNorm && !st!.oneStep(S)) warmNorm();
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
-      // the norm after the layer: the next layer's input norm, or after the last layer the final norm
-      // (every row of a batch; the last row where a replay ends with logits or an id)
-      const next = l + 1 < r.end ? this.layers[l + 1]! : undefined;
-      const headRows = r.batch !== undefined ? S : (r.output ?? "none") !== "none" ? 1 : 0;
-      const nextNorm = next ? { wOffset: next.inputNorm, readers: [next.q, next.k, next.v], rows: S }
-        : l + 1 === cfg.layers && headRows > 0 ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: headRows } : undefined;
-      // in the call's last workgroup (one dependent step fewer), where it can: a norm of every row
-      const after = nextNorm?.rows === S ? nextNorm : undefined;
-      let normTail: MoeNormTail | undefined;
-      if (after && !r.split && st!.foldsNorm?.(S)) {
-        const a: RmsNormArgs = { x: s.h, add: s.ffn, w: this.norms, wOffset: after.wOffset, y: s.xn, rows: S, n: D, eps };
-        const quantized = this.norm.quantizedFor(a, after.readers);
-        if (RmsNormQuantKernel.aligned(a) && D % RmsNormQuantKernel.GROUP === 0) {
-          normTail = { residual: s.h, weights: this.norms, wOffset: after.wOffset, eps, xn: s.xn, ...(quantized && { quantized }) };
-          normDone = { xq: quantized };
-        }
-      }
-      // the next norm's pipeline warmed on stand-ins beside the experts' first of two or more steps
-      // (NormFeed.recordWarm); beside a one-step fused call it was no faster (measurements, 2026-12-07)
-      if (this.warmNorms && nextNorm && !normTail && !st!.oneStep(S)) {
-        n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, w: this.norms, wOffset: nextNorm.wOffset, y: s.xn, rows: nextNorm.rows, n: D, eps }, nextNorm.readers);
-      }
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`), ...(normTail && { normTail }) });
       n += st!.dispatches(S);
       cb.barrier("computeToCompute");

@@ -616,12 +616,23 @@ export class HybridGraph implements Disposable {
         op("o_proj", m.o.recordFrom(cb, s.attn, oq, s.o, S));
       }
       cb.barrier("computeToCompute");
+      // the norm after the layer: the next layer's input norm, or the final norm (every row of a batch; the last row
+      // where a replay ends with logits or an id)
+      const next = l + 1 < end.end ? this.layers[l + 1]! : undefined;
+      const headRows = end.batch !== undefined ? S : (end.output ?? "none") !== "none" ? 1 : 0;
+      const nextNorm = next ? { wOffset: next.inputNorm, readers: normReaders(next), rows: S }
+        : headRows > 0 ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: headRows } : undefined;
+      const scaled = sharedInCall ? {} : { scaledAdd: { x: s.sharedOut, gate: s.sharedScale } };
+      const warmNorm = this.warmNorms && nextNorm && !end.split && st
+        ? () => (n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, ...scaled, w: P, wOffset: nextNorm.wOffset, y: s.xn, rows: nextNorm.rows, n: D, eps }, nextNorm.readers))
+        : undefined;
       let xqPost: GgmlIdpScratch | undefined;
       if (!normFold) {
         xqPost = this.norm.record(cb, { x: s.h, add: s.o, w: P, wOffset: L.postNorm, y: s.xn, rows: S, n: D, eps }, sharedInCall ? [L.router] : [L.router, L.sharedGate, L.sharedUp, L.sharedScale]);
         op("post norm");
         cb.barrier("computeToCompute");
       }
+      if (warmNorm && st!.oneStep(S)) warmNorm();
       const linp = (m: DeviceLinear, y: Buffer) => m.recordFrom(cb, s.xn, xqPost, y, S);
       const sharedGateUp = () => (sharedInCall ? 0 : L.sharedGate.recordGateUp(cb, L.sharedUp, s.xn, s.sharedG, S) + linp(L.sharedScale, s.sharedScale));
       const withShared = (name: string) => (sharedInCall ? name : `${name}, shared gate/up/scale`);
@@ -662,17 +673,9 @@ export class HybridGraph implements Disposable {
       // a shared down on the integer-dot GEMV quantizes its input beside the experts' first step and runs beside
       // their last (no step of its own), where the call has a barrier inside
       const downQ = !sharedInCall && !st!.oneStep(S) ? L.sharedDown.recordQuantize(cb, s.sharedG, S) : undefined;
-      // the next norm's pipeline warmed on stand-ins beside the experts' first of two or more steps
-      // (NormFeed.recordWarm); beside a one-step fused call it was no faster (measurements, 2026-12-07)
-      if (this.warmNorms && !st!.oneStep(S)) {
-        // the next layer's input norm, or the final norm (every row of a batch; the last row where a replay ends with logits or an id)
-        const next = l + 1 < end.end ? this.layers[l + 1]! : undefined;
-        const headRows = end.batch !== undefined ? S : (end.output ?? "none") !== "none" ? 1 : 0;
-        const w = next ? { wOffset: next.inputNorm, readers: normReaders(next), rows: S }
-          : headRows > 0 ? { wOffset: this.finalNorm, readers: [this.lmHead], rows: headRows } : undefined;
-        const scaled = sharedInCall ? {} : { scaledAdd: { x: s.sharedOut, gate: s.sharedScale } };
-        if (w) n += this.norm.recordWarm(cb, { x: s.h, add: s.ffn, ...scaled, w: P, wOffset: w.wOffset, y: s.xn, rows: w.rows, n: D, eps }, w.readers);
-      }
+      // the next norm's pipeline warmed on stand-ins (NormFeed.recordWarm) beside the experts' first of two or more steps,
+      // or where they are one step beside the router's step before them (measurements, 2026-12-07 and 2026-12-08)
+      if (warmNorm && !st!.oneStep(S)) warmNorm();
       // the stage marks each of its steps (a profile's rows "experts: gate+up" ...)
       st!.record(cb, s.xn, s.ffn, S, { chosen: s.chosen, chosenOffset: l * this.maxTokens * K, layer: l, mark: (step) => mark(`experts: ${step}`) });
       n += st!.dispatches(S);

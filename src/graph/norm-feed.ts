@@ -7,9 +7,9 @@
  *
  * recordWarm runs a norm's pipeline ahead of time on stand-in rows: in the decode graph the first
  * norm after the experts cost ~6 µs more than the same pipeline run again (its code cold after the
- * other steps' kernels); run once beside the experts' first step, off the critical path, on rows
- * that take the real rows' code path, the real norm finds it warm (docs/measurements.md,
- * 2026-12-07, late night).
+ * other steps' kernels); run once beside the experts' first step (or the router's step where the
+ * experts are one step), off the critical path, on rows that take the real rows' code path, the real
+ * norm finds it warm (docs/measurements.md, 2026-12-07, late night, and 2026-12-08).
  */
 import type { DeviceLinear, LinearKernels } from "./device-linear.ts";
 import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";

@@ -86,6 +86,12 @@ const envSchema = z.strictObject({
    * its code and the router's weights in the cache; "off": not.
    */
   VKMOE_ROUTER_WARM: z.enum(["on", "off"]).default("on"),
+  /**
+   * The whole-token graphs' q4/q8 GEMVs of one token (Q4_0 / Q8_0 files' decode tokens): "table" (the
+   * default) the tuning table's shape, as every call; "narrow" on an NVIDIA GPU 64 threads x 2 rows,
+   * the GGML GEMVs' decode shape there (not yet timed for q4/q8).
+   */
+  VKMOE_QUANT_GEMV_SHAPE: z.enum(["table", "narrow"]).default("table"),
   /** Prompt chunks of q4/q8 matrices (Q4_0 / Q8_0 files) on the integer-dot GEMM where the integer-dot path is on ("on", the default: 1.2-1.4x the float GEMM on the H200), or the float GEMM ("off"). */
   VKMOE_QUANT_GEMM_IDP: z.enum(["on", "off"]).default("on"),
   /**

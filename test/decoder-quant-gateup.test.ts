@@ -15,6 +15,8 @@ import { InvalidArgumentError } from "../src/errors.ts";
 import { submitAndWait } from "../src/kernels/decoder/common.ts";
 import { QuantGateUpKernel, QuantGemvKernel } from "../src/kernels/decoder/quant-gemv.ts";
 import { DeviceMatrix } from "../src/kernels/gemv.ts";
+import { DeviceLinear, LinearKernels, quantDecodeShape } from "../src/graph/device-linear.ts";
+import { QuantLinear } from "../src/model/linear.ts";
 import { nmse } from "../src/quant/metrics.ts";
 import { quantize } from "../src/quant/quantize.ts";
 import { randomGaussianF32 } from "../src/quant/random.ts";
@@ -152,4 +154,35 @@ describe(`QuantGateUpKernel vs silu(g) * u over gemvReference (NMSE <= ${BOUND} 
     console.log(`  swapped: NMSE ${r.nmse.toExponential(2)}`);
     expect(r.nmse).toBeGreaterThan(CASE_BOUND);
   });
+});
+
+describe("the graphs' one-token shape of q4/q8 GEMVs (VKMOE_QUANT_GEMV_SHAPE, LinearKernelsOptions.quantDecodeShape)", () => {
+  test("narrow: 64 threads x 2 rows on an NVIDIA GPU only; table: the tuning table's everywhere", () => {
+    expect(quantDecodeShape("nvidia", "narrow")).toEqual({ workgroupSize: 64, rowsPerWorkgroup: 2 });
+    expect([quantDecodeShape("nvidia", "table"), quantDecodeShape("other", "narrow"), quantDecodeShape("cpu", "narrow")]).toEqual([undefined, undefined, undefined]);
+  });
+
+  test("a DeviceLinear's one-token calls (GEMV and fused gate+up) run on that shape, the same bits as its kernels; calls of 2 tokens on the graph's other shape; both within the f64 oracle's bound", () => {
+    const shape = { workgroupSize: 64, rowsPerWorkgroup: 2 };
+    using lk = new LinearKernels(device, { quantDecodeShape: shape });
+    for (const format of ["q4", "q8"] as const) {
+      const c1: Case = { O: 77, I: 512, S: 1, format }, c2: Case = { ...c1, S: 2 };
+      const gm = matrix(c1), um = matrix(c1);
+      using gate = new DeviceLinear(lk, "gate", new QuantLinear(gm));
+      using up = new DeviceLinear(lk, "up", new QuantLinear(um));
+      using dg = new DeviceMatrix(device, gm);
+      using du = new DeviceMatrix(device, um);
+      const narrow = kernelsFor(gm, shape), cpuShape = kernelsFor(gm, { workgroupSize: 8, rowsPerWorkgroup: 8 }); // LinearKernels' shape on a CPU device
+      for (const [c, k] of [[c1, narrow], [c2, cpuShape]] as const) {
+        const x = randomGaussianF32(c.S * c.I, seed++);
+        const viaLinear = run(c, x, c.O, (cb, xb, yb) => gate.record(cb, xb, yb, c.S));
+        const viaKernel = run(c, x, c.O, (cb, xb, yb) => k.gemv.record(cb, { matrix: dg, x: xb, y: yb, S: c.S }));
+        expect(new Uint32Array(viaLinear.buffer)).toEqual(new Uint32Array(viaKernel.buffer));
+        expect(nmse(quantGemmReference(gm, x, c.S), viaLinear)).toBeLessThanOrEqual(CASE_BOUND);
+        const fusedLinear = run(c, x, c.O, (cb, xb, yb) => gate.recordGateUp(cb, up, xb, yb, c.S));
+        const fusedKernel = run(c, x, c.O, (cb, xb, yb) => k.k.record(cb, { gate: dg, up: du, x: xb, y: yb, S: c.S }));
+        expect(new Uint32Array(fusedLinear.buffer)).toEqual(new Uint32Array(fusedKernel.buffer));
+      }
+    }
+  }, 120_000);
 });

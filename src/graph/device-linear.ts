@@ -157,6 +157,20 @@ export interface LinearKernelsOptions {
    * with the q4 matrices' on them, 2026-12-07).
    */
   wideGemm?: boolean | "ggml";
+  /**
+   * The q4/q8 GEMVs' shape for calls of one token on matrices of fewer than GGML_GEMV_WIDE_ROWS rows
+   * (default: 64 threads x 2 rows on an NVIDIA GPU with VKMOE_QUANT_GEMV_SHAPE=narrow, else the
+   * tuning table's, as every other call takes).
+   */
+  quantDecodeShape?: { workgroupSize: number; rowsPerWorkgroup: number };
+}
+
+/**
+ * The q4/q8 GEMVs' one-token shape VKMOE_QUANT_GEMV_SHAPE asks for: "narrow" is the GGML GEMVs'
+ * NVIDIA decode shape (ggmlGemvShape: 64 threads x 2 rows), "table" (the default) the tuning table's.
+ */
+export function quantDecodeShape(kind: GemvDeviceKind, asked: "table" | "narrow"): { workgroupSize: number; rowsPerWorkgroup: number } | undefined {
+  return asked === "narrow" && kind === "nvidia" ? { workgroupSize: 64, rowsPerWorkgroup: 2 } : undefined;
 }
 
 /** The kernels every DeviceLinear of one graph records with (one pipeline per weight kind). */
@@ -202,8 +216,11 @@ export class LinearKernels implements Disposable {
    * (2-core host, 2026-12-01); GPUs keep the tuning table's shape.
    */
   private readonly shape: { workgroupSize: number; rowsPerWorkgroup: number } | undefined;
+  /** The q4/q8 GEMVs' shape for one-token calls of matrices of fewer than GGML_GEMV_WIDE_ROWS rows (LinearKernelsOptions.quantDecodeShape). */
+  private readonly quantDecode: { workgroupSize: number; rowsPerWorkgroup: number } | undefined;
   constructor(readonly device: Device, options: LinearKernelsOptions = {}) {
     this.shape = device.info.type === 4 ? { workgroupSize: 8, rowsPerWorkgroup: 8 } : undefined;
+    this.quantDecode = options.quantDecodeShape ?? quantDecodeShape(gemvDeviceKind(device.info), readConfig().VKMOE_QUANT_GEMV_SHAPE);
     // The integer-dot pipelines are created only after the decision (a probe in a child process) says
     // they are safe. Its mode comes from the process env: the graphs do not pass the model's; a model
     // loaded with VKMOE_IDP=off has the feature off on its device, so that choice holds either way.
@@ -255,25 +272,27 @@ export class LinearKernels implements Disposable {
     return k;
   }
 
-  /** The decode GEMV of a q4/q8 matrix kind. */
-  quantKernel(m: QuantLinear["matrix"]): QuantGemvKernel {
-    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+  /** The decode GEMV of a q4/q8 matrix kind for a call of S tokens (its shape: quantOptions). */
+  quantKernel(m: QuantLinear["matrix"], S = 1): QuantGemvKernel {
+    const options = this.quantOptions(m.rows, S), key = `${m.format}/${m.scaleType}/${m.groupSize}/${options.shape?.workgroupSize ?? 0}x${options.shape?.rowsPerWorkgroup ?? 0}`;
     let k = this.quant.get(key);
-    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, this.quantOptions())));
+    if (!k) this.quant.set(key, (k = new QuantGemvKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, options)));
     return k;
   }
 
-  /** The fused gate+up GEMV of a q4/q8 matrix kind, in quantKernel's shape (so each matrix's rows are that kernel's). */
-  quantGateUpKernel(m: QuantLinear["matrix"]): QuantGateUpKernel {
-    const key = `${m.format}/${m.scaleType}/${m.groupSize}`;
+  /** The fused gate+up GEMV of a q4/q8 matrix kind, in quantKernel's shape for the same call (so each matrix's rows are that kernel's). */
+  quantGateUpKernel(m: QuantLinear["matrix"], S = 1): QuantGateUpKernel {
+    const options = this.quantOptions(m.rows, S), key = `${m.format}/${m.scaleType}/${m.groupSize}/${options.shape?.workgroupSize ?? 0}x${options.shape?.rowsPerWorkgroup ?? 0}`;
     let k = this.quantGateUp.get(key);
-    if (!k) this.quantGateUp.set(key, (k = new QuantGateUpKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, this.quantOptions())));
+    if (!k) this.quantGateUp.set(key, (k = new QuantGateUpKernel(this.device, m.format, m.scaleType === "f16", m.groupSize, options)));
     return k;
   }
 
-  /** The q4/q8 GEMVs' options: the CPU device's shape (`shape`), else the tuning table's. */
-  private quantOptions() {
-    return { maxSets: 256, ...(this.shape && { shape: this.shape }) };
+  /** The q4/q8 GEMVs' options: the one-token shape (quantDecode) where asked, else the CPU device's shape (`shape`) or the tuning table's. */
+  private quantOptions(rows = 0, S = 0) {
+    const decode = this.quantDecode && S === 1 && rows < GGML_GEMV_WIDE_ROWS ? this.quantDecode : undefined;
+    const shape = decode ?? this.shape;
+    return { maxSets: 256, ...(shape && { shape }) };
   }
 
   /** The prompt-chunk GEMM of a q4/q8 matrix: on the matrix cores (only where they are on) or the f32 tiles. */
@@ -529,7 +548,7 @@ export class DeviceLinear implements Disposable {
   /** y[S][rows] = silu(x · gateᵀ) * (x · upᵀ), this matrix the gate, in one dispatch (fusesGateUp must hold). The caller places barriers around it. */
   recordGateUp(cb: CommandBuffer, up: DeviceLinear, x: Buffer, y: Buffer, S = 1): number {
     if (!this.fusesGateUp(up, S)) throw new InvalidArgumentError(`${this.rows}x${this.cols} gate and up matrices do not fuse for a call of ${S} tokens`);
-    this.kernels.quantGateUpKernel(this.matrix!.matrix as QuantLinear["matrix"]).record(cb, { gate: this.matrix!, up: up.matrix!, x, y, S });
+    this.kernels.quantGateUpKernel(this.matrix!.matrix as QuantLinear["matrix"], S).record(cb, { gate: this.matrix!, up: up.matrix!, x, y, S });
     return 1;
   }
 
@@ -555,7 +574,7 @@ export class DeviceLinear implements Disposable {
       if (path === "idp-gemm") this.kernels.gemmIdpKernel(m).record(cb, { ...args, scratch: this.idpScratch! }, this.splitFor(S));
       else if (path === "gemm" && this.takesWide(S)) this.kernels.quantWideKernel(m).record(cb, args);
       else if (path === "gemm") this.kernels.gemmKernel(m, this.onMatrixCores).record(cb, args, this.splitFor(S));
-      else this.kernels.quantKernel(m).record(cb, args);
+      else this.kernels.quantKernel(m, S).record(cb, args);
     }
   }
 

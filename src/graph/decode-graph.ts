@@ -98,7 +98,7 @@ export class DecodeGraph implements Disposable {
    * separated by barriers and each call leaves it 0.
    */
   private readonly routeArrived: Buffer;
-  /** The next norm's pipeline run on stand-ins beside each layer's experts (VKMOE_NORM_WARM, read when the graph is made). */
+  /** The next norm's pipeline run on stand-ins beside each layer's experts, or its router's step where the experts are one step (VKMOE_NORM_WARM, read when the graph is made). */
   private readonly warmNorms: boolean;
   /** The post norm + router + route step run on stand-ins beside each layer's attention (VKMOE_ROUTER_WARM, read when the graph is made; where that step folds the norm in). */
   private readonly routerWarm: RouterWarm | undefined;

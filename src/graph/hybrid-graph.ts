@@ -184,7 +184,7 @@ export class HybridGraph implements Disposable {
   private readonly routerRouteNorm: RouterRouteKernel | undefined;
   /** routerRoute's arrival word (0 between calls; the layers' calls are separated by barriers). */
   private readonly routeArrived: Buffer;
-  /** The next norm's pipeline run on stand-ins beside each layer's experts (VKMOE_NORM_WARM, read when the graph is made). */
+  /** The next norm's pipeline run on stand-ins beside each layer's experts, or its router's step where the experts are one step (VKMOE_NORM_WARM, read when the graph is made). */
   private readonly warmNorms: boolean;
   /** The post norm + router + route step run on stand-ins beside each layer's delta rule or attention (VKMOE_ROUTER_WARM, read when the graph is made; where that step folds the norm in). */
   private readonly routerWarm: RouterWarm | undefined;

@@ -117,4 +117,28 @@ describe("benchmark scripts run to the end", () => {
     expect(out).toMatch(/\| prefill 8 +\| +[\d.]+ \|/);
     expect(out).toMatch(/\| decode 4 @8 +\| +[\d.]+ \|/);
   }, SCRIPT_TIMEOUT_MS);
+
+  test("bench:switch --set VKMOE_ROUTER_WARM=on,off --rounds 1: a row per run (its dispatches a token show the switch reached it), then each value's means and its ratio to the first value's", () => {
+    const { code, out } = script(["scripts/bench-switch.ts", "--model", KQUANT, "--set", "VKMOE_ROUTER_WARM=on,off", "--rounds", "1", "--prompt", "4", "--gen", "2"], { VKMOE_GRAPH: "on" });
+    expect(code).toBe(0);
+    // each run's row; its dispatches a decode token show the switch reached it (the warm: one more a layer, 2 layers)
+    const dispatches = ["on", "off"].map((v) => {
+      const m = out.match(new RegExp(`\\| +1 \\| ${v} +\\| +[\\d.]+ \\| +[\\d.]+ \\| +[\\d.]+ \\| +(\\d+) \\|`));
+      expect(m, `the run with ${v}`).not.toBeNull();
+      return Number(m![1]);
+    });
+    expect(dispatches[0]! - dispatches[1]!).toBe(2);
+    expect(out).toMatch(/\| on +\| +[\d.]+ \| 1\.000x \| +[\d.]+ \| 1\.000x \|/);
+    expect(out).toMatch(/\| off +\| +[\d.]+ \| [\d.]+x \| +[\d.]+ \| [\d.]+x \|/);
+    expect(out).not.toContain("NaN");
+  }, SCRIPT_TIMEOUT_MS);
+
+  test("bench:switch with a switch it does not know, one value, or a value the switch does not take: one line each, exit status 1", () => {
+    for (const [set, says] of [["VKMOE_NOPE=a,b", "no switch VKMOE_NOPE"], ["VKMOE_ROUTER_WARM=on", "give two or more distinct values"], ["VKMOE_ROUTER_WARM=on,maybe", "--set VKMOE_ROUTER_WARM=maybe"]] as const) {
+      const { code, out } = script(["scripts/bench-switch.ts", "--model", KQUANT, "--set", set]);
+      expect(code).toBe(1);
+      expect(out).toContain(says);
+      expect(out.trim().split("\n")).toHaveLength(1);
+    }
+  }, SCRIPT_TIMEOUT_MS);
 });

@@ -289,7 +289,7 @@ export class LinearKernels implements Disposable {
   }
 
   /** The q4/q8 GEMVs' options: the one-token shape (quantDecode) where asked, else the CPU device's shape (`shape`) or the tuning table's. */
-  private quantOptions(rows = 0, S = 0) {
+  private quantOptions(rows: number, S: number) {
     const decode = this.quantDecode && S === 1 && rows < GGML_GEMV_WIDE_ROWS ? this.quantDecode : undefined;
     const shape = decode ?? this.shape;
     return { maxSets: 256, ...(shape && { shape }) };

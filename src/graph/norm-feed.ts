@@ -16,8 +16,8 @@ import { GgmlIdpScratch } from "../kernels/decoder/ggml-gemv.ts";
 import { RmsNormKernel, RmsNormQuantKernel, type RmsNormArgs } from "../kernels/decoder/rmsnorm.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
-import { Buffer } from "../vk/memory.ts";
-import { uploadBytes } from "../vk/transfer.ts";
+import type { Buffer } from "../vk/memory.ts";
+import { filledBuffer } from "./stand-ins.ts";
 
 /** One row of stand-ins for recordWarm (filled once; read and written by the warm dispatches only). */
 interface StandIns {
@@ -30,12 +30,10 @@ interface StandIns {
 
 function makeStandIns(device: Device, cols: number, quantized: boolean): StandIns {
   const made: Disposable[] = [];
-  // ones, not zeros: an all-zero row would take the quantizer's zero-group branch, not the path the real rows take
+  // ones, not zeros (stand-ins.ts)
   const filled = (floats: number, value: number) => {
-    const b = new Buffer(device, { size: BigInt(4 * Math.max(4, floats)), memory: "device" });
+    const b = filledBuffer(device, floats, value);
     made.push(b);
-    const data = new Float32Array(Number(b.size) / 4).fill(value);
-    uploadBytes(device, b, 0n, new Uint8Array(data.buffer));
     return b;
   };
   try {

@@ -5,16 +5,16 @@
  * step then found its code, and the layer's router weights, in the cache: 20.9 → 15.2 µs a layer on
  * an H100 (docs/measurements.md, 2026-12-08), as NormFeed.recordWarm did for the norm after the experts.
  *
- * The stand-ins (ones, so the norm and the route take the real rows' code paths) are this module's
- * own: the warm dispatch reads the layer's router weights, norm weights and expert table, and writes
- * nothing any other step reads or writes.
+ * The stand-ins (ones, so the norm and the route take the real rows' code paths: stand-ins.ts) are
+ * this module's own: the warm dispatch reads the layer's router weights, norm weights and expert
+ * table, and writes nothing any other step reads or writes.
  */
 import { InvalidArgumentError } from "../errors.ts";
 import type { RouterRouteArgs, RouterRouteKernel } from "../kernels/decoder/router-route.ts";
 import type { CommandBuffer } from "../vk/commands.ts";
 import type { Device } from "../vk/device.ts";
-import { Buffer } from "../vk/memory.ts";
-import { uploadBytes } from "../vk/transfer.ts";
+import type { Buffer } from "../vk/memory.ts";
+import { filledBuffer } from "./stand-ins.ts";
 
 export class RouterWarm implements Disposable {
   private readonly owned = new DisposableStack();
@@ -31,12 +31,8 @@ export class RouterWarm implements Disposable {
   private readonly arrived: Buffer;
 
   /** `cols`: the router's columns (the hidden size); `experts`, `topK`: the model's. */
-  constructor(device: Device, readonly cols: number, experts: number, topK: number) {
-    const filled = (floats: number, value: number) => {
-      const b = this.owned.use(new Buffer(device, { size: BigInt(4 * Math.max(4, floats)), memory: "device" }));
-      uploadBytes(device, b, 0n, new Uint8Array(new Float32Array(Number(b.size) / 4).fill(value).buffer));
-      return b;
-    };
+  constructor(device: Device, cols: number, experts: number, topK: number) {
+    const filled = (floats: number, value: number) => this.owned.use(filledBuffer(device, floats, value));
     try {
       this.h = filled(cols, 1);
       this.add = filled(cols, 1);

@@ -24,7 +24,7 @@ import type { GroupSize, QuantFormat, QuantMatrix, ScaleType } from "../src/quan
 import type { CommandBuffer } from "../src/vk/commands.ts";
 import type { Buffer } from "../src/vk/memory.ts";
 import { quantGemmReference } from "./support/gemm-reference.ts";
-import { finish, openTestContext } from "./support/gpu.ts";
+import { COLD_COMPILE_MS, finish, openTestContext } from "./support/gpu.ts";
 import { f32, hostBuffer, SENTINEL, SENTINEL_WORDS, u32 } from "./support/host-buffers.ts";
 
 const ctx = openTestContext();
@@ -33,8 +33,6 @@ afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 
 /** Pooled over a test's outputs, as test/kernels.test.ts does (one output's relative f32 error can pass 1e-9 by cancellation alone); each case within CASE_BOUND. */
 const BOUND = 1e-9;
-/** A test that makes pipelines: Lavapipe compiles each at its first dispatch, and with a cold shader cache on a 2-core host 4 shapes x 2 kernels of q4 took 159 s (CI, 2026-12-08). */
-const COLD_COMPILE_MS = 600_000;
 const CASE_BOUND = 1e-6;
 let seed = 31;
 

@@ -26,13 +26,11 @@ import { Buffer } from "../src/vk/memory.ts";
 import { Fence, Submission } from "../src/vk/sync.ts";
 import { uploadBytes } from "../src/vk/transfer.ts";
 import { bytesOf, halves } from "./support/attention-data.ts";
-import { finish, openTestContext } from "./support/gpu.ts";
+import { COLD_COMPILE_MS, finish, openTestContext } from "./support/gpu.ts";
 import { SENTINEL, expectTail, f32, hostBuffer, u32 } from "./support/host-buffers.ts";
 
 const ctx = openTestContext();
 const device = ctx.device;
-/** A case's wait for its dispatch: its first includes Lavapipe's compile of the pipeline (below). */
-const COLD_DISPATCH_NS = 600_000_000_000n;
 afterEach(() => expect(ctx.instance.takeMessages()).toEqual([]));
 const kernels = new Map<string, PromptAttentionKernel>();
 afterAll(() => {
@@ -115,9 +113,9 @@ function runCase(c: Case, variant: true | "emulated"): void {
     if (word !== undefined) u32(pos, 2)[1] = word;
     new Uint32Array(out.host(), 0, outOffset + floats).fill(SENTINEL);
     submission.submit();
-    // Lavapipe compiles a pipeline at its first dispatch: with a cold shader cache on a 2-core host the
-    // emulated head_dim 256 kernel's first run took past the fence's 60 s default in CI (2026-12-08)
-    if (!fence.wait(COLD_DISPATCH_NS)) {
+    // a first dispatch includes Lavapipe's compile (COLD_COMPILE_MS): the emulated head_dim 256 kernel's
+    // took past the fence's 60 s default in CI with a cold shader cache (2026-12-08)
+    if (!fence.wait(BigInt(COLD_COMPILE_MS) * 1_000_000n)) {
       device.waitIdle(); // the buffers, the pool and the fence are disposed on the way out: nothing may still use them
       throw new Error(`${label(c, word)}: attention timed out`);
     }

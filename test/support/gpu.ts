@@ -4,6 +4,13 @@
  */
 import { VulkanContext, type ContextOptions, type ValidationMessage } from "../../src/vk/index.ts";
 
+/**
+ * The time a test that makes pipelines may take: Lavapipe compiles a pipeline at its first dispatch,
+ * and with a cold shader cache on a 2-core host one compile took ~60 s and a test's eight 159 s (CI,
+ * 2026-12-08), where a warm cache takes seconds.
+ */
+export const COLD_COMPILE_MS = 600_000;
+
 export function openTestContext(options: ContextOptions = {}): VulkanContext {
   return new VulkanContext({ validation: true, ...options });
 }
